@@ -1,0 +1,56 @@
+// Quantize arrays: the hot path of emulated training. Each element of a float
+// or double array is rounded to a format and stored back as that format's
+// (exact) value, and counters record what the rounding did.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "mpsim/emulation/rounding.hpp"
+
+namespace mpsim {
+
+// What happened to the elements of one quantize call. The raw material of
+// underflow studies: fractions are these over `elements` (or over nonzero inputs).
+struct QuantizeCounts {
+  std::uint64_t elements = 0;
+  std::uint64_t inexact = 0;          // result differs from the input
+  std::uint64_t flushed_to_zero = 0;  // nonzero finite input, zero result
+  std::uint64_t subnormal = 0;        // nonzero subnormal result
+  std::uint64_t overflow = 0;         // IEEE overflow: became infinity, NaN (no infinity), or saturated
+  std::uint64_t nan = 0;              // NaN result (NaN input, or overflow in a format without infinity)
+  QuantizeCounts& operator+=(const QuantizeCounts& other);
+  friend bool operator==(const QuantizeCounts&, const QuantizeCounts&) = default;
+};
+
+// Stochastic rounding of element i draws random_draw(key, first_index + i).
+struct StochasticStream {
+  RandomKey key;
+  std::uint64_t first_index = 0;
+};
+
+// Which implementation runs. `automatic` picks the best vector target the CPU
+// supports at run time (and threads for large arrays); `scalar` is the plain
+// reference that the fast paths must match bit for bit, counters included.
+enum class Path : std::uint8_t { automatic, scalar, vector };
+
+struct QuantizeOptions {
+  Rounding rounding;
+  StochasticStream stochastic;
+  Path path = Path::automatic;
+  int threads = 0;  // 0: std::thread::hardware_concurrency() for large arrays; 1: the calling thread only
+};
+
+// `out` may alias `in` (in place). Sizes must match. A float array requires
+// fits_in_float(format); both throw std::invalid_argument otherwise.
+QuantizeCounts quantize(const Format& format, std::span<const float> in, std::span<float> out,
+                        const QuantizeOptions& options = {});
+QuantizeCounts quantize(const Format& format, std::span<const double> in, std::span<double> out,
+                        const QuantizeOptions& options = {});
+
+// The name of the vector target `Path::automatic` uses on this CPU, e.g. "AVX3".
+std::string_view vector_target_name();
+
+}  // namespace mpsim

@@ -1,0 +1,158 @@
+#include "mpsim/emulation/quantize.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "exact.hpp"
+#include "quantize_kernel.hpp"
+
+namespace mpsim {
+namespace {
+
+// Below this many elements a second thread costs more than it saves.
+constexpr std::size_t min_elements_per_thread = std::size_t{1} << 17;
+
+template <class T>
+T stored_value(const Format& f, Bits bits) {
+  if constexpr (std::is_same_v<T, float>) return to_float(f, bits);
+  else return to_double(f, bits);
+}
+
+template <class T>
+bool is_finite_nonzero(T x) {
+  return std::isfinite(x) && x != T{0};
+}
+
+// The reference: every element through the one scalar rounding routine.
+template <class T>
+QuantizeCounts quantize_scalar(const Format& f, const QuantizeOptions& o, const T* in, T* out, std::size_t n,
+                               std::uint64_t first_index) {
+  QuantizeCounts counts;
+  counts.elements = n;
+  const DrawKey key = make_draw_key(o.stochastic.key);
+  const bool stochastic = o.rounding.mode == RoundingMode::stochastic;
+  for (std::size_t i = 0; i < n; ++i) {
+    const T x = in[i];
+    const std::uint32_t draw = stochastic ? random_draw(key, first_index + i) : 0;
+    const Rounded r = round_to_format(f, o.rounding, x, draw);
+    const FloatClass c = classify(f, r.bits);
+    counts.inexact += r.flags.has(Flags::inexact);
+    counts.overflow += r.flags.has(Flags::overflow);
+    counts.flushed_to_zero += c == FloatClass::zero && is_finite_nonzero(x);
+    counts.subnormal += c == FloatClass::subnormal;
+    counts.nan += c == FloatClass::nan;
+    out[i] = stored_value<T>(f, r.bits);
+  }
+  return counts;
+}
+
+template <class T>
+QuantizeCounts quantize_range(const Format& f, const QuantizeOptions& o, const detail::Float32Kernel* kernel,
+                              const T* in, T* out, std::size_t n, std::uint64_t first_index) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (kernel != nullptr) return detail::quantize_float32_vector(*kernel, in, out, n, first_index);
+  }
+  return quantize_scalar(f, o, in, out, n, first_index);
+}
+
+template <class T>
+QuantizeCounts quantize_any(const Format& f, std::span<const T> in, std::span<T> out, const QuantizeOptions& o) {
+  if (auto reason = f.invalid_reason()) throw std::invalid_argument("quantize: invalid format: " + *reason);
+  if (in.size() != out.size())
+    throw std::invalid_argument("quantize: input has " + std::to_string(in.size()) + " elements but output has " +
+                                std::to_string(out.size()));
+  if (std::is_same_v<T, float> && !fits_in_float(f))
+    throw std::invalid_argument("quantize: format " + f.name() +
+                                " does not fit in float storage (needs precision <= 24 and binary32's range); "
+                                "use a double array");
+  if (o.rounding.random_bits < 1 || o.rounding.random_bits > 32)
+    throw std::invalid_argument("quantize: random_bits must be in 1..32, got " + std::to_string(o.rounding.random_bits));
+
+  detail::Float32Kernel kernel{};
+  const detail::Float32Kernel* vector = nullptr;
+  if (std::is_same_v<T, float> && o.path != Path::scalar) {
+    kernel = detail::make_float32_kernel(f, o);
+    vector = &kernel;
+  }
+  const std::size_t n = in.size();
+  unsigned threads = o.threads > 0 ? static_cast<unsigned>(o.threads) : std::max(1u, std::thread::hardware_concurrency());
+  threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / min_elements_per_thread)));
+  const std::uint64_t first = o.stochastic.first_index;
+  if (threads <= 1) return quantize_range(f, o, vector, in.data(), out.data(), n, first);
+
+  // Contiguous chunks, each drawing from its own element indices: the result
+  // is the same for any number of threads.
+  std::vector<QuantizeCounts> partial(threads);
+  std::vector<std::thread> workers;
+  const std::size_t chunk = (n + threads - 1) / threads;
+  for (unsigned t = 0; t < threads; ++t) {
+    const std::size_t begin = std::min(n, t * chunk), end = std::min(n, begin + chunk);
+    workers.emplace_back([&, t, begin, end] {
+      partial[t] = quantize_range(f, o, vector, in.data() + begin, out.data() + begin, end - begin, first + begin);
+    });
+  }
+  QuantizeCounts total;
+  for (unsigned t = 0; t < threads; ++t) {
+    workers[t].join();
+    total += partial[t];
+  }
+  return total;
+}
+
+}  // namespace
+
+QuantizeCounts& QuantizeCounts::operator+=(const QuantizeCounts& o) {
+  elements += o.elements;
+  inexact += o.inexact;
+  flushed_to_zero += o.flushed_to_zero;
+  subnormal += o.subnormal;
+  overflow += o.overflow;
+  nan += o.nan;
+  return *this;
+}
+
+QuantizeCounts quantize(const Format& f, std::span<const float> in, std::span<float> out, const QuantizeOptions& o) {
+  return quantize_any<float>(f, in, out, o);
+}
+
+QuantizeCounts quantize(const Format& f, std::span<const double> in, std::span<double> out, const QuantizeOptions& o) {
+  return quantize_any<double>(f, in, out, o);
+}
+
+std::string_view vector_target_name() { return detail::float32_vector_target(); }
+
+namespace detail {
+
+Float32Kernel make_float32_kernel(const Format& f, const QuantizeOptions& o) {
+  auto pattern = [&](Bits bits) { return std::bit_cast<std::uint32_t>(to_float(f, bits)); };
+  auto overflow_pattern = [&](bool negative) { return pattern(overflow_result(f, o.rounding.mode, negative)); };
+  Float32Kernel k{};
+  k.mode = o.rounding.mode;
+  k.base_shift = static_cast<std::uint32_t>(23 - f.mantissa_bits);
+  k.min_normal_exponent = static_cast<std::uint32_t>(f.emin() + 127);
+  k.flush_to_zero = f.subnormals == Subnormals::flush_to_zero;
+  k.has_infinity = f.has_infinity();
+  k.smallest_normal = std::bit_cast<std::uint32_t>(static_cast<float>(f.smallest_normal()));
+  k.smallest_subnormal = std::bit_cast<std::uint32_t>(static_cast<float>(f.smallest_subnormal()));
+  k.largest_finite = pattern(largest_finite_bits(f, false));
+  k.overflow_positive = overflow_pattern(false);
+  k.overflow_negative = overflow_pattern(true);
+  if (f.has_infinity()) {
+    k.nan_keep = ~((std::uint32_t{1} << (23 - f.mantissa_bits)) - 1);
+    k.nan_set = 0x00400000u;
+  } else {
+    k.nan_keep = 0x80000000u;
+    k.nan_set = 0x7FC00000u;
+  }
+  k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
+  k.key = make_draw_key(o.stochastic.key);
+  return k;
+}
+
+}  // namespace detail
+}  // namespace mpsim

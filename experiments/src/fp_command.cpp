@@ -1,0 +1,172 @@
+#include "fp_command.hpp"
+
+#include <fmt/core.h>
+
+#include <iostream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "mpsim/emulation/quantize.hpp"
+#include "mpsim/emulation/testfloat.hpp"
+#include "usage_error.hpp"
+#include "value_text.hpp"
+
+namespace mpsim::cli {
+namespace {
+
+constexpr std::string_view all_formats[] = {"binary16", "bfloat16", "tf32", "e4m3", "e5m2", "binary32"};
+
+Format format_from(const std::string& token) {
+  if (auto f = parse_format(token)) return *f;
+  throw UsageError(fmt::format("unknown format '{}'. Accepted: {}", token, format_names()));
+}
+
+std::vector<Format> formats_from(const std::string& list) {
+  std::vector<Format> result;
+  if (list == "all") {
+    for (auto name : all_formats) result.push_back(*parse_format(name));
+    return result;
+  }
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const auto comma = list.find(',', start);
+    result.push_back(format_from(list.substr(start, comma == std::string::npos ? std::string::npos : comma - start)));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return result;
+}
+
+RoundingMode mode_from(const std::string& token) {
+  if (auto m = parse_rounding_mode(token)) return *m;
+  throw UsageError(fmt::format("unknown rounding mode '{}'. Accepted: {}", token, rounding_mode_names()));
+}
+
+struct RoundArgs {
+  std::string formats = "all";
+  std::string mode = "nearest-even";
+  std::uint64_t seed = 0;
+  int random_bits = 32;
+  std::vector<std::string> values;
+};
+
+int run_round(const RoundArgs& args) {
+  const auto formats = formats_from(args.formats);
+  const Rounding rounding{mode_from(args.mode), args.random_bits};
+  if (args.random_bits < 1 || args.random_bits > 32)
+    throw UsageError(fmt::format("--random-bits {} is outside 1..32", args.random_bits));
+  std::vector<std::string> values = args.values;
+  if (values.empty())  // values on standard input, separated by white space
+    values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
+  std::vector<ParsedNumber> numbers;
+  for (const auto& v : values) numbers.push_back(parse_number(v));  // all checked before any output
+
+  const DrawKey key = make_draw_key({args.seed, 0});
+  fmt::print("rounding: {}{}\n", to_string(rounding.mode),
+             rounding.mode == RoundingMode::stochastic
+                 ? fmt::format(" (seed {}, {} random bits; value i draws index i)", args.seed, rounding.random_bits)
+                 : "");
+  fmt::print("{:<14} {:<9} {:<32} {:<22} {:<20} {:<10} {}\n", "input", "format", "value (exact)", "hex",
+             "bits", "class", "flags");
+  for (std::size_t i = 0; i < numbers.size(); ++i) {
+    for (const auto& f : formats) {
+      std::string note;
+      const Rounded r = round_text(f, rounding, numbers[i], random_draw(key, i), note);
+      const double value = to_double(f, r.bits);
+      const std::string bits = fmt::format("0x{:0{}x}", r.bits.value, (f.total_bits() + 3) / 4);
+      fmt::print("{:<14} {:<9} {:<32} {:<22} {:<20} {:<10} {}{}\n", values[i], f.name(), exact_scientific(value),
+                 hex_float(value), bits + " " + bit_string(f, r.bits), class_name(classify(f, r.bits)),
+                 flags_to_string(r.flags), note.empty() ? "" : "  (" + note + ")");
+    }
+  }
+  return 0;
+}
+
+int run_info(const std::string& format_text) {
+  for (const auto& f : formats_from(format_text)) {
+    auto line = [](std::string_view key, const std::string& value) { fmt::print("  {:<20} {}\n", key, value); };
+    auto number = [](double v) { return fmt::format("{}  ({})", hex_float(v), exact_scientific(v)); };
+    fmt::print("{}\n", f.name());
+    line("layout", fmt::format("1 sign, {} exponent, {} mantissa bits ({} in all)", f.exponent_bits,
+                               f.mantissa_bits, f.total_bits()));
+    line("precision", fmt::format("{} bits", f.precision()));
+    line("bias", std::to_string(f.bias()));
+    line("emin, emax", fmt::format("{}, {}", f.emin(), f.emax()));
+    line("smallest subnormal", f.subnormals == Subnormals::gradual ? number(f.smallest_subnormal()) : "none (flushed to zero)");
+    line("smallest normal", number(f.smallest_normal()));
+    line("largest finite", number(f.largest_finite()));
+    line("unit roundoff", number(f.unit_roundoff()));
+    line("machine epsilon", number(f.machine_epsilon()));
+    line("infinity", f.has_infinity() ? "yes" : "no");
+    line("NaN encodings", f.has_infinity() ? "all-ones exponent, nonzero mantissa" : "all-ones exponent and mantissa only");
+    line("subnormals", f.subnormals == Subnormals::gradual ? "gradual underflow" : "flushed to zero (read as zero)");
+    line("overflow", f.overflow == Overflow::saturate ? "saturates to the largest finite"
+                                                      : "IEEE 754: infinity or largest finite by rounding direction"
+                                                        " (NaN where there is no infinity)");
+  }
+  return 0;
+}
+
+int run_testfloat(const std::vector<std::string>& words) {
+  std::string function_name, mode_name;
+  for (const auto& w : words) {
+    if (!w.empty() && w[0] == '-') mode_name = w.substr(1);
+    else function_name = w;
+  }
+  std::string functions;
+  for (auto fn : testfloat_functions()) functions += std::string(functions.empty() ? "" : ", ") + std::string(to_string(fn));
+  const auto function = parse_testfloat_function(function_name);
+  if (!function)
+    throw UsageError(fmt::format("unknown TestFloat function '{}'. Accepted: {}", function_name, functions));
+  const auto mode = mode_name.empty() ? std::optional{RoundingMode::nearest_even} : parse_testfloat_rounding(mode_name);
+  if (!mode)
+    throw UsageError(fmt::format("unknown TestFloat rounding '-{}'. Accepted: -rnear_even, -rnear_maxMag, -rminMag, "
+                                 "-rmin, -rmax, -rodd",
+                                 mode_name));
+  TestFloatReport report;
+  try {
+    report = check_testfloat(std::cin, *function, *mode);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  for (const auto& line : report.first_mismatches) fmt::print("{}\n", line);
+  fmt::print("{} passed, {} failed\n", report.passed, report.failed);
+  return report.failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+void add_fp_command(CLI::App& app, std::function<int()>& run) {
+  auto* fp = app.add_subcommand("fp", "The low-precision emulator: round values, show formats, check TestFloat vectors");
+  fp->require_subcommand(1);
+
+  auto round_args = std::make_shared<RoundArgs>();
+  auto* round = fp->add_subcommand("round", "Round values into formats once, with the result's bits, class and flags");
+  round->add_option("--format,-f", round_args->formats,
+                    "Format, comma-separated formats, or 'all' (the presets): " + std::string(format_names()))
+      ->capture_default_str();
+  round->add_option("--rounding,-r", round_args->mode, "Rounding mode: " + std::string(rounding_mode_names()))
+      ->capture_default_str();
+  round->add_option("--seed", round_args->seed, "Seed of stochastic rounding's draws (value i draws index i)")
+      ->capture_default_str();
+  round->add_option("--random-bits", round_args->random_bits, "Random bits of stochastic rounding, 1..32")
+      ->capture_default_str();
+  round->add_option("values", round_args->values, "Values (decimal, 0x1.8p-3, inf, nan); read from stdin if none");
+  round->callback([&run, round_args] { run = [round_args] { return run_round(*round_args); }; });
+
+  auto info_format = std::make_shared<std::string>("all");
+  auto* info = fp->add_subcommand("info", "A format's parameters");
+  info->add_option("--format,-f", *info_format, "Format, comma-separated formats, or 'all'")->capture_default_str();
+  info->callback([&run, info_format] { run = [info_format] { return run_info(*info_format); }; });
+
+  auto* testfloat = fp->add_subcommand(
+      "testfloat", "Check the emulator against TestFloat lines on stdin: FUNCTION -MODE (e.g. f16_add -rnear_even)");
+  testfloat->allow_extras();
+  testfloat->callback([&run, testfloat] {
+    const auto words = testfloat->remaining();
+    run = [words] { return run_testfloat(words); };
+  });
+}
+
+}  // namespace mpsim::cli

@@ -1,0 +1,32 @@
+// mpsim: the numerics of mixed-precision training, from the command line.
+#include <fmt/core.h>
+
+#include <CLI/CLI.hpp>
+#include <exception>
+#include <functional>
+
+#include "fp_command.hpp"
+#include "usage_error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"mpsim " MPSIM_VERSION ": numerics of mixed-precision training"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "mpsim " MPSIM_VERSION);
+  std::function<int()> run;
+  mpsim::cli::add_fp_command(app, run);
+  try {
+    app.parse(argc, argv);
+    return run ? run() : 0;
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return mpsim::cli::usage_exit_code;
+  } catch (const mpsim::cli::UsageError& e) {
+    fmt::print(stderr, "mpsim: {}\n", e.what());
+    return mpsim::cli::usage_exit_code;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "mpsim: error: {}\n", e.what());
+    return 1;
+  }
+}
