@@ -121,10 +121,51 @@ HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D>
   return result;
 }
 
+// The common case, taken when every lane is zero or within [smallest normal,
+// largest finite]: no result can be subnormal, flushed, overflowed or NaN, the
+// quantum is the same 2^(23-mantissa bits) in every lane, and rounding the
+// whole pattern (sign included: no carry can reach it) to a multiple of it is
+// the answer. Only the inexact counter can move.
+template <RoundingMode kMode>
+HWY_INLINE V QuantizeOrdinaryLanes(D d, const Float32Kernel& k, V x, V draw, V& inexact) {
+  const V s = hn::Set(d, k.base_shift);
+  const V unit = hn::Set(d, 1u) << s;
+  const V low = hn::Sub(unit, hn::Set(d, 1u));
+  const V truncated = hn::AndNot(low, x);
+  V r;
+  if constexpr (kMode == RoundingMode::nearest_even) {
+    // Add half an ulp minus one, plus the kept last bit: ties go to even.
+    const V parity = hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? 1u : 0u));
+    r = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+  } else if constexpr (kMode == RoundingMode::nearest_away) {
+    r = hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
+    if (k.base_shift == 0) r = x;
+  } else if constexpr (kMode == RoundingMode::toward_zero) {
+    r = truncated;
+  } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
+    const auto negative = hn::Lt(hn::BitCast(hn::RebindToSigned<D>(), x), hn::Zero(hn::RebindToSigned<D>()));
+    const V away = hn::AndNot(low, hn::Add(x, low));
+    const auto take_away = hn::RebindMask(d, negative);
+    r = kMode == RoundingMode::toward_positive ? hn::IfThenElse(take_away, truncated, away)
+                                               : hn::IfThenElse(take_away, away, truncated);
+  } else if constexpr (kMode == RoundingMode::odd) {
+    // With no mantissa bits the significand is always 1: already odd.
+    r = k.base_shift == 23 ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
+  } else {  // stochastic
+    const V shift = hn::Set(d, k.base_shift == 0 ? 31u : 32u - k.base_shift);
+    const V random_mask = hn::Set(d, k.random_mask);
+    const V fraction = hn::And(hn::And(x, low) << shift, random_mask);
+    const V sum = hn::Add(fraction, hn::And(draw, random_mask));
+    r = hn::Add(truncated, hn::IfThenElseZero(hn::Lt(sum, fraction), unit));
+  }
+  inexact = hn::Sub(inexact, hn::VecFromMask(d, hn::Ne(r, x)));
+  return r;
+}
+
 // The keyed hash of rounding.cpp's random_draw, on lanes of consecutive indices
 // whose high word is the same (the caller splits at multiples of 2^32).
-HWY_INLINE V Draws(D d, const Float32Kernel& k, std::uint32_t low_base, V high_term) {
-  V x = hn::Xor(hn::Iota(d, low_base), hn::Set(d, k.key.low));
+HWY_INLINE V Draws(D d, const Float32Kernel& k, V low_words, V high_term) {
+  V x = hn::Xor(low_words, hn::Set(d, k.key.low));
   x = hn::Xor(x, hn::ShiftRight<16>(x));
   x = hn::Mul(x, hn::Set(d, 0x7FEB352Du));
   x = hn::Xor(x, hn::ShiftRight<15>(x));
@@ -134,13 +175,17 @@ HWY_INLINE V Draws(D d, const Float32Kernel& k, std::uint32_t low_base, V high_t
 }
 
 template <RoundingMode kMode>
-QuantizeCounts QuantizeSpan(const Float32Kernel& k, const float* in, float* out, std::size_t n,
+QuantizeCounts QuantizeSpan(const Float32Kernel& kernel, const float* in, float* out, std::size_t n,
                             std::uint64_t first_index) {
+  const Float32Kernel k = kernel;  // a local copy: the stores to `out` cannot alias it
   const D d;
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
   const hn::Mask<D> all = hn::FirstN(d, lanes);
+  // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
+  const V ordinary_low = hn::Set(d, k.smallest_normal);
+  const V ordinary_span = hn::Set(d, k.largest_finite - k.smallest_normal + 1);
   std::size_t i = 0;
   while (i < n) {
     // Blocks keep the 32-bit lane counters from wrapping and the random
@@ -150,23 +195,24 @@ QuantizeCounts QuantizeSpan(const Float32Kernel& k, const float* in, float* out,
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap, std::uint64_t{1} << 28}));
     const V high_term = hn::Set(d, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
     Counters c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    V low_words = hn::Iota(d, static_cast<std::uint32_t>(index));  // random indices of the lanes
+    const V step = hn::Set(d, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
-    for (; j + lanes <= block; j += lanes) {
+    for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
       const V x = hn::BitCast(d, hn::LoadU(hn::RebindToFloat<D>(), in + i + j));
-      const V draw = kMode == RoundingMode::stochastic
-                         ? Draws(d, k, static_cast<std::uint32_t>(index + j), high_term)
-                         : hn::Zero(d);
-      hn::StoreU(hn::BitCast(hn::RebindToFloat<D>(), QuantizeLanes<kMode>(d, k, x, draw, all, c)),
-                 hn::RebindToFloat<D>(), out + i + j);
+      const V draw = kMode == RoundingMode::stochastic ? Draws(d, k, low_words, high_term) : hn::Zero(d);
+      const V a = hn::And(x, hn::Set(d, 0x7FFFFFFFu));
+      const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
+      const V r = hn::AllTrue(d, ordinary) ? QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact)
+                                           : QuantizeLanes<kMode>(d, k, x, draw, all, c);
+      hn::StoreU(hn::BitCast(hn::RebindToFloat<D>(), r), hn::RebindToFloat<D>(), out + i + j);
     }
     if (j < block) {  // the tail, through a full-width buffer
       HWY_ALIGN float buffer[HWY_MAX_BYTES / sizeof(float)] = {};
       const std::size_t left = block - j;
       std::memcpy(buffer, in + i + j, left * sizeof(float));
       const V x = hn::BitCast(d, hn::Load(hn::RebindToFloat<D>(), buffer));
-      const V draw = kMode == RoundingMode::stochastic
-                         ? Draws(d, k, static_cast<std::uint32_t>(index + j), high_term)
-                         : hn::Zero(d);
+      const V draw = kMode == RoundingMode::stochastic ? Draws(d, k, low_words, high_term) : hn::Zero(d);
       hn::Store(hn::BitCast(hn::RebindToFloat<D>(), QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, left), c)),
                 hn::RebindToFloat<D>(), buffer);
       std::memcpy(out + i + j, buffer, left * sizeof(float));
