@@ -1,0 +1,182 @@
+// Array quantize throughput (elements/s) for every preset format and rounding
+// mode, beside the ceilings measured in the same run: memcpy of the same array
+// and the hardware F16C float->half->float round trip.
+//
+//   bench_quantize --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+//
+// Each quantize row carries `x_memcpy`: its rate over memcpy's rate for the same
+// size and thread count (memcpy runs first). Data: "normal" is N(0,1), where
+// almost every value is an ordinary normal number of the format; "gradients" has
+// log-uniform magnitudes over 2^-40..2^0, where many values underflow and take
+// the general path.
+#include <benchmark/benchmark.h>
+#include <immintrin.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mpsim/emulation/quantize.hpp"
+
+namespace {
+
+using mpsim::Format;
+using mpsim::RoundingMode;
+
+constexpr std::size_t in_cache = std::size_t{1} << 15;  // 32K floats: in and out fit in L2
+constexpr std::size_t large = std::size_t{1} << 24;     // 16M floats: 64 MiB each way
+
+enum class Data { normal, gradients };
+
+const std::vector<float>& input(std::size_t n, Data data) {
+  static std::map<std::pair<std::size_t, Data>, std::vector<float>> cache;
+  auto& v = cache[{n, data}];
+  if (v.empty()) {
+    std::mt19937_64 rng(20261121);  // fixed seed: the same data every run
+    std::normal_distribution<float> normal;
+    std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
+    v.resize(n);
+    for (auto& x : v) {
+      x = data == Data::normal ? normal(rng) : ((rng() & 1) ? -1.0f : 1.0f) * std::exp2(exponent(rng));
+    }
+  }
+  return v;
+}
+
+// memcpy rate by (size, threads), for the ratios.
+std::map<std::pair<std::size_t, int>, double> memcpy_rate;
+
+template <class Work>
+void run_split(std::size_t n, int threads, Work work) {
+  if (threads == 1) return work(std::size_t{0}, n);
+  std::vector<std::thread> pool;
+  const std::size_t chunk = (n + threads - 1) / threads;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] { work(std::min(n, t * chunk), std::min(n, (t + 1) * chunk)); });
+  for (auto& th : pool) th.join();
+}
+
+template <class Body>
+void timed_loop(benchmark::State& state, std::size_t n, Body body, double* rate_out) {
+  double seconds = 0;
+  std::int64_t iterations = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++iterations;
+  }
+  state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * 2 * sizeof(float)));
+  if (rate_out != nullptr && seconds > 0) *rate_out = static_cast<double>(n) * iterations / seconds;
+}
+
+void bench_memcpy(benchmark::State& state, std::size_t n, int threads) {
+  const auto& in = input(n, Data::normal);
+  std::vector<float> out(n);
+  double rate = 0;
+  timed_loop(state, n, [&] {
+    run_split(n, threads, [&](std::size_t b, std::size_t e) { std::memcpy(out.data() + b, in.data() + b, (e - b) * 4); });
+    benchmark::DoNotOptimize(out.data());
+  }, &rate);
+  memcpy_rate[{n, threads}] = rate;
+}
+
+__attribute__((target("f16c,avx2"))) void f16c_round_trip(const float* in, float* out, std::size_t n) {
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i half = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(half));
+  }
+  for (; i < n; ++i) out[i] = _cvtsh_ss(_cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT));
+}
+
+void add_ratio(benchmark::State& state, std::size_t n, int threads, double rate) {
+  const auto base = memcpy_rate.find({n, threads});
+  if (base != memcpy_rate.end() && base->second > 0) state.counters["x_memcpy"] = rate / base->second;
+}
+
+void bench_f16c(benchmark::State& state, std::size_t n, int threads) {
+  if (!__builtin_cpu_supports("f16c")) {
+    state.SkipWithError("this CPU has no F16C");
+    return;
+  }
+  const auto& in = input(n, Data::normal);
+  std::vector<float> out(n);
+  double rate = 0;
+  timed_loop(state, n, [&] {
+    run_split(n, threads, [&](std::size_t b, std::size_t e) { f16c_round_trip(in.data() + b, out.data() + b, e - b); });
+    benchmark::DoNotOptimize(out.data());
+  }, &rate);
+  add_ratio(state, n, threads, rate);
+}
+
+void bench_quantize(benchmark::State& state, Format format, RoundingMode mode, std::size_t n, int threads, Data data,
+                    mpsim::Path path) {
+  const auto& in = input(n, data);
+  std::vector<float> out(n);
+  mpsim::QuantizeOptions options;
+  options.rounding.mode = mode;
+  options.stochastic = {{42, 0}, 0};
+  options.threads = threads;
+  options.path = path;
+  mpsim::QuantizeCounts counts;
+  double rate = 0;
+  timed_loop(state, n, [&] {
+    counts = mpsim::quantize(format, std::span<const float>(in), std::span<float>(out), options);
+    benchmark::DoNotOptimize(out.data());
+  }, &rate);
+  add_ratio(state, n, threads, rate);
+  state.counters["inexact_pct"] = 100.0 * static_cast<double>(counts.inexact) / static_cast<double>(n);
+  state.counters["flushed_pct"] = 100.0 * static_cast<double>(counts.flushed_to_zero) / static_cast<double>(n);
+}
+
+std::string size_name(std::size_t n) { return n == large ? "16M" : "32K"; }
+
+void register_all() {
+  const std::pair<const char*, Format> formats[] = {
+      {"binary16", mpsim::formats::binary16}, {"bfloat16", mpsim::formats::bfloat16}, {"tf32", mpsim::formats::tf32},
+      {"e4m3", mpsim::formats::e4m3},         {"e5m2", mpsim::formats::e5m2}};
+  const RoundingMode modes[] = {RoundingMode::nearest_even,    RoundingMode::nearest_away,
+                                RoundingMode::toward_zero,     RoundingMode::toward_positive,
+                                RoundingMode::toward_negative, RoundingMode::odd,
+                                RoundingMode::stochastic};
+  for (std::size_t n : {in_cache, large}) {
+    for (int threads : {1, 2}) {
+      const std::string suffix = "/" + size_name(n) + "/threads:" + std::to_string(threads);
+      benchmark::RegisterBenchmark(("memcpy" + suffix).c_str(), bench_memcpy, n, threads)->UseRealTime();
+      benchmark::RegisterBenchmark(("f16c_round_trip" + suffix).c_str(), bench_f16c, n, threads)->UseRealTime();
+      for (const auto& [name, format] : formats) {
+        for (RoundingMode mode : modes) {
+          for (Data data : {Data::normal, Data::gradients}) {
+            const std::string label = std::string("quantize/") + name + "/" + std::string(mpsim::to_string(mode)) +
+                                      (data == Data::normal ? "/normal" : "/gradients") + suffix;
+            benchmark::RegisterBenchmark(label.c_str(), bench_quantize, format, mode, n, threads, data,
+                                         mpsim::Path::automatic)
+                ->UseRealTime();
+          }
+        }
+      }
+      // The scalar reference, for scale.
+      benchmark::RegisterBenchmark(("quantize_scalar_reference/binary16/nearest-even/normal" + suffix).c_str(),
+                                   bench_quantize, mpsim::formats::binary16, RoundingMode::nearest_even, n, threads,
+                                   Data::normal, mpsim::Path::scalar)
+          ->UseRealTime();
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  register_all();
+  benchmark::AddCustomContext("vector_target", std::string(mpsim::vector_target_name()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+}
