@@ -136,6 +136,21 @@ void bench_quantize(benchmark::State& state, Format format, RoundingMode mode, s
   state.counters["flushed_pct"] = 100.0 * static_cast<double>(counts.flushed_to_zero) / static_cast<double>(n);
 }
 
+// Double storage: the scalar reference path, threaded.
+void bench_quantize_double(benchmark::State& state, Format format, RoundingMode mode, std::size_t n, int threads) {
+  const auto& in_float = input(n, Data::normal);
+  std::vector<double> in(in_float.begin(), in_float.end()), out(n);
+  mpsim::QuantizeOptions options;
+  options.rounding.mode = mode;
+  options.threads = threads;
+  double rate = 0;
+  timed_loop(state, n, [&] {
+    mpsim::quantize(format, std::span<const double>(in), std::span<double>(out), options);
+    benchmark::DoNotOptimize(out.data());
+  }, &rate);
+  add_ratio(state, n, threads, rate);
+}
+
 std::string size_name(std::size_t n) { return n == large ? "16M" : "32K"; }
 
 void register_all() {
@@ -166,6 +181,10 @@ void register_all() {
       benchmark::RegisterBenchmark(("quantize_scalar_reference/binary16/nearest-even/normal" + suffix).c_str(),
                                    bench_quantize, mpsim::formats::binary16, RoundingMode::nearest_even, n, threads,
                                    Data::normal, mpsim::Path::scalar)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("quantize_double_storage/binary16/nearest-even/normal" + suffix).c_str(),
+                                   bench_quantize_double, mpsim::formats::binary16, RoundingMode::nearest_even, n,
+                                   threads)
           ->UseRealTime();
     }
   }
