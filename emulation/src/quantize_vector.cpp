@@ -135,7 +135,8 @@ HWY_INLINE V QuantizeOrdinaryLanes(D d, const Float32Kernel& k, V x, V draw, V& 
   V r;
   if constexpr (kMode == RoundingMode::nearest_even) {
     // Add half an ulp minus one, plus the kept last bit: ties go to even.
-    const V parity = hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? 1u : 0u));
+    // With no mantissa bits the significand is 1, always odd (bit 23 is the exponent's).
+    const V parity = k.base_shift == 23 ? hn::Set(d, 1u) : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? 1u : 0u));
     r = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
   } else if constexpr (kMode == RoundingMode::nearest_away) {
     r = hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));

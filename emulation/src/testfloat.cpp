@@ -216,6 +216,15 @@ std::string_view to_string(TestFloatFunction function) { return info(function).n
 
 std::span<const TestFloatFunction> testfloat_functions() { return kFunctionList; }
 
+std::string testfloat_function_names() {
+  std::string names;
+  for (const auto& entry : kFunctions) {
+    if (!names.empty()) names += ", ";
+    names += entry.name;
+  }
+  return names;
+}
+
 std::optional<RoundingMode> parse_testfloat_rounding(std::string_view name) {
   for (const auto& entry : kModes)
     if (entry.name == name) return entry.mode;

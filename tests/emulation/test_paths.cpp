@@ -11,13 +11,16 @@
 // 1000 and 1000003, starting one element past the allocation (misaligned).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpsim/emulation/format.hpp"
@@ -160,6 +163,13 @@ std::string counts_text(const QuantizeCounts& c) {
 }
 
 template <class T>
+std::string hex_float(T x) {
+  char text[40];
+  std::snprintf(text, sizeof text, "%a", static_cast<double>(x));
+  return text;
+}
+
+template <class T>
 std::string hex_bits(T x) {
   char text[24];
   std::snprintf(text, sizeof text, "0x%0*llX", static_cast<int>(sizeof(T) * 2),
@@ -187,8 +197,9 @@ std::string run_and_compare(const Format& f, QuantizeOptions options, const Vari
                       (v.in_place ? ", in place" : ", out of place") + ", length " + std::to_string(in.size());
   for (std::size_t i = 0; i < in.size(); ++i)
     if (bits_of(out[i]) != bits_of(expected[i]))
-      return where + ": element " + std::to_string(i) + " input " + hex_bits(in[i]) + " (" + std::to_string(in[i]) +
-             ") scalar gives " + hex_bits(expected[i]) + ", this path " + hex_bits(out[i]);
+      return where + ": element " + std::to_string(i) + " input " + hex_bits(in[i]) + " (" + hex_float(in[i]) +
+             ") scalar gives " + hex_bits(expected[i]) + " (" + hex_float(expected[i]) + "), this path " +
+             hex_bits(out[i]) + " (" + hex_float(out[i]) + ")";
   if (!(counts == expected_counts))
     return where + ": counts " + counts_text(counts) + ", scalar " + counts_text(expected_counts);
   return {};

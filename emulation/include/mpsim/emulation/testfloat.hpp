@@ -43,8 +43,10 @@ enum class TestFloatFunction : std::uint8_t {
 
 std::optional<TestFloatFunction> parse_testfloat_function(std::string_view name);
 std::string_view to_string(TestFloatFunction function);
-// Every supported function, in the order of the enumeration.
+// Every supported function, in the order of the enumeration, and their names
+// as one comma-separated list (for messages).
 std::span<const TestFloatFunction> testfloat_functions();
+std::string testfloat_function_names();
 
 // TestFloat's rounding-mode names (rnear_even, rnear_maxMag, rminMag, rmin,
 // rmax, rodd) and ours. Stochastic rounding has no TestFloat name.
