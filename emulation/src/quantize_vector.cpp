@@ -53,6 +53,12 @@ HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D>
   if (!k.flush_to_zero) {
     const V emin = hn::Set(d, k.min_normal_exponent);
     s = hn::Add(s, hn::Sub(hn::Max(emin, eff), eff));  // + max(0, emin - eff)
+  } else if (k.base_shift > 0) {
+    // Flush to zero decides tininess by rounding with an unbounded exponent
+    // (IEEE 754 §7.5). Below 2^-126 the pattern's exponent field no longer
+    // shows the binade: [2^-127, 2^-126) needs a quantum one binade finer, the
+    // only binade from which rounding can still reach 2^-126.
+    s = hn::Sub(s, hn::IfThenElseZero(hn::Lt(a, hn::Set(d, 0x00800000u)), one));
   }
   const V s_clamped = hn::Min(s, hn::Set(d, 31u));  // s >= 24 already means "below one quantum"
   const V low_mask = hn::Sub(one << s_clamped, one);

@@ -7,29 +7,39 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <limits>
 #include <cstdint>
-#include <functional>
 #include <random>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "mpsim/emulation/arithmetic.hpp"
+#include "mpsim/emulation/format.hpp"
+#include "mpsim/emulation/rounding.hpp"
 #include "support/mpfr_oracle.hpp"
 
 namespace mpsim::oracle::testing {
 
 using Rng = std::mt19937_64;
 
-// Counts comparisons; reports each mismatch with FAIL_CHECK until `limit`
-// mismatches, after which `full()` tells the caller to stop.
+// Counts comparisons and keeps the first `limit` mismatches in full; `full()`
+// tells the caller to stop. It does not call Catch until `finish()`, so worker
+// threads can each fill one and the test merges them.
 class MismatchLog {
  public:
   explicit MismatchLog(int limit = 5) : limit_(limit) {}
 
   // One comparison of a Rounded result; `context` names the inputs (only
   // evaluated on a mismatch). Returns false on a mismatch.
-  bool check(const Format& format, const std::function<std::string()>& context, const Rounded& expected,
-             const Rounded& got) {
+  template <class Context>
+  bool check(const Format& format, const Context& context, const Rounded& expected, const Rounded& got) {
     ++checked_;
     if (agrees(format, expected, got)) return true;
     fail(context() + "\n  expected " + describe(format, expected) + "\n  got      " + describe(format, got));
@@ -38,23 +48,59 @@ class MismatchLog {
 
   void fail(const std::string& message) {
     ++failed_;
-    FAIL_CHECK(message);
+    if (static_cast<int>(messages_.size()) < limit_) messages_.push_back(message);
   }
   void count(std::uint64_t n = 1) { checked_ += n; }
-  bool full() const { return failed_ >= limit_; }
+  bool full() const { return failed_ >= static_cast<std::uint64_t>(limit_); }
   std::uint64_t checked() const { return checked_; }
+  std::uint64_t failed() const { return failed_; }
 
-  // Call at the end: one assertion that summarises.
+  void merge(const MismatchLog& other) {
+    checked_ += other.checked_;
+    failed_ += other.failed_;
+    for (const std::string& m : other.messages_) {
+      if (static_cast<int>(messages_.size()) < limit_) messages_.push_back(m);
+    }
+  }
+
+  // Call once at the end, on the test's thread: reports the kept mismatches
+  // and one summarising assertion.
   void finish() {
+    for (const std::string& m : messages_) FAIL_CHECK(m);
     INFO(checked_ << " comparisons, " << failed_ << " mismatches" << (full() ? " (stopped early)" : ""));
     CHECK(failed_ == 0);
   }
 
  private:
   int limit_;
-  int failed_ = 0;
+  std::uint64_t failed_ = 0;
   std::uint64_t checked_ = 0;
+  std::vector<std::string> messages_;
 };
+
+// Runs body(begin, end, log) over [0, total) in chunks on every hardware
+// thread (for the exhaustive suites). Chunks must derive any randomness from
+// their own indices so results do not depend on the thread count.
+template <class Body>
+void parallel_chunks(std::uint64_t total, std::uint64_t chunk, MismatchLog& log, Body body) {
+  const unsigned workers = std::max(1u, std::thread::hardware_concurrency());
+  std::atomic<std::uint64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::vector<MismatchLog> logs(workers);
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      for (;;) {
+        const std::uint64_t begin = next.fetch_add(chunk);
+        if (begin >= total || stop.load()) return;
+        body(begin, std::min(total, begin + chunk), logs[w]);
+        if (logs[w].full()) stop.store(true);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const MismatchLog& l : logs) log.merge(l);
+}
 
 inline std::string hex(std::uint64_t value) {
   std::ostringstream out;
@@ -132,6 +178,53 @@ inline const char* operation_name(Operation op) {
   return "?";
 }
 
+inline int operand_count(Operation op) {
+  return op == Operation::sqrt ? 1 : op == Operation::fma ? 3 : 2;
+}
+
+inline Exact oracle_exact(const Format& f, Operation op, Bits a, Bits b, Bits c) {
+  switch (op) {
+    case Operation::add: return exact_add(f, a, b);
+    case Operation::sub: return exact_sub(f, a, b);
+    case Operation::mul: return exact_mul(f, a, b);
+    case Operation::div: return exact_div(f, a, b);
+    case Operation::sqrt: return exact_sqrt(f, a);
+    case Operation::fma: return exact_fma(f, a, b, c);
+  }
+  throw std::logic_error("bad operation");
+}
+
+// The code under test.
+inline Rounded emulator_result(const Format& f, Operation op, RoundingMode mode, Bits a, Bits b, Bits c) {
+  const Rounding r{mode};
+  switch (op) {
+    case Operation::add: return mpsim::add(f, r, a, b);
+    case Operation::sub: return mpsim::sub(f, r, a, b);
+    case Operation::mul: return mpsim::mul(f, r, a, b);
+    case Operation::div: return mpsim::div(f, r, a, b);
+    case Operation::sqrt: return mpsim::sqrt(f, r, a);
+    case Operation::fma: return mpsim::fma(f, r, a, b, c);
+  }
+  throw std::logic_error("bad operation");
+}
+
+inline std::string operation_text(const Format& f, Operation op, RoundingMode mode, Bits a, Bits b, Bits c) {
+  std::string text = std::string(operation_name(op)) + " in " + format_name(f) + ", " + std::string(mode_name(mode)) +
+                     ":\n  a = " + describe(f, a);
+  if (operand_count(op) >= 2) text += "\n  b = " + describe(f, b);
+  if (operand_count(op) >= 3) text += "\n  c = " + describe(f, c);
+  return text;
+}
+
+// One case of `op` in every deterministic mode, emulator against oracle.
+inline void check_operation(MismatchLog& log, const Format& f, Operation op, Bits a, Bits b = {}, Bits c = {}) {
+  const Exact exact = oracle_exact(f, op, a, b, c);
+  for (RoundingMode mode : kDeterministicModes) {
+    log.check(f, [&] { return operation_text(f, op, mode, a, b, c); }, oracle::round(f, mode, exact),
+              emulator_result(f, op, mode, a, b, c));
+  }
+}
+
 inline long exponent_field_of(const Format& f, Bits b) {
   return static_cast<long>((b.value >> f.mantissa_bits) & field_mask(f.exponent_bits));
 }
@@ -206,6 +299,100 @@ inline std::vector<Bits> edge_bits(const Format& f) {
   std::sort(all.begin(), all.end(), [](Bits x, Bits y) { return x.value < y.value; });
   all.erase(std::unique(all.begin(), all.end()), all.end());
   return all;
+}
+
+// --- Conversion inputs ------------------------------------------------------------
+// A point between the format value `v` and its upper neighbour (or, for the
+// largest, its lower one): k/64 of the gap, k = 0..64 (0 the value itself, 32
+// the midpoint). Computed in binary64 (exact unless M > 46).
+inline double near_format_value(const Format& f, Bits v, Rng& rng) {
+  const Decoded d = decode(f, v);
+  const double x = d.value.to_double();
+  Decoded next = decode(f, oracle::next_up(f, v));
+  if (next.kind == FloatClass::infinite || next.kind == FloatClass::nan || next.value.to_double() == x) {
+    next = decode(f, oracle::next_down(f, v));
+  }
+  const double gap = next.value.to_double() - x;
+  return x + static_cast<double>(rng() % 65) / 64.0 * gap;
+}
+
+// Binary64 values worth converting into `f`, whatever the format.
+inline std::vector<double> edge_doubles(const Format& f) {
+  const Facts& k = facts(f);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> v = {0.0,
+                           inf,
+                           std::bit_cast<double>(std::uint64_t{0x7FF8000000000000}),  // quiet NaN
+                           std::bit_cast<double>(std::uint64_t{0x7FF0000000000001}),  // signaling NaN
+                           std::bit_cast<double>(std::uint64_t{0x7FF4000000000000}),  // signaling NaN, other payload
+                           std::bit_cast<double>(std::uint64_t{0x7FFFFFFFFFFFFFFF}),  // quiet NaN, full payload
+                           DBL_MAX, DBL_MIN, DBL_TRUE_MIN, 1.0, FLT_MAX, FLT_MIN, static_cast<double>(FLT_TRUE_MIN),
+                           65504.0, 65520.0, 448.0, 464.0, 480.0, 57344.0, 61440.0, 0x1.fep127, 0x1.ffp127};
+  // The format's own boundaries and the points between them.
+  const double largest = k.largest.to_double(), tiniest = k.smallest_positive.to_double();
+  const double top_gap = std::ldexp(1.0, k.emax - f.mantissa_bits);
+  const double normal = k.smallest_normal.to_double();
+  for (double x : {largest, largest + top_gap / 2, largest + top_gap / 4, largest + top_gap, largest + 1.5 * top_gap,
+                   largest - top_gap / 2, tiniest, tiniest / 2, tiniest / 4, tiniest * 0.75, tiniest * 1.5,
+                   normal, normal * (1 - std::ldexp(1.0, -k.precision - 1)), normal * (1 - std::ldexp(1.0, -k.precision)),
+                   normal * (1 - std::ldexp(1.0, -k.precision - 2)), normal / 2, normal * 0.75}) {
+    v.push_back(x);
+  }
+  // Each also one binary64 ulp up and down, and negated.
+  const std::size_t n = v.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    v.push_back(std::nextafter(v[i], inf));
+    v.push_back(std::nextafter(v[i], -inf));
+  }
+  const std::size_t m = v.size();
+  for (std::size_t i = 0; i < m; ++i) v.push_back(-v[i]);
+  return v;
+}
+
+// One random conversion input from one of several regions.
+inline double conversion_sample(const Format& f, Rng& rng, const std::vector<double>& edges) {
+  const Facts& k = facts(f);
+  const double sign = (rng() & 1) ? -1.0 : 1.0;
+  switch (rng() % 8) {
+    case 0: return std::bit_cast<double>(rng());  // any binary64 encoding
+    case 1: return static_cast<double>(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+    case 2: {  // around the overflow threshold: largest + j/64 of the top gap
+      const double top_gap = std::ldexp(1.0, k.emax - f.mantissa_bits);
+      const double j = static_cast<double>(static_cast<long>(rng() % 257) - 64);
+      return sign * (k.largest.to_double() + j / 64.0 * top_gap);
+    }
+    case 3: {  // below 2^(emin+1): the subnormal range, the tininess boundary, below the smallest subnormal
+      const double significand = static_cast<double>((rng() >> 11) | 1);  // 53 bits
+      const int shift = static_cast<int>(rng() % static_cast<std::uint64_t>(f.mantissa_bits + 4));
+      return sign * std::ldexp(significand, k.emin + 1 - 53 - shift);
+    }
+    case 4:
+    case 5: {  // near a format value, anywhere in the range
+      const Bits v = interesting_bits(f, rng);
+      const FloatClass kind = oracle::classify(f, v);
+      if (kind == FloatClass::nan || kind == FloatClass::infinite) return edges[rng() % edges.size()];
+      return near_format_value(f, v, rng);
+    }
+    case 6: return edges[rng() % edges.size()];
+    default: {  // near a boundary encoding of the format
+      const std::vector<Bits> boundaries = edge_bits(f);
+      const Bits v = boundaries[rng() % boundaries.size()];
+      const FloatClass kind = oracle::classify(f, v);
+      if (kind == FloatClass::nan || kind == FloatClass::infinite) return edges[rng() % edges.size()];
+      return near_format_value(f, v, rng);
+    }
+  }
+}
+
+// A binary32 NaN with the sign, quiet bit and leading payload of a binary64
+// NaN (a cast would quiet a signaling NaN).
+inline float float_nan_like(double x) {
+  const std::uint64_t raw = std::bit_cast<std::uint64_t>(x);
+  const bool quiet = ((raw >> 51) & 1) != 0;
+  std::uint32_t payload = static_cast<std::uint32_t>((raw >> 29) & 0x3FFFFF);
+  if (!quiet && payload == 0) payload = 1;
+  return std::bit_cast<float>(static_cast<std::uint32_t>(raw >> 63 << 31) | 0x7F800000u | (quiet ? 0x400000u : 0u) |
+                              payload);
 }
 
 }  // namespace mpsim::oracle::testing

@@ -100,11 +100,13 @@ Rounded hardware_binary32(Operation op, RoundingMode mode, float a, float b) {
   return {Bits{std::bit_cast<std::uint32_t>(static_cast<float>(vr))}, flags};
 }
 
-__attribute__((target("fma"))) Rounded hardware_fma(RoundingMode mode, double a, double b, double c) {
+__attribute__((target("fma"))) double fused_multiply_add(double a, double b, double c) {
+  return _mm_cvtsd_f64(_mm_fmadd_sd(_mm_set_sd(a), _mm_set_sd(b), _mm_set_sd(c)));
+}
+
+Rounded hardware_fma(RoundingMode mode, double a, double b, double c) {
   volatile double va = a, vb = b, vc = c, vr = 0;
-  const Flags flags = run_in_mode(mode, [&] {
-    vr = _mm_cvtsd_f64(_mm_fmadd_sd(_mm_set_sd(va), _mm_set_sd(vb), _mm_set_sd(vc)));
-  });
+  const Flags flags = run_in_mode(mode, [&] { vr = fused_multiply_add(va, vb, vc); });
   return {Bits{std::bit_cast<std::uint64_t>(static_cast<double>(vr))}, flags};
 }
 
@@ -116,35 +118,27 @@ Rounded hardware_double_to_float(RoundingMode mode, double a) {
 }
 
 // VCVTPS2PH takes its rounding direction from an immediate (and raises MXCSR flags).
-__attribute__((target("f16c"))) Rounded hardware_float_to_half(RoundingMode mode, float a) {
+__attribute__((target("f16c"))) int narrow_to_half(float value, RoundingMode mode) {
+  const __m128 x = _mm_set_ss(value);
+  switch (mode) {
+    case RoundingMode::toward_negative: return _mm_extract_epi16(_mm_cvtps_ph(x, 1), 0);
+    case RoundingMode::toward_positive: return _mm_extract_epi16(_mm_cvtps_ph(x, 2), 0);
+    case RoundingMode::toward_zero: return _mm_extract_epi16(_mm_cvtps_ph(x, 3), 0);
+    default: return _mm_extract_epi16(_mm_cvtps_ph(x, 0), 0);
+  }
+}
+
+__attribute__((target("f16c"))) float widen_half(unsigned short bits) { return _cvtsh_ss(bits); }
+
+Rounded hardware_float_to_half(RoundingMode mode, float a) {
   volatile float va = a;
   volatile int vr = 0;
-  const Flags flags = run_in_mode(RoundingMode::nearest_even, [&] {
-    const __m128 x = _mm_set_ss(va);
-    switch (mode) {
-      case RoundingMode::toward_negative: vr = _mm_extract_epi16(_mm_cvtps_ph(x, 1), 0); break;
-      case RoundingMode::toward_positive: vr = _mm_extract_epi16(_mm_cvtps_ph(x, 2), 0); break;
-      case RoundingMode::toward_zero: vr = _mm_extract_epi16(_mm_cvtps_ph(x, 3), 0); break;
-      default: vr = _mm_extract_epi16(_mm_cvtps_ph(x, 0), 0); break;
-    }
-  });
+  const Flags flags = run_in_mode(RoundingMode::nearest_even, [&] { vr = narrow_to_half(va, mode); });
   return {Bits{static_cast<std::uint64_t>(vr) & 0xFFFF}, flags};
 }
 
 double as_double(Bits b) { return std::bit_cast<double>(b.value); }
 
-// A point between the finite format value `v` and its upper neighbour (or,
-// for the largest, the lower one): v + k/64 of the gap, k = 0..64.
-double near_value(const Format& f, Bits v, Rng& rng) {
-  const Decoded d = decode(f, v);
-  const double x = d.value.to_double();
-  Decoded next = decode(f, oracle::next_up(f, v));
-  if (next.kind == FloatClass::infinite || next.kind == FloatClass::nan || next.value.to_double() == x) {
-    next = decode(f, oracle::next_down(f, v));
-  }
-  const double gap = next.value.to_double() - x;  // exact: both are values of a narrower format
-  return x + static_cast<double>(rng() % 65) / 64.0 * gap;
-}
 float as_float(Bits b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b.value)); }
 
 Rounded oracle_op(const Format& f, Operation op, RoundingMode mode, Bits a, Bits b, Bits c) {
@@ -250,7 +244,7 @@ TEST_CASE("oracle self-test: binary32 arithmetic and binary64->binary32 conversi
       const Bits v = interesting_bits(kBinary32, rng);
       const FloatClass kind = oracle::classify(kBinary32, v);
       if (kind == FloatClass::nan || kind == FloatClass::infinite) continue;
-      x = near_value(kBinary32, v, rng);
+      x = near_format_value(kBinary32, v, rng);
       if (rng() % 2) x = std::nextafter(x, rng() % 2 ? HUGE_VAL : -HUGE_VAL);
     }
     for (RoundingMode mode : kIeeeModes) {
@@ -288,7 +282,7 @@ TEST_CASE("oracle self-test: binary32->binary16 conversion matches F16C", "[orac
       const Bits h = i % 3 == 1 ? half_edges[rng() % half_edges.size()] : interesting_bits(kBinary16, rng);
       const FloatClass kind = oracle::classify(kBinary16, h);
       if (kind == FloatClass::nan || kind == FloatClass::infinite) continue;
-      x = static_cast<float>(near_value(kBinary16, h, rng));  // exact: k/64 of a binary16 gap fits in binary32
+      x = static_cast<float>(near_format_value(kBinary16, h, rng));  // exact: k/64 of a binary16 gap fits in binary32
       if (rng() % 2) x = std::nextafter(x, rng() % 2 ? HUGE_VALF : -HUGE_VALF);
     }
     for (RoundingMode mode : kIeeeModes) {
@@ -303,7 +297,7 @@ TEST_CASE("oracle self-test: binary32->binary16 conversion matches F16C", "[orac
   // And every binary16 encoding widens exactly (VCVTPH2PS).
   for (std::uint32_t h = 0; h < 65536 && !log.full(); ++h) {
     const Decoded d = decode(kBinary16, Bits{h});
-    const float wide = _cvtsh_ss(static_cast<unsigned short>(h));
+    const float wide = widen_half(static_cast<unsigned short>(h));
     log.count();
     if (d.kind == FloatClass::nan ? wide == wide : std::bit_cast<std::uint32_t>(wide) != std::bit_cast<std::uint32_t>(static_cast<float>(d.value.to_double()))) {
       log.fail("binary16 " + describe(kBinary16, Bits{h}) + " widens to " + hex(std::bit_cast<std::uint32_t>(wide)));
