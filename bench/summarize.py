@@ -2,7 +2,7 @@
 """Turns bench_quantize's JSON (--benchmark_out) into the Markdown tables of docs/performance.md.
 
 usage: bench/summarize.py quantize.json
-Medians of the repetitions, in G elements/s, with the ratio to memcpy of the same size and thread count.
+Medians of the repetitions, in G elements/s, with the ratio of medians to memcpy of the same size and threads.
 """
 import json
 import sys
@@ -17,8 +17,12 @@ def main(path):
             continue
         name = b["run_name"].replace("/real_time", "")
         rate[name] = b["items_per_second"] / 1e9
-        if "x_memcpy" in b:
-            ratio[name] = b["x_memcpy"]
+    # Ratios of medians: each row's median over memcpy's median, same size and threads.
+    for name in rate:
+        parts = name.split("/")
+        base = "memcpy/" + "/".join(parts[-2:])
+        if base in rate and rate[base] > 0:
+            ratio[name] = rate[name] / rate[base]
     ctx = data["context"]
     print(f"Run: {ctx['date']}, host {ctx.get('host_name', '?')}, {ctx['num_cpus']} CPUs at {ctx['mhz_per_cpu']} MHz, "
           f"vector target {ctx.get('vector_target', '?')}, build {ctx.get('library_build_type', '?')} benchmark library.\n")
