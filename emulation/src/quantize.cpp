@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -52,11 +53,9 @@ QuantizeCounts quantize_scalar(const Format& f, const QuantizeOptions& o, const 
 }
 
 template <class T>
-QuantizeCounts quantize_range(const Format& f, const QuantizeOptions& o, const detail::Float32Kernel* kernel,
+QuantizeCounts quantize_range(const Format& f, const QuantizeOptions& o, const detail::KernelFor<T>* kernel,
                               const T* in, T* out, std::size_t n, std::uint64_t first_index) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (kernel != nullptr) return detail::quantize_float32_vector(*kernel, in, out, n, first_index);
-  }
+  if (kernel != nullptr) return detail::quantize_vector(*kernel, in, out, n, first_index);
   return quantize_scalar(f, o, in, out, n, first_index);
 }
 
@@ -73,10 +72,10 @@ QuantizeCounts quantize_any(const Format& f, std::span<const T> in, std::span<T>
   if (o.rounding.random_bits < 1 || o.rounding.random_bits > 32)
     throw std::invalid_argument("quantize: random_bits must be in 1..32, got " + std::to_string(o.rounding.random_bits));
 
-  detail::Float32Kernel kernel{};
-  const detail::Float32Kernel* vector = nullptr;
-  if (std::is_same_v<T, float> && o.path != Path::scalar) {
-    kernel = detail::make_float32_kernel(f, o);
+  detail::KernelFor<T> kernel{};
+  const detail::KernelFor<T>* vector = nullptr;
+  if (o.path != Path::scalar) {
+    kernel = detail::make_kernel<T>(f, o);
     vector = &kernel;
   }
   const std::size_t n = in.size();
@@ -124,35 +123,45 @@ QuantizeCounts quantize(const Format& f, std::span<const double> in, std::span<d
   return quantize_any<double>(f, in, out, o);
 }
 
-std::string_view vector_target_name() { return detail::float32_vector_target(); }
+std::string_view vector_target_name() { return detail::vector_target(); }
 
 namespace detail {
 
-Float32Kernel make_float32_kernel(const Format& f, const QuantizeOptions& o) {
-  auto pattern = [&](Bits bits) { return std::bit_cast<std::uint32_t>(to_float(f, bits)); };
-  auto overflow_pattern = [&](bool negative) { return pattern(overflow_result(f, o.rounding.mode, negative)); };
-  Float32Kernel k{};
+template <class T>
+KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
+  using U = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
+  constexpr int storage_mantissa = std::numeric_limits<T>::digits - 1;
+  constexpr int storage_bias = std::numeric_limits<T>::max_exponent - 1;
+  constexpr U one = 1;
+  auto pattern = [&](Bits bits) { return std::bit_cast<U>(stored_value<T>(f, bits)); };
+  auto pattern_of = [](double value) { return std::bit_cast<U>(static_cast<T>(value)); };
+  KernelFor<T> k{};
   k.mode = o.rounding.mode;
-  k.base_shift = static_cast<std::uint32_t>(23 - f.mantissa_bits);
-  k.min_normal_exponent = static_cast<std::uint32_t>(f.emin() + 127);
+  k.base_shift = static_cast<U>(storage_mantissa - f.mantissa_bits);
+  k.min_normal_exponent = static_cast<U>(f.emin() + storage_bias);
   k.flush_to_zero = f.subnormals == Subnormals::flush_to_zero;
   k.has_infinity = f.has_infinity();
-  k.smallest_normal = std::bit_cast<std::uint32_t>(static_cast<float>(f.smallest_normal()));
-  k.smallest_subnormal = std::bit_cast<std::uint32_t>(static_cast<float>(f.smallest_subnormal()));
+  k.smallest_normal = pattern_of(f.smallest_normal());
+  k.smallest_subnormal = pattern_of(f.smallest_subnormal());
   k.largest_finite = pattern(largest_finite_bits(f, false));
-  k.overflow_positive = overflow_pattern(false);
-  k.overflow_negative = overflow_pattern(true);
+  k.overflow_positive = pattern(overflow_result(f, o.rounding.mode, false));
+  k.overflow_negative = pattern(overflow_result(f, o.rounding.mode, true));
+  const U sign = one << (8 * sizeof(U) - 1);
+  const U quiet = one << (storage_mantissa - 1);
   if (f.has_infinity()) {
-    k.nan_keep = ~((std::uint32_t{1} << (23 - f.mantissa_bits)) - 1);
-    k.nan_set = 0x00400000u;
+    k.nan_keep = ~((one << (storage_mantissa - f.mantissa_bits)) - 1);  // sign, quiet bit, leading payload
+    k.nan_set = quiet;
   } else {
-    k.nan_keep = 0x80000000u;
-    k.nan_set = 0x7FC00000u;
+    k.nan_keep = sign;
+    k.nan_set = std::bit_cast<U>(std::numeric_limits<T>::quiet_NaN());
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);
   return k;
 }
+
+template KernelFor<float> make_kernel<float>(const Format&, const QuantizeOptions&);
+template KernelFor<double> make_kernel<double>(const Format&, const QuantizeOptions&);
 
 }  // namespace detail
 }  // namespace mpsim

@@ -1,38 +1,48 @@
 // Internal: what the vector kernels receive. Everything that depends only on
-// the format and the mode is worked out once per call, on the host.
+// the format, the storage type and the mode is worked out once per call, on
+// the host.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "mpsim/emulation/quantize.hpp"
 
 namespace mpsim::detail {
 
-// Rounding a binary32 value into a format that fits in binary32, done on the
-// binary32 bit pattern (see quantize_vector.cpp for the derivation).
-struct Float32Kernel {
+// Rounding a binary32 (binary64) value into a format that fits in it, done on
+// the storage's bit pattern (see quantize_vector.cpp for the derivation).
+// U is the pattern type: uint32_t for float storage, uint64_t for double.
+template <class U>
+struct Kernel {
   RoundingMode mode;
-  std::uint32_t base_shift;          // 23 - mantissa bits: the quantum within a binade
-  std::uint32_t min_normal_exponent; // the format's emin as a biased binary32 exponent
+  U base_shift;           // storage mantissa bits - format mantissa bits: the quantum within a binade
+  U min_normal_exponent;  // the format's emin as a biased exponent of the storage
   bool flush_to_zero;
   bool has_infinity;
-  std::uint32_t smallest_normal;     // binary32 patterns of format values
-  std::uint32_t smallest_subnormal;
-  std::uint32_t largest_finite;
-  std::uint32_t overflow_positive;   // what an overflow becomes, by sign, for this mode
-  std::uint32_t overflow_negative;
-  std::uint32_t nan_keep;            // NaN result = (input & nan_keep) | nan_set
-  std::uint32_t nan_set;
-  std::uint32_t random_mask;         // stochastic rounding: the draw bits that count
+  U smallest_normal;  // storage patterns of format values
+  U smallest_subnormal;
+  U largest_finite;
+  U overflow_positive;  // what an overflow becomes, by sign, for this mode
+  U overflow_negative;
+  U nan_keep;  // NaN result = (input & nan_keep) | nan_set
+  U nan_set;
+  std::uint32_t random_mask;  // stochastic rounding: the draw bits that count
   DrawKey key;
 };
 
-Float32Kernel make_float32_kernel(const Format& format, const QuantizeOptions& options);
+template <class T>
+using KernelFor = Kernel<std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>>;
+
+template <class T>
+KernelFor<T> make_kernel(const Format& format, const QuantizeOptions& options);
 
 // Quantizes n elements; element i uses random index first_index + i.
-QuantizeCounts quantize_float32_vector(const Float32Kernel& kernel, const float* in, float* out, std::size_t n,
-                                       std::uint64_t first_index);
-const char* float32_vector_target();
+QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,
+                               std::uint64_t first_index);
+QuantizeCounts quantize_vector(const Kernel<std::uint64_t>& kernel, const double* in, double* out, std::size_t n,
+                               std::uint64_t first_index);
+const char* vector_target();
 
 }  // namespace mpsim::detail

@@ -1,7 +1,9 @@
-// Vector kernel: binary32 -> format -> binary32, on the bit pattern, with
-// Highway's run-time dispatch (one binary, the best target of each CPU).
+// Vector kernel: storage -> format -> storage (binary32 or binary64 storage),
+// on the bit pattern, with Highway's run-time dispatch (one binary, the best
+// target of each CPU).
 //
-// Why integer rounding on the pattern works. A positive binary32 pattern
+// Why integer rounding on the pattern works (binary32 shown; binary64 is the
+// same with 52 mantissa bits and bias 1023). A positive pattern
 // a = (e << 23) | f has the value (2^23 + f) * 2^(e-150) for e >= 1 and
 // f * 2^-149 for e = 0. Let eff = max(e, 1) and M = a - ((eff-1) << 23): M is
 // the significand with its hidden bit (< 2^24), and value = M * 2^(eff-150).
@@ -10,10 +12,10 @@
 // where emin' is the format's emin as a biased binary32 exponent. Rounding M to
 // a multiple of 2^s and adding back (eff-1) << 23 gives the rounded pattern;
 // a carry out of the significand lands in the exponent field, which is exactly
-// the next binade. When s >= 24 the value is below half... of one quantum in
-// magnitude order: the result is 0 or the smallest subnormal. Overflow is a
-// pattern compare against the largest finite value. Rounding never goes
-// through an intermediate format: one step, as the scalar reference does.
+// the next binade. When s >= 24 the value is below one quantum: the result is 0
+// or the smallest subnormal. Overflow is a pattern compare against the largest
+// finite value. Rounding never goes through an intermediate format: one step,
+// as the scalar reference does.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "emulation/src/quantize_vector.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -28,39 +30,68 @@ HWY_BEFORE_NAMESPACE();
 namespace mpsim::detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using D = hn::ScalableTag<std::uint32_t>;
-using V = hn::Vec<D>;
+// The storage layout, as constants of the pattern type U.
+template <class U>
+struct Layout {
+  static constexpr int kMantissa = sizeof(U) == 4 ? 23 : 52;
+  static constexpr int kBits = 8 * sizeof(U);
+  static constexpr U kSign = U{1} << (kBits - 1);
+  static constexpr U kMagnitude = kSign - 1;
+  static constexpr U kInfinity = kMagnitude ^ ((U{1} << kMantissa) - 1);
+  static constexpr U kHidden = U{1} << kMantissa;
+};
 
+template <class D>
 struct Counters {
-  V inexact, flushed, subnormal, overflow, nan;
+  hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
 };
 
 // Counts lanes where `mask` holds (mask lanes are all ones: subtracting adds 1).
-HWY_INLINE void Count(D d, V& counter, hn::Mask<D> mask) { counter = hn::Sub(counter, hn::VecFromMask(d, mask)); }
+template <class D>
+HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
+  counter = hn::Sub(counter, hn::VecFromMask(d, mask));
+}
 
-template <RoundingMode kMode>
-HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D> valid, Counters& c) {
-  const V sign = hn::And(x, hn::Set(d, 0x80000000u));
-  const V a = hn::And(x, hn::Set(d, 0x7FFFFFFFu));
-  const V inf = hn::Set(d, 0x7F800000u);
+// Stochastic rounding's decision: keep the draw's and the fraction's top
+// random bits (a 0.32 fraction in the low 32 bits of each lane) and round away
+// from zero when their sum carries out of 32 bits.
+template <class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Mask<D> Carry(D d, const Kernel<U>& k, hn::Vec<D> fraction, hn::Vec<D> draw) {
+  const auto random_mask = hn::Set(d, static_cast<U>(k.random_mask));
+  fraction = hn::And(fraction, random_mask);
+  const auto sum = hn::Add(fraction, hn::And(draw, random_mask));
+  if constexpr (sizeof(U) == 4) return hn::Lt(sum, fraction);  // wrapped around
+  else return hn::Ne(hn::ShiftRight<32>(sum), hn::Zero(d));
+}
+
+// The general case, lane by lane: subnormals, flushes, overflow, specials.
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw, hn::Mask<D> valid,
+                                    Counters<D>& c) {
+  using V = hn::Vec<D>;
+  using L = Layout<U>;
+  const V sign = hn::And(x, hn::Set(d, L::kSign));
+  const V a = hn::And(x, hn::Set(d, L::kMagnitude));
+  const V inf = hn::Set(d, L::kInfinity);
   const auto is_nan = hn::Gt(a, inf);
   const auto is_inf = hn::Eq(a, inf);
 
-  const V one = hn::Set(d, 1u);
-  const V eff = hn::Max(hn::ShiftRight<23>(a), one);
-  const V significand = hn::Sub(a, hn::ShiftLeft<23>(hn::Sub(eff, one)));
+  const V one = hn::Set(d, U{1});
+  const V eff = hn::Max(hn::ShiftRight<L::kMantissa>(a), one);
+  const V significand = hn::Sub(a, hn::ShiftLeft<L::kMantissa>(hn::Sub(eff, one)));
   V s = hn::Set(d, k.base_shift);
   if (!k.flush_to_zero) {
     const V emin = hn::Set(d, k.min_normal_exponent);
     s = hn::Add(s, hn::Sub(hn::Max(emin, eff), eff));  // + max(0, emin - eff)
   } else if (k.base_shift > 0) {
     // Flush to zero decides tininess by rounding with an unbounded exponent
-    // (IEEE 754 §7.5). Below 2^-126 the pattern's exponent field no longer
-    // shows the binade: [2^-127, 2^-126) needs a quantum one binade finer, the
-    // only binade from which rounding can still reach 2^-126.
-    s = hn::Sub(s, hn::IfThenElseZero(hn::Lt(a, hn::Set(d, 0x00800000u)), one));
+    // (IEEE 754 §7.5). Below the storage's smallest normal the pattern's
+    // exponent field no longer shows the binade: the binade just below it needs
+    // a quantum one binade finer, and only from there can rounding reach it.
+    s = hn::Sub(s, hn::IfThenElseZero(hn::Lt(a, hn::Set(d, L::kHidden)), one));
   }
-  const V s_clamped = hn::Min(s, hn::Set(d, 31u));  // s >= 24 already means "below one quantum"
+  // s > kMantissa already means "below one quantum"; keep shift counts in range.
+  const V s_clamped = hn::Min(s, hn::Set(d, U{L::kBits - 1}));
   const V low_mask = hn::Sub(one << s_clamped, one);
   V q = significand >> s_clamped;
   const V rest = hn::And(significand, low_mask);
@@ -85,23 +116,20 @@ HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D>
   } else if constexpr (kMode == RoundingMode::toward_negative) {
     up = hn::And(negative, inexact_rounding);
   } else {  // stochastic: the remainder as a 0.32 fraction of the quantum, plus the draw
-    const V thirty_two = hn::Set(d, 32u);
-    const auto left = hn::Lt(s, hn::Set(d, 33u));
-    const V left_count = hn::Min(hn::Sub(thirty_two, hn::Min(s, thirty_two)), hn::Set(d, 31u));
-    const V right_count = hn::Min(hn::Sub(hn::Max(s, thirty_two), thirty_two), hn::Set(d, 31u));
+    const V thirty_two = hn::Set(d, U{32});
+    const auto left = hn::Lt(s, hn::Set(d, U{33}));
+    const V max_shift = hn::Set(d, U{L::kBits - 1});
+    const V left_count = hn::Min(hn::Sub(thirty_two, hn::Min(s, thirty_two)), max_shift);
+    const V right_count = hn::Min(hn::Sub(hn::Max(s, thirty_two), thirty_two), max_shift);
     V fraction = hn::IfThenElse(left, rest << left_count, rest >> right_count);
-    // s = 0 (binary32 itself) leaves rest = 0: nothing to add.
-    const V random_mask = hn::Set(d, k.random_mask);
-    fraction = hn::And(fraction, random_mask);
-    const V sum = hn::Add(fraction, hn::And(draw, random_mask));
-    up = hn::Lt(sum, fraction);  // carry out of 32 bits
+    up = Carry(d, k, fraction, draw);
   }
   q = hn::Add(q, hn::IfThenElseZero(up, one));
 
-  // Back to a pattern. Below one quantum (s >= 24) the result is 0 or the
+  // Back to a pattern. Below one quantum (s > kMantissa) the result is 0 or the
   // smallest subnormal; otherwise the carry flows into the exponent field.
-  const auto below_quantum = hn::Gt(s, hn::Set(d, 23u));
-  const V regular = hn::Add(hn::ShiftLeft<23>(hn::Sub(eff, one)), q << s_clamped);
+  const auto below_quantum = hn::Gt(s, hn::Set(d, U{L::kMantissa}));
+  const V regular = hn::Add(hn::ShiftLeft<L::kMantissa>(hn::Sub(eff, one)), q << s_clamped);
   const V tiny_result = hn::IfThenElseZero(hn::Ne(q, hn::Zero(d)), hn::Set(d, k.smallest_subnormal));
   V magnitude = hn::IfThenElse(below_quantum, tiny_result, regular);
   if (k.flush_to_zero) magnitude = hn::IfThenZeroElse(hn::Lt(magnitude, hn::Set(d, k.smallest_normal)), magnitude);
@@ -115,7 +143,7 @@ HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D>
   if (k.has_infinity) result = hn::IfThenElse(is_inf, x, result);
   result = hn::IfThenElse(is_nan, hn::Or(hn::And(x, hn::Set(d, k.nan_keep)), hn::Set(d, k.nan_set)), result);
 
-  const V result_magnitude = hn::And(result, hn::Set(d, 0x7FFFFFFFu));
+  const V result_magnitude = hn::And(result, hn::Set(d, L::kMagnitude));
   const auto changed = hn::And(finite, hn::Ne(result_magnitude, a));
   Count(d, c.inexact, hn::And(valid, hn::Or(changed, overflow)));
   Count(d, c.overflow, hn::And(valid, overflow));
@@ -129,50 +157,54 @@ HWY_INLINE V QuantizeLanes(D d, const Float32Kernel& k, V x, V draw, hn::Mask<D>
 
 // The common case, taken when every lane is zero or within [smallest normal,
 // largest finite]: no result can be subnormal, flushed, overflowed or NaN, the
-// quantum is the same 2^(23-mantissa bits) in every lane, and rounding the
-// whole pattern (sign included: no carry can reach it) to a multiple of it is
-// the answer. Only the inexact counter can move.
-template <RoundingMode kMode>
-HWY_INLINE V QuantizeOrdinaryLanes(D d, const Float32Kernel& k, V x, V draw, V& inexact) {
+// quantum is the same 2^(storage mantissa - format mantissa) in every lane, and
+// rounding the whole pattern (sign included: no carry can reach it) to a
+// multiple of it is the answer. Only the inexact counter can move.
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
+                                            hn::Vec<D>& inexact) {
+  using V = hn::Vec<D>;
+  using L = Layout<U>;
+  const V one = hn::Set(d, U{1});
   const V s = hn::Set(d, k.base_shift);
-  const V unit = hn::Set(d, 1u) << s;
-  const V low = hn::Sub(unit, hn::Set(d, 1u));
+  const V unit = one << s;
+  const V low = hn::Sub(unit, one);
   const V truncated = hn::AndNot(low, x);
+  // With no mantissa bits the significand is 1, always odd (the bit at the
+  // quantum is the exponent's).
+  const bool no_mantissa = k.base_shift == U{L::kMantissa};
   V r;
   if constexpr (kMode == RoundingMode::nearest_even) {
     // Add half an ulp minus one, plus the kept last bit: ties go to even.
-    // With no mantissa bits the significand is 1, always odd (bit 23 is the exponent's).
-    const V parity = k.base_shift == 23 ? hn::Set(d, 1u) : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? 1u : 0u));
+    const V parity = no_mantissa ? one : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
     r = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
   } else if constexpr (kMode == RoundingMode::nearest_away) {
-    r = hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
-    if (k.base_shift == 0) r = x;
+    r = k.base_shift == 0 ? x : hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
   } else if constexpr (kMode == RoundingMode::toward_zero) {
     r = truncated;
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
-    const auto negative = hn::Lt(hn::BitCast(hn::RebindToSigned<D>(), x), hn::Zero(hn::RebindToSigned<D>()));
+    const auto negative = hn::Ne(hn::And(x, hn::Set(d, L::kSign)), hn::Zero(d));
     const V away = hn::AndNot(low, hn::Add(x, low));
-    const auto take_away = hn::RebindMask(d, negative);
-    r = kMode == RoundingMode::toward_positive ? hn::IfThenElse(take_away, truncated, away)
-                                               : hn::IfThenElse(take_away, away, truncated);
+    r = kMode == RoundingMode::toward_positive ? hn::IfThenElse(negative, truncated, away)
+                                               : hn::IfThenElse(negative, away, truncated);
   } else if constexpr (kMode == RoundingMode::odd) {
-    // With no mantissa bits the significand is always 1: already odd.
-    r = k.base_shift == 23 ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
+    r = no_mantissa ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
   } else {  // stochastic
-    const V shift = hn::Set(d, k.base_shift == 0 ? 31u : 32u - k.base_shift);
-    const V random_mask = hn::Set(d, k.random_mask);
-    const V fraction = hn::And(hn::And(x, low) << shift, random_mask);
-    const V sum = hn::Add(fraction, hn::And(draw, random_mask));
-    r = hn::Add(truncated, hn::IfThenElseZero(hn::Lt(sum, fraction), unit));
+    const V rest = hn::And(x, low);
+    const V fraction = k.base_shift <= 32 ? rest << hn::Set(d, U{32} - k.base_shift)
+                                          : rest >> hn::Set(d, k.base_shift - U{32});
+    r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.base_shift == 0 ? hn::Zero(d) : fraction, draw), unit));
   }
   inexact = hn::Sub(inexact, hn::VecFromMask(d, hn::Ne(r, x)));
   return r;
 }
 
-// The keyed hash of rounding.cpp's random_draw, on lanes of consecutive indices
-// whose high word is the same (the caller splits at multiples of 2^32).
-HWY_INLINE V Draws(D d, const Float32Kernel& k, V low_words, V high_term) {
-  V x = hn::Xor(low_words, hn::Set(d, k.key.low));
+// The keyed hash of rounding.cpp's random_draw, on 32-bit lanes of
+// consecutive indices whose high word is the same (the caller splits at
+// multiples of 2^32).
+template <class D32>
+HWY_INLINE hn::Vec<D32> Draws(D32 d, DrawKey key, hn::Vec<D32> low_words, hn::Vec<D32> high_term) {
+  auto x = hn::Xor(low_words, hn::Set(d, key.low));
   x = hn::Xor(x, hn::ShiftRight<16>(x));
   x = hn::Mul(x, hn::Set(d, 0x7FEB352Du));
   x = hn::Xor(x, hn::ShiftRight<15>(x));
@@ -181,50 +213,62 @@ HWY_INLINE V Draws(D d, const Float32Kernel& k, V low_words, V high_term) {
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
 
-template <RoundingMode kMode>
-QuantizeCounts QuantizeSpan(const Float32Kernel& kernel, const float* in, float* out, std::size_t n,
-                            std::uint64_t first_index) {
-  const Float32Kernel k = kernel;  // a local copy: the stores to `out` cannot alias it
+// The draws of the lanes of D, one per lane, zero-extended to U.
+template <class D, class D32>
+HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_words, hn::Vec<D32> high_term) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) return Draws(d32, key, low_words, high_term);
+  else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
+}
+
+template <RoundingMode kMode, class T>
+QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  const Kernel<U> k = kernel;  // a local copy: the stores to `out` cannot alias it
+  using D = hn::ScalableTag<U>;
   const D d;
+  const hn::RebindToFloat<D> df;
+  const hn::Rebind<std::uint32_t, D> d32;  // one 32-bit draw per lane
+  using V = hn::Vec<D>;
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const hn::Mask<D> all = hn::FirstN(d, lanes);
+  const auto all = hn::FirstN(d, lanes);
   // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
   const V ordinary_low = hn::Set(d, k.smallest_normal);
-  const V ordinary_span = hn::Set(d, k.largest_finite - k.smallest_normal + 1);
+  const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
+  const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
+  constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
-    // Blocks keep the 32-bit lane counters from wrapping and the random
-    // index's high word fixed.
+    // Blocks keep 32-bit lane counters from wrapping and the random index's high word fixed.
     const std::uint64_t index = first_index + i;
     const std::uint64_t to_wrap = (std::uint64_t{1} << 32) - (index & 0xFFFFFFFFu);
-    const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap, std::uint64_t{1} << 28}));
-    const V high_term = hn::Set(d, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
-    Counters c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-    V low_words = hn::Iota(d, static_cast<std::uint32_t>(index));  // random indices of the lanes
-    const V step = hn::Set(d, static_cast<std::uint32_t>(lanes));
+    const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
+                                                                                std::uint64_t{1} << 28}));
+    const auto high_term = hn::Set(d32, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
+    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
+    const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
     for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
-      const V x = hn::BitCast(d, hn::LoadU(hn::RebindToFloat<D>(), in + i + j));
-      const V draw = kMode == RoundingMode::stochastic ? Draws(d, k, low_words, high_term) : hn::Zero(d);
-      const V a = hn::And(x, hn::Set(d, 0x7FFFFFFFu));
+      const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
+      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+      const V a = hn::And(x, magnitude_mask);
       const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
       const V r = hn::AllTrue(d, ordinary) ? QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact)
                                            : QuantizeLanes<kMode>(d, k, x, draw, all, c);
-      hn::StoreU(hn::BitCast(hn::RebindToFloat<D>(), r), hn::RebindToFloat<D>(), out + i + j);
+      hn::StoreU(hn::BitCast(df, r), df, out + i + j);
     }
     if (j < block) {  // the tail, through a full-width buffer
-      HWY_ALIGN float buffer[HWY_MAX_BYTES / sizeof(float)] = {};
+      HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
       const std::size_t left = block - j;
-      std::memcpy(buffer, in + i + j, left * sizeof(float));
-      const V x = hn::BitCast(d, hn::Load(hn::RebindToFloat<D>(), buffer));
-      const V draw = kMode == RoundingMode::stochastic ? Draws(d, k, low_words, high_term) : hn::Zero(d);
-      hn::Store(hn::BitCast(hn::RebindToFloat<D>(), QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, left), c)),
-                hn::RebindToFloat<D>(), buffer);
-      std::memcpy(out + i + j, buffer, left * sizeof(float));
+      std::memcpy(buffer, in + i + j, left * sizeof(T));
+      const V x = hn::BitCast(d, hn::Load(df, buffer));
+      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+      hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, left), c)), df, buffer);
+      std::memcpy(out + i + j, buffer, left * sizeof(T));
     }
-    HWY_ALIGN std::uint32_t lane_counts[5][HWY_MAX_BYTES / sizeof(std::uint32_t)];
+    HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)];
     hn::Store(c.inexact, d, lane_counts[0]);
     hn::Store(c.flushed, d, lane_counts[1]);
     hn::Store(c.subnormal, d, lane_counts[2]);
@@ -242,20 +286,27 @@ QuantizeCounts QuantizeSpan(const Float32Kernel& kernel, const float* in, float*
   return total;
 }
 
-QuantizeCounts QuantizeFloat32(const Float32Kernel& k, const float* in, float* out, std::size_t n,
-                               std::uint64_t first_index) {
+template <class T>
+QuantizeCounts QuantizeAnyMode(const KernelFor<T>& k, const T* in, T* out, std::size_t n, std::uint64_t first) {
   switch (k.mode) {
-    case RoundingMode::nearest_even: return QuantizeSpan<RoundingMode::nearest_even>(k, in, out, n, first_index);
-    case RoundingMode::nearest_away: return QuantizeSpan<RoundingMode::nearest_away>(k, in, out, n, first_index);
-    case RoundingMode::toward_zero: return QuantizeSpan<RoundingMode::toward_zero>(k, in, out, n, first_index);
-    case RoundingMode::toward_positive:
-      return QuantizeSpan<RoundingMode::toward_positive>(k, in, out, n, first_index);
-    case RoundingMode::toward_negative:
-      return QuantizeSpan<RoundingMode::toward_negative>(k, in, out, n, first_index);
-    case RoundingMode::odd: return QuantizeSpan<RoundingMode::odd>(k, in, out, n, first_index);
-    case RoundingMode::stochastic: return QuantizeSpan<RoundingMode::stochastic>(k, in, out, n, first_index);
+    case RoundingMode::nearest_even: return QuantizeSpan<RoundingMode::nearest_even>(k, in, out, n, first);
+    case RoundingMode::nearest_away: return QuantizeSpan<RoundingMode::nearest_away>(k, in, out, n, first);
+    case RoundingMode::toward_zero: return QuantizeSpan<RoundingMode::toward_zero>(k, in, out, n, first);
+    case RoundingMode::toward_positive: return QuantizeSpan<RoundingMode::toward_positive>(k, in, out, n, first);
+    case RoundingMode::toward_negative: return QuantizeSpan<RoundingMode::toward_negative>(k, in, out, n, first);
+    case RoundingMode::odd: return QuantizeSpan<RoundingMode::odd>(k, in, out, n, first);
+    case RoundingMode::stochastic: return QuantizeSpan<RoundingMode::stochastic>(k, in, out, n, first);
   }
   return {};
+}
+
+QuantizeCounts QuantizeFloat(const Kernel<std::uint32_t>& k, const float* in, float* out, std::size_t n,
+                             std::uint64_t first) {
+  return QuantizeAnyMode<float>(k, in, out, n, first);
+}
+QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, double* out, std::size_t n,
+                              std::uint64_t first) {
+  return QuantizeAnyMode<double>(k, in, out, n, first);
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -266,15 +317,21 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace mpsim::detail {
 
-HWY_EXPORT(QuantizeFloat32);
+HWY_EXPORT(QuantizeFloat);
+HWY_EXPORT(QuantizeDouble);
 HWY_EXPORT(TargetName);
 
-QuantizeCounts quantize_float32_vector(const Float32Kernel& kernel, const float* in, float* out, std::size_t n,
-                                       std::uint64_t first_index) {
-  return HWY_DYNAMIC_DISPATCH(QuantizeFloat32)(kernel, in, out, n, first_index);
+QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,
+                               std::uint64_t first_index) {
+  return HWY_DYNAMIC_DISPATCH(QuantizeFloat)(kernel, in, out, n, first_index);
 }
 
-const char* float32_vector_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+QuantizeCounts quantize_vector(const Kernel<std::uint64_t>& kernel, const double* in, double* out, std::size_t n,
+                               std::uint64_t first_index) {
+  return HWY_DYNAMIC_DISPATCH(QuantizeDouble)(kernel, in, out, n, first_index);
+}
+
+const char* vector_target() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
 }  // namespace mpsim::detail
 #endif
