@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <array>
 #include <iostream>
 #include <iterator>
 #include <string>
@@ -67,18 +69,26 @@ int run_round(const RoundArgs& args) {
              rounding.mode == RoundingMode::stochastic
                  ? fmt::format(" (seed {}, {} random bits; value i draws index i)", args.seed, rounding.random_bits)
                  : "");
-  fmt::print("{:<14} {:<9} {:<32} {:<22} {:<20} {:<10} {}\n", "input", "format", "value (exact)", "hex",
-             "bits", "class", "flags");
+  // Rows first, then columns as wide as their widest cell.
+  std::vector<std::array<std::string, 7>> rows{{"input", "format", "value (exact)", "hex", "bits", "class", "flags"}};
   for (std::size_t i = 0; i < numbers.size(); ++i) {
     for (const auto& f : formats) {
       std::string note;
       const Rounded r = round_text(f, rounding, numbers[i], random_draw(key, i), note);
       const double value = to_double(f, r.bits);
-      const std::string bits = fmt::format("0x{:0{}x}", r.bits.value, (f.total_bits() + 3) / 4);
-      fmt::print("{:<14} {:<9} {:<32} {:<22} {:<20} {:<10} {}{}\n", values[i], f.name(), exact_scientific(value),
-                 hex_float(value), bits + " " + bit_string(f, r.bits), class_name(classify(f, r.bits)),
-                 flags_to_string(r.flags), note.empty() ? "" : "  (" + note + ")");
+      rows.push_back({values[i], f.name(), exact_scientific(value), hex_float(value),
+                      fmt::format("0x{:0{}x} {}", r.bits.value, (f.total_bits() + 3) / 4, bit_string(f, r.bits)),
+                      std::string(class_name(classify(f, r.bits))),
+                      flags_to_string(r.flags) + (note.empty() ? "" : "  (" + note + ")")});
     }
+  }
+  std::array<std::size_t, 7> width{};
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c + 1 < row.size(); ++c) line += fmt::format("{:<{}}  ", row[c], width[c]);
+    fmt::print("{}{}\n", line, row.back());
   }
   return 0;
 }
