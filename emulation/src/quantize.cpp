@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfenv>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -155,6 +156,14 @@ KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
     k.nan_keep = sign;
     k.nan_set = std::bit_cast<U>(std::numeric_limits<T>::quiet_NaN());
   }
+  // (|x| + C) - C rounds |x| < 2^emin to the subnormal quantum in the FPU's
+  // current mode: usable for nearest-even when that mode is to-nearest and every
+  // input that could round to nonzero is a normal number of the storage (so
+  // denormals-are-zero settings cannot change it).
+  const int quantum_exponent = f.emin() - f.mantissa_bits;
+  if (o.rounding.mode == RoundingMode::nearest_even && f.subnormals == Subnormals::gradual && f.mantissa_bits > 0 &&
+      quantum_exponent - 1 >= std::numeric_limits<T>::min_exponent - 1 && std::fegetround() == FE_TONEAREST)
+    k.subnormal_magic = pattern_of(std::ldexp(1.0, quantum_exponent + storage_mantissa));
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);
   return k;

@@ -28,6 +28,10 @@ struct Kernel {
   U overflow_negative;
   U nan_keep;  // NaN result = (input & nan_keep) | nan_set
   U nan_set;
+  // Nearest-even only: the storage pattern of C = 2^(emin - mantissa bits +
+  // storage mantissa bits), or 0 where the subnormal shortcut is not exact
+  // (see QuantizeSmallLanes).
+  U subnormal_magic;
   std::uint32_t random_mask;  // stochastic rounding: the draw bits that count
   DrawKey key;
 };

@@ -199,6 +199,35 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
   return r;
 }
 
+// Nearest-even, when every lane is finite and at most the largest finite value
+// but some are below the smallest normal (gradients that underflow): lanes in
+// the normal range round on the pattern as in QuantizeOrdinaryLanes; lanes
+// below it by (|x| + C) - C with C = 2^(emin - M + storage mantissa). The sum
+// lies in [C, 2C), whose spacing is exactly the subnormal quantum 2^(emin-M),
+// so the FPU's one round-to-nearest-even addition is the rounding, and
+// subtracting C is exact. The host enables this only in round-to-nearest and
+// when half the smallest subnormal is a normal number of the storage.
+template <class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeSmallLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, Counters<D>& c) {
+  using V = hn::Vec<D>;
+  using L = Layout<U>;
+  const hn::RebindToFloat<D> df;
+  const V one = hn::Set(d, U{1});
+  const V s = hn::Set(d, k.base_shift);
+  const V low = hn::Sub(one << s, one);
+  const V parity = hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
+  const V normal = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+  const auto magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
+  const V small = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, a), magic), magic));
+  const V r = hn::IfThenElse(hn::Lt(a, hn::Set(d, k.smallest_normal)), hn::Or(small, hn::And(x, hn::Set(d, L::kSign))),
+                             normal);
+  const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
+  Count(d, c.inexact, hn::Ne(r, x));
+  Count(d, c.flushed, hn::And(hn::Ne(a, hn::Zero(d)), hn::Eq(magnitude, hn::Zero(d))));
+  Count(d, c.subnormal, hn::Lt(hn::Sub(magnitude, one), hn::Set(d, static_cast<U>(k.smallest_normal - 1))));
+  return r;
+}
+
 // The keyed hash of rounding.cpp's random_draw, on 32-bit lanes of
 // consecutive indices whose high word is the same (the caller splits at
 // multiples of 2^32).
@@ -237,6 +266,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const V ordinary_low = hn::Set(d, k.smallest_normal);
   const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
   const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
+  const V at_most_largest = hn::Set(d, static_cast<U>(k.largest_finite + 1));  // a < this: a <= largest finite
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -255,8 +285,14 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
       const V a = hn::And(x, magnitude_mask);
       const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
-      const V r = hn::AllTrue(d, ordinary) ? QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact)
-                                           : QuantizeLanes<kMode>(d, k, x, draw, all, c);
+      V r;
+      if (hn::AllTrue(d, ordinary)) {
+        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact);
+      } else if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0 && hn::AllTrue(d, hn::Lt(a, at_most_largest))) {
+        r = QuantizeSmallLanes(d, k, x, a, c);
+      } else {
+        r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
+      }
       hn::StoreU(hn::BitCast(df, r), df, out + i + j);
     }
     if (j < block) {  // the tail, through a full-width buffer
