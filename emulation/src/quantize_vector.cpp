@@ -155,6 +155,21 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
   return result;
 }
 
+// Nearest-even on the whole pattern at the fixed quantum 2^base_shift: add half
+// an ulp minus one, plus the kept last bit, and truncate; ties go to even. With
+// no mantissa bits the significand is 1, always odd (the bit at the quantum is
+// the exponent's).
+template <class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> RoundPatternNearestEven(D d, const Kernel<U>& k, hn::Vec<D> x) {
+  const auto one = hn::Set(d, U{1});
+  const auto s = hn::Set(d, k.base_shift);
+  const auto low = hn::Sub(one << s, one);
+  const auto parity = k.base_shift == U{Layout<U>::kMantissa}
+                          ? one
+                          : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
+  return hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+}
+
 // The common case, taken when every lane is zero or within [smallest normal,
 // largest finite]: no result can be subnormal, flushed, overflowed or NaN, the
 // quantum is the same 2^(storage mantissa - format mantissa) in every lane, and
@@ -175,9 +190,7 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
   const bool no_mantissa = k.base_shift == U{L::kMantissa};
   V r;
   if constexpr (kMode == RoundingMode::nearest_even) {
-    // Add half an ulp minus one, plus the kept last bit: ties go to even.
-    const V parity = no_mantissa ? one : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
-    r = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+    r = RoundPatternNearestEven(d, k, x);
   } else if constexpr (kMode == RoundingMode::nearest_away) {
     r = k.base_shift == 0 ? x : hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
   } else if constexpr (kMode == RoundingMode::toward_zero) {
@@ -213,10 +226,7 @@ HWY_INLINE hn::Vec<D> QuantizeSmallLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   using L = Layout<U>;
   const hn::RebindToFloat<D> df;
   const V one = hn::Set(d, U{1});
-  const V s = hn::Set(d, k.base_shift);
-  const V low = hn::Sub(one << s, one);
-  const V parity = hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
-  const V normal = hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+  const V normal = RoundPatternNearestEven(d, k, x);
   const auto magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
   const V small = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, a), magic), magic));
   const V r = hn::IfThenElse(hn::Lt(a, hn::Set(d, k.smallest_normal)), hn::Or(small, hn::And(x, hn::Set(d, L::kSign))),
