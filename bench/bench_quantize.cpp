@@ -61,19 +61,20 @@ void run_split(std::size_t n, int threads, Work work) {
   for (auto& th : pool) th.join();
 }
 
+// Runs `body` once an iteration; reports elements/s, bytes/s (read and written
+// elements of `element_size` bytes) and, through rate_out, this run's elements/s.
 template <class Body>
-void timed_loop(benchmark::State& state, std::size_t n, Body body, double* rate_out) {
+void timed_loop(benchmark::State& state, std::size_t n, Body body, double* rate_out,
+                std::size_t element_size = sizeof(float)) {
   double seconds = 0;
-  std::int64_t iterations = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
     body();
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    ++iterations;
   }
   state.SetItemsProcessed(state.iterations() * static_cast<std::int64_t>(n));
-  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * 2 * sizeof(float)));
-  if (rate_out != nullptr && seconds > 0) *rate_out = static_cast<double>(n) * iterations / seconds;
+  state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(n * 2 * element_size));
+  if (rate_out != nullptr && seconds > 0) *rate_out = static_cast<double>(n) * state.iterations() / seconds;
 }
 
 void bench_memcpy(benchmark::State& state, std::size_t n, int threads) {
@@ -147,7 +148,7 @@ void bench_quantize_double(benchmark::State& state, Format format, RoundingMode 
   timed_loop(state, n, [&] {
     mpsim::quantize(format, std::span<const double>(in), std::span<double>(out), options);
     benchmark::DoNotOptimize(out.data());
-  }, &rate);
+  }, &rate, sizeof(double));
   add_ratio(state, n, threads, rate);
 }
 
