@@ -1,0 +1,64 @@
+#pragma once
+// Data sets and seeded batching. Images are binary32 in [0, 1], NCHW with one
+// channel; labels are class indices.
+
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace mpsim::core {
+
+struct Dataset {
+  std::int64_t count = 0, channels = 1, height = 0, width = 0, classes = 10;
+  std::vector<float> images;         // count * channels * height * width, in [0, 1]
+  std::vector<std::int32_t> labels;  // count, each in [0, classes)
+  std::int64_t sample_size() const { return channels * height * width; }
+};
+
+struct TrainTest {
+  Dataset train, test;
+};
+
+// Thrown for a missing, truncated or corrupt data file; what() names the file and the problem.
+class DataError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Where Debian's dataset-fashion-mnist package installs the files.
+inline constexpr const char* default_fashion_mnist_dir = "/usr/share/datasets/fashion-mnist";
+
+// Reads one gzip'd (or plain) IDX file with full validation: magic number,
+// element type, rank, dimensions and exact size.
+Dataset read_idx_images(const std::filesystem::path& images, const std::filesystem::path& labels);
+// {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from `dir`. limit > 0 keeps the first `limit` samples.
+TrainTest load_fashion_mnist(const std::filesystem::path& dir, std::int64_t train_limit = 0,
+                             std::int64_t test_limit = 0);
+
+// A learnable synthetic task of 28x28 one-channel images, fully determined by seed.
+TrainTest make_synthetic(std::uint64_t seed, std::int64_t train_count, std::int64_t test_count,
+                         std::int64_t classes = 10);
+
+// Seeded shuffling: epoch e's order is a permutation drawn from (seed, e) alone,
+// so every arm with the same seed sees the same batches.
+class Batcher {
+ public:
+  Batcher(const Dataset& data, std::int64_t batch_size, std::uint64_t seed, bool drop_last = true);
+  std::int64_t batches_per_epoch() const;
+  // Indices of the samples of batch b in epoch e.
+  std::vector<std::int64_t> batch_indices(std::int64_t epoch, std::int64_t batch) const;
+  // Copies a batch's images and labels (as binary32 class indices).
+  void gather(const std::vector<std::int64_t>& indices, std::vector<float>& images, std::vector<float>& labels) const;
+
+ private:
+  const Dataset* data_;
+  std::int64_t batch_size_;
+  std::uint64_t seed_;
+  bool drop_last_;
+  mutable std::int64_t cached_epoch_ = -1;
+  mutable std::vector<std::int64_t> order_;
+};
+
+}  // namespace mpsim::core

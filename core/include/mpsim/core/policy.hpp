@@ -1,0 +1,87 @@
+#pragma once
+// A precision policy says where a training step rounds and to what.
+// docs/policies.md lists every rounding point and what each preset puts there;
+// the GPU backend reproduces exactly these points.
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mpsim/emulation/format.hpp"
+#include "mpsim/emulation/rounding.hpp"
+
+namespace mpsim::core {
+
+// Per-tensor scaling before rounding to a narrow format (FP8), as Transformer
+// Engine's delayed scaling: the scale comes from the largest |x| seen over the
+// last `history` uses of the same tensor. mpsim uses powers of two, so scaling
+// and unscaling are exact and only the rounding to the format is inexact.
+struct DelayedScaling {
+  int history = 16;
+  int margin = 0;  // extra headroom: the scale is divided by 2^margin
+};
+
+// One rounding point: the format a value is stored in and how it is rounded there.
+struct RoundingPoint {
+  Format format = formats::binary32;
+  Rounding rounding{};
+  bool delayed_scaling = false;  // scale per tensor (see DelayedScaling) before rounding
+
+  // binary32 with round-to-nearest and no scaling changes no binary32 value.
+  bool is_identity() const;
+  friend bool operator==(const RoundingPoint&, const RoundingPoint&) = default;
+};
+
+// "binary16", "bfloat16/stochastic", "e4m3/nearest_even/scaled": format[/mode][/scaled].
+std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error);
+std::string to_string(const RoundingPoint& point);
+
+enum class LossScaleMode : std::uint8_t { none, fixed, dynamic };
+
+// PyTorch GradScaler semantics by default; hysteresis, min and max as in
+// Megatron-LM's DynamicGradScaler (hysteresis = 1 is GradScaler).
+struct LossScaling {
+  LossScaleMode mode = LossScaleMode::none;
+  double initial_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int growth_interval = 2000;
+  int hysteresis = 1;
+  double min_scale = 0.0;  // 0: no minimum
+  double max_scale = 0.0;  // 0: no maximum
+  friend bool operator==(const LossScaling&, const LossScaling&) = default;
+};
+
+struct Policy {
+  std::string name;
+  // Forward GEMM operands and output.
+  RoundingPoint weights;           // working copy of the weights, rounded from the master copy once per step
+  RoundingPoint activations;       // activation operand of Linear/Conv GEMMs
+  RoundingPoint accumulation;      // binary32: FP32 accumulation; else every GEMM addition rounds to this
+  RoundingPoint gemm_output;       // GEMM (+bias) results
+  RoundingPoint elementwise;       // outputs of activations, pooling and normalisation
+  // Backward.
+  RoundingPoint gradient_operands;  // output gradient as a GEMM operand (FP8: e5m2, scaled)
+  RoundingPoint activation_grads;   // every gradient with respect to an activation
+  RoundingPoint weight_grads;       // gradients with respect to parameters
+  // Optimiser.
+  bool master_weights = true;      // false: the weights live only in `weight_storage`
+  RoundingPoint weight_storage;    // format of the stored weights (binary32 when master weights are kept)
+  RoundingPoint optimizer_state;   // momentum and Adam moments
+  // Ops that always compute and output binary32 whatever the points say, as
+  // autocast's FP32 op list: "layer_norm", "gelu", "softmax_cross_entropy".
+  std::vector<std::string> fp32_ops;
+  LossScaling loss_scaling;
+  DelayedScaling delayed_scaling;
+
+  bool runs_in_fp32(std::string_view op) const;
+};
+
+// The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8.
+std::optional<Policy> preset_policy(std::string_view name);
+std::vector<std::string> preset_policy_names();
+// A human-readable table of every point of a policy (logged with each arm).
+std::string describe(const Policy& policy);
+
+}  // namespace mpsim::core
