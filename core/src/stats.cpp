@@ -39,29 +39,40 @@ TensorStats& TensorStats::operator+=(const TensorStats& other) {
 }
 
 void TensorStats::add_values(std::span<const float> values) {
-  // The binade of a binary32 value comes from its exponent field; a
-  // subnormal's from the position of its leading significand bit.
+  // First pass: count the biased exponent field (the binade of every normal
+  // value) in four interleaved tables, so consecutive increments rarely hit
+  // the same counter. Fields 0 (zero, subnormal) and 255 (inf, NaN) are
+  // resolved by a second pass over only those values.
+  std::array<std::array<std::uint64_t, 256>, 4> field{};
+  const std::size_t n = values.size();
+  const auto bits_at = [&](std::size_t i) { return std::bit_cast<std::uint32_t>(values[i]); };
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    ++field[0][(bits_at(i) >> 23) & 0xff];
+    ++field[1][(bits_at(i + 1) >> 23) & 0xff];
+    ++field[2][(bits_at(i + 2) >> 23) & 0xff];
+    ++field[3][(bits_at(i + 3) >> 23) & 0xff];
+  }
+  for (; i < n; ++i) ++field[0][(bits_at(i) >> 23) & 0xff];
+  std::array<std::uint64_t, 256> total{};
+  for (int e = 0; e < 256; ++e) total[e] = field[0][e] + field[1][e] + field[2][e] + field[3][e];
+
   std::array<std::uint64_t, Binades::bin_count> local{};
-  for (const float v : values) {
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
-    const std::uint32_t biased = bits >> 23;
-    int bin;
-    if (biased == 0xff) {
-      bin = (bits & 0x7fffffu) ? Binades::nan_bin : Binades::infinity_bin;
-    } else if (biased != 0) {
-      bin = Binades::bin_of_exponent(static_cast<int>(biased) - 127);
-    } else if (bits == 0) {
-      bin = Binades::zero_bin;
-    } else {
-      bin = Binades::bin_of_exponent(31 - std::countl_zero(bits) - 149);  // value = bits * 2^-149
+  for (int e = 1; e < 255; ++e) local[Binades::bin_of_exponent(e - 127)] = total[e];
+  if (total[0] != 0 || total[255] != 0) {
+    for (const float v : values) {
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
+      const std::uint32_t biased = bits >> 23;
+      if (biased == 0xff) ++local[(bits & 0x7fffffu) ? Binades::nan_bin : Binades::infinity_bin];
+      else if (bits == 0) ++local[Binades::zero_bin];
+      else if (biased == 0) ++local[Binades::bin_of_exponent(31 - std::countl_zero(bits) - 149)];  // bits * 2^-149
     }
-    ++local[bin];
   }
   std::uint64_t below = 0;
   for (int e = Binades::min_exponent; e < -24; ++e) below += local[Binades::bin_of_exponent(e)];
-  for (int i = 0; i < Binades::bin_count; ++i) histogram[i] += local[i];
-  (*this)[Counter::elements] += values.size();
-  (*this)[Counter::nonzero] += values.size() - local[Binades::zero_bin];
+  for (int b = 0; b < Binades::bin_count; ++b) histogram[b] += local[b];
+  (*this)[Counter::elements] += n;
+  (*this)[Counter::nonzero] += n - local[Binades::zero_bin];
   (*this)[Counter::below_2_24] += below;
 }
 

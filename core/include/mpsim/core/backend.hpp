@@ -49,6 +49,7 @@ class Backend {
 
   // Memory.
   virtual Tensor zeros(const Shape& shape) = 0;
+  virtual Tensor empty(const Shape& shape) = 0;  // contents unspecified: for outputs an op writes whole
   virtual Tensor from_host(std::span<const float> values, const Shape& shape) = 0;
   virtual void to_host(const Tensor& t, std::span<float> out) = 0;
   virtual void copy(const Tensor& from, Tensor& to) = 0;

@@ -30,7 +30,10 @@ struct RoundingPoint {
 
   // binary32 with round-to-nearest and no scaling changes no binary32 value.
   bool is_identity() const;
-  friend bool operator==(const RoundingPoint&, const RoundingPoint&) = default;
+  friend bool operator==(const RoundingPoint& a, const RoundingPoint& b) {
+    return a.format == b.format && a.rounding.mode == b.rounding.mode &&
+           a.rounding.random_bits == b.rounding.random_bits && a.delayed_scaling == b.delayed_scaling;
+  }
 };
 
 // "binary16", "bfloat16/stochastic", "e4m3/nearest_even/scaled": format[/mode][/scaled].

@@ -1,0 +1,118 @@
+#pragma once
+// Layers with explicit backward passes, written once against Backend. Each
+// layer rounds its results at the points the Policy names, through
+// StepContext::round, which also routes the instrumentation.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+#include "mpsim/core/policy.hpp"
+#include "mpsim/core/run_log.hpp"
+
+namespace mpsim::core {
+
+// A trainable tensor. `master` holds the weights as the optimiser keeps them:
+// binary32 with master weights, else values of policy.weight_storage.
+// `working` is the copy the forward and backward passes read (policy.weights).
+struct Parameter {
+  std::string name;
+  Shape shape;
+  std::vector<float> initial;  // host values the arm starts from (binary32)
+  Tensor master, working, grad, state1, state2;
+};
+
+// Which rounding of a layer a value passes; with the layer index it keys the
+// stochastic stream and the FP8 amax history of that value.
+enum class Site : std::uint8_t {
+  input_operand, weight_operand, bias_operand, output, output_grad_operand, weight_grad, bias_grad, input_grad,
+  extra_grad
+};
+
+class StepContext {
+ public:
+  StepContext(Backend& backend, const Policy& policy, std::uint64_t seed);
+
+  Backend& backend;
+  const Policy& policy;
+  std::uint64_t seed;
+  std::int64_t step = 0;
+  bool training = true;
+  LayerStats* stats = nullptr;  // null: no instrumentation this step
+  int layer = 0;
+
+  // Rounds t in place at `point`, scaling per tensor when the point asks,
+  // counting into stats[layer][kind].
+  void round(Tensor& t, const RoundingPoint& point, TensorKind kind, Site site);
+  // A stochastic stream unique to (seed, layer, site, step).
+  StochasticStream stream(Site site) const;
+  TensorStats* stats_for(TensorKind kind) const;
+
+ private:
+  std::map<std::pair<int, int>, std::vector<float>> amax_history_;
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  const std::string& name() const { return name_; }
+  virtual Shape output_shape(const Shape& input) const = 0;
+  virtual Tensor forward(StepContext& ctx, const Tensor& x) = 0;
+  // need_input_grad is false for the first layer: its input gradient is never used.
+  virtual Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) = 0;
+  virtual std::vector<Parameter*> parameters() { return {}; }
+
+ private:
+  std::string name_;
+};
+
+enum class Activation : std::uint8_t { relu, gelu };
+enum class InitScheme : std::uint8_t { he, xavier, normal };
+
+struct ModelSpec {
+  std::string kind = "mlp";           // "mlp" or "cnn" (LeNet-5 style)
+  std::vector<std::int64_t> hidden{256, 256};  // MLP widths
+  Activation activation = Activation::relu;
+  bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
+  InitScheme init = InitScheme::he;
+  double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
+};
+
+struct InputShape {
+  std::int64_t channels = 1, height = 28, width = 28, classes = 10;
+};
+
+class Model {
+ public:
+  // Builds the layers and draws the initial weights from seed (same seed, same bits).
+  Model(const ModelSpec& spec, const InputShape& input, std::uint64_t seed);
+  std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
+  std::vector<Parameter*> parameters();
+  // Layer names, then "loss" (where the gradient of the logits is counted).
+  std::vector<std::string> stat_names() const;
+  std::int64_t parameter_count();
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+// Individual layers, for tests and custom models.
+std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out);
+std::unique_ptr<Layer> make_conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels,
+                                   std::int64_t kernel, std::int64_t stride, std::int64_t padding);
+std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, std::int64_t stride);
+std::unique_ptr<Layer> make_flatten(std::string name);
+std::unique_ptr<Layer> make_relu(std::string name);
+std::unique_ptr<Layer> make_gelu(std::string name);
+std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
+
+// Fills every parameter's `initial` values: fan-in/fan-out from the shape
+// ([out, in] or [out, in, k, k]); biases and LayerNorm beta zero, gamma one.
+void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed);
+
+}  // namespace mpsim::core

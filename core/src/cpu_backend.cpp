@@ -1,0 +1,460 @@
+// The CPU backend: Eigen (products through OpenBLAS) for the arithmetic,
+// emulation/ for every rounding to a storage format.
+
+#define EIGEN_USE_BLAS
+#include <Eigen/Core>
+#include <cblas.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+
+namespace mpsim::core {
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<RowMatrix>;
+using ConstMatrixMap = Eigen::Map<const RowMatrix>;
+using VectorMap = Eigen::Map<Eigen::VectorXf>;
+
+float* data(const Tensor& t) { return static_cast<float*>(t.buffer()); }
+std::span<float> values(const Tensor& t) { return {data(t), static_cast<std::size_t>(t.numel())}; }
+
+MatrixMap matrix(const Tensor& t) { return MatrixMap(data(t), t.rows(), t.cols()); }
+
+void require(bool ok, const char* what) {
+  if (!ok) throw std::logic_error(std::string("cpu backend: ") + what);
+}
+
+// x + y rounded to binary64 by round-to-odd. Rounding this to a format of at
+// most 51 significand bits gives the correctly rounded x + y (Boldo and
+// Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms
+// using rounding to odd", IEEE TC 2008), so no double rounding.
+inline double add_round_to_odd(double x, double y) {
+  const double s = x + y;
+  const double bb = s - x;
+  const double err = (x - (s - bb)) + (y - bb);  // Knuth's TwoSum: exact when s is finite
+  if (err == 0.0 || !std::isfinite(s)) return s;
+  auto bits = std::bit_cast<std::uint64_t>(s);
+  if ((bits & 1u) != 0) return s;
+  // The exact sum lies strictly between s and its neighbour toward err: that neighbour is odd.
+  return std::nextafter(s, err > 0 ? std::numeric_limits<double>::infinity()
+                                   : -std::numeric_limits<double>::infinity());
+}
+
+QuantizeOptions options_for(const RoundingPoint& point, StochasticStream stream, int threads) {
+  QuantizeOptions o;
+  o.rounding = point.rounding;
+  o.stochastic = stream;
+  o.threads = threads;
+  return o;
+}
+
+std::uint64_t count_infinite(std::span<const float> v) {
+  std::uint64_t n = 0;
+  for (const float x : v) n += std::isinf(x);
+  return n;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() { set_threads(1); }
+  std::string_view name() const override { return "cpu"; }
+
+  void set_threads(int threads) override {
+    threads_ = std::max(1, threads);
+    openblas_set_num_threads(threads_);
+  }
+
+  Tensor zeros(const Shape& shape) override {
+    auto* p = new float[static_cast<std::size_t>(element_count(shape))]();
+    return Tensor(shape, std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<float*>(q); }));
+  }
+  Tensor empty(const Shape& shape) override {
+    auto* p = new float[static_cast<std::size_t>(element_count(shape))];
+    return Tensor(shape, std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<float*>(q); }));
+  }
+  Tensor from_host(std::span<const float> v, const Shape& shape) override {
+    require(static_cast<std::int64_t>(v.size()) == element_count(shape), "from_host: size does not match shape");
+    Tensor t = empty(shape);
+    std::memcpy(data(t), v.data(), v.size_bytes());
+    return t;
+  }
+  void to_host(const Tensor& t, std::span<float> out) override {
+    require(static_cast<std::int64_t>(out.size()) == t.numel(), "to_host: size does not match");
+    std::memcpy(out.data(), data(t), out.size_bytes());
+  }
+  void copy(const Tensor& from, Tensor& to) override {
+    require(from.numel() == to.numel(), "copy: sizes differ");
+    std::memcpy(data(to), data(from), sizeof(float) * static_cast<std::size_t>(from.numel()));
+  }
+
+  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                    TensorStats* stats) override {
+    std::span<float> v = values(t);
+    RoundResult result;
+    if (point.delayed_scaling) {
+      float amax = 0.0f;
+      for (const float x : v) amax = std::max(amax, std::fabs(x));  // std::max drops NaN here
+      result.amax = amax;
+    }
+    const bool scaled = scale != 1.0f;
+    if (scaled)
+      for (float& x : v) x *= scale;
+    if (stats) stats->add_values(v);
+    if (!point.is_identity()) {
+      const QuantizeCounts counts = quantize(point.format, v, v, options_for(point, stream, threads_));
+      if (stats) {
+        stats->add_rounding(counts);
+        (*stats)[Counter::infinite] += count_infinite(v);
+      }
+    } else if (stats) {
+      // binary32 storage: nothing is rounded; classify the values as they are.
+      std::uint64_t subnormal = 0, nan = 0, infinite = 0;
+      for (const float x : v) {
+        const int c = std::fpclassify(x);
+        subnormal += c == FP_SUBNORMAL;
+        nan += c == FP_NAN;
+        infinite += c == FP_INFINITE;
+      }
+      (*stats)[Counter::subnormal] += subnormal;
+      (*stats)[Counter::nan] += nan;
+      (*stats)[Counter::infinite] += infinite;
+    }
+    if (scaled) {
+      const float inverse = 1.0f / scale;  // exact: scale is a power of two
+      for (float& x : v) x *= inverse;
+    }
+    return result;
+  }
+
+  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const RoundingPoint& accumulation,
+            StochasticStream stream) override {
+    const ConstMatrixMap am(data(a), a.rows(), a.cols());
+    const ConstMatrixMap bm(data(b), b.rows(), b.cols());
+    const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
+    const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
+    require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
+    MatrixMap cm = matrix(c);
+    if (accumulation.is_identity()) {
+      if (!ta && !tb) cm.noalias() = am * bm;
+      else if (ta && !tb) cm.noalias() = am.transpose() * bm;
+      else if (!ta && tb) cm.noalias() = am * bm.transpose();
+      else cm.noalias() = am.transpose() * bm.transpose();
+      return;
+    }
+    gemm_rounding_every_addition(ta ? RowMatrix(am.transpose()) : RowMatrix(am),
+                                 tb ? RowMatrix(bm.transpose()) : RowMatrix(bm), cm, accumulation, stream);
+  }
+
+  void add_row_vector(Tensor& x, const Tensor& row) override {
+    require(row.numel() == x.cols(), "add_row_vector: sizes differ");
+    matrix(x).rowwise() += Eigen::Map<const Eigen::RowVectorXf>(data(row), row.numel());
+  }
+  void column_sums(const Tensor& x, Tensor& sums) override {
+    require(sums.numel() == x.cols(), "column_sums: sizes differ");
+    Eigen::Map<Eigen::RowVectorXf>(data(sums), sums.numel()) = matrix(x).colwise().sum();
+  }
+  void scale(Tensor& x, float factor) override {
+    for (float& v : values(x)) v *= factor;
+  }
+  double sum_squares(const Tensor& x) override {
+    double s = 0.0;
+    for (const float v : values(x)) s += static_cast<double>(v) * v;
+    return s;
+  }
+
+  void relu_forward(const Tensor& x, Tensor& y) override {
+    const float* in = data(x);
+    float* out = data(y);
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+  }
+  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    const float *in = data(x), *g = data(dy);
+    float* out = data(dx);
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] > 0.0f ? g[i] : 0.0f;
+  }
+  void gelu_forward(const Tensor& x, Tensor& y) override {
+    const float* in = data(x);
+    float* out = data(y);
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i)
+      out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * static_cast<float>(M_SQRT1_2)));
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    const float *in = data(x), *g = data(dy);
+    float* out = data(dx);
+    const float inv_sqrt_2pi = 0.3989422804014327f;
+    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
+      const float cdf = 0.5f * (1.0f + std::erf(in[i] * static_cast<float>(M_SQRT1_2)));
+      const float pdf = inv_sqrt_2pi * std::exp(-0.5f * in[i] * in[i]);
+      out[i] = g[i] * (cdf + in[i] * pdf);
+    }
+  }
+
+  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                          Tensor& mean, Tensor& rstd) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    const float *in = data(x), *g = data(gamma), *b = data(beta);
+    float *out = data(y), *mu = data(mean), *rs = data(rstd);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = in + r * cols;
+      double s = 0.0, s2 = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) s += row[j];
+      const double m = s / static_cast<double>(cols);
+      for (std::int64_t j = 0; j < cols; ++j) s2 += (row[j] - m) * (row[j] - m);
+      const float mf = static_cast<float>(m);
+      const float rf = static_cast<float>(1.0 / std::sqrt(s2 / static_cast<double>(cols) + eps));
+      mu[r] = mf;
+      rs[r] = rf;
+      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = (row[j] - mf) * rf * g[j] + b[j];
+    }
+  }
+  void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    const float *in = data(x), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
+    float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
+    std::fill(gg, gg + cols, 0.0f);
+    std::fill(gb, gb + cols, 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float *row = in + r * cols, *grow = gy + r * cols;
+      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float xhat = (row[j] - mu[r]) * rs[r];
+        const float dxhat = grow[j] * g[j];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+        gg[j] += grow[j] * xhat;
+        gb[j] += grow[j];
+      }
+      const float mean_dxhat = static_cast<float>(sum_dxhat / static_cast<double>(cols));
+      const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(cols));
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float xhat = (row[j] - mu[r]) * rs[r];
+        gx[r * cols + j] = rs[r] * (grow[j] * g[j] - mean_dxhat - xhat * mean_dxhat_xhat);
+      }
+    }
+  }
+
+  void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
+    const std::int64_t oh = g.out_height(), ow = g.out_width(), kk = g.kernel * g.kernel;
+    const std::int64_t width = g.channels * kk;
+    require(columns.numel() == g.batch * oh * ow * width, "im2col: output size");
+    const float* in = data(x);
+    float* out = data(columns);
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          float* row = out + ((b * oh + i) * ow + j) * width;
+          for (std::int64_t c = 0; c < g.channels; ++c)
+            for (std::int64_t p = 0; p < g.kernel; ++p)
+              for (std::int64_t q = 0; q < g.kernel; ++q) {
+                const std::int64_t y = i * g.stride - g.padding + p, xx = j * g.stride - g.padding + q;
+                const bool inside = y >= 0 && y < g.height && xx >= 0 && xx < g.width;
+                row[c * kk + p * g.kernel + q] =
+                    inside ? in[((b * g.channels + c) * g.height + y) * g.width + xx] : 0.0f;
+              }
+        }
+  }
+  void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
+    const std::int64_t oh = g.out_height(), ow = g.out_width(), kk = g.kernel * g.kernel;
+    const std::int64_t width = g.channels * kk;
+    const float* in = data(columns);
+    float* out = data(dx);
+    for (std::int64_t b = 0; b < g.batch; ++b)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          const float* row = in + ((b * oh + i) * ow + j) * width;
+          for (std::int64_t c = 0; c < g.channels; ++c)
+            for (std::int64_t p = 0; p < g.kernel; ++p)
+              for (std::int64_t q = 0; q < g.kernel; ++q) {
+                const std::int64_t y = i * g.stride - g.padding + p, xx = j * g.stride - g.padding + q;
+                if (y >= 0 && y < g.height && xx >= 0 && xx < g.width)
+                  out[((b * g.channels + c) * g.height + y) * g.width + xx] += row[c * kk + p * g.kernel + q];
+              }
+        }
+  }
+  void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
+    const std::int64_t c = rows.cols(), hw = h * w;
+    const float* in = data(rows);
+    float* out = data(nchw);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t p = 0; p < hw; ++p)
+        for (std::int64_t ch = 0; ch < c; ++ch) out[(b * c + ch) * hw + p] = in[(b * hw + p) * c + ch];
+  }
+  void nchw_to_rows(const Tensor& nchw, Tensor& rows) override {
+    const Shape& s = nchw.shape();
+    const std::int64_t batch = s[0], c = s[1], hw = s[2] * s[3];
+    const float* in = data(nchw);
+    float* out = data(rows);
+    for (std::int64_t b = 0; b < batch; ++b)
+      for (std::int64_t ch = 0; ch < c; ++ch)
+        for (std::int64_t p = 0; p < hw; ++p) out[(b * hw + p) * c + ch] = in[(b * c + ch) * hw + p];
+  }
+  void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
+    const std::int64_t oh = g.out_height(), ow = g.out_width();
+    const float* in = data(x);
+    float *out = data(y), *arg = data(argmax);
+    for (std::int64_t plane = 0; plane < g.batch * g.channels; ++plane)
+      for (std::int64_t i = 0; i < oh; ++i)
+        for (std::int64_t j = 0; j < ow; ++j) {
+          float best = -std::numeric_limits<float>::infinity();
+          std::int64_t best_index = -1;
+          for (std::int64_t p = 0; p < g.kernel; ++p)
+            for (std::int64_t q = 0; q < g.kernel; ++q) {
+              const std::int64_t yy = i * g.stride - g.padding + p, xx = j * g.stride - g.padding + q;
+              if (yy < 0 || yy >= g.height || xx < 0 || xx >= g.width) continue;
+              const std::int64_t index = yy * g.width + xx;
+              const float v = in[plane * g.height * g.width + index];
+              if (best_index < 0 || v > best || std::isnan(v)) {  // NaN propagates, as in PyTorch
+                best = v;
+                best_index = index;
+                if (std::isnan(v)) p = q = g.kernel;
+              }
+            }
+          out[(plane * oh + i) * ow + j] = best;
+          arg[(plane * oh + i) * ow + j] = static_cast<float>(best_index);  // index within the plane: < 2^24
+        }
+  }
+  void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
+    const Shape& in = dx.shape();
+    const Shape& out = dy.shape();
+    const std::int64_t planes = in[0] * in[1], in_hw = in[2] * in[3], out_hw = out[2] * out[3];
+    const float *g = data(dy), *arg = data(argmax);
+    float* gx = data(dx);
+    std::fill(gx, gx + dx.numel(), 0.0f);
+    for (std::int64_t plane = 0; plane < planes; ++plane)
+      for (std::int64_t p = 0; p < out_hw; ++p)
+        gx[plane * in_hw + static_cast<std::int64_t>(arg[plane * out_hw + p])] += g[plane * out_hw + p];
+  }
+
+  LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                   Tensor& d_logits) override {
+    const std::int64_t rows = logits.rows(), cols = logits.cols();
+    const float *z = data(logits), *y = data(labels);
+    float* dz = data(d_logits);
+    LossResult result;
+    const float factor = grad_scale / static_cast<float>(rows);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = z + r * cols;
+      const auto label = static_cast<std::int64_t>(y[r]);
+      std::int64_t argmax = 0;
+      float max = row[0];
+      for (std::int64_t j = 1; j < cols; ++j)
+        if (row[j] > max) max = row[j], argmax = j;
+      float sum = 0.0f;
+      for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(row[j] - max);
+      const float log_sum = std::log(sum);
+      result.loss_sum += static_cast<double>(log_sum - (row[label] - max));
+      result.correct += argmax == label;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float p = std::exp(row[j] - max - log_sum);
+        dz[r * cols + j] = (p - (j == label ? 1.0f : 0.0f)) * factor;
+      }
+    }
+    return result;
+  }
+
+  void sgd_update(const Tensor& weight, const Tensor& grad, Tensor& momentum, float lr, float momentum_factor,
+                  float weight_decay, bool first_step, Tensor& update) override {
+    const float *w = data(weight), *g = data(grad);
+    float *m = data(momentum), *u = data(update);
+    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) {
+      const float gi = weight_decay != 0.0f ? g[i] + weight_decay * w[i] : g[i];
+      if (momentum_factor != 0.0f) {
+        m[i] = first_step ? gi : momentum_factor * m[i] + gi;
+        u[i] = -lr * m[i];
+      } else {
+        u[i] = -lr * gi;
+      }
+    }
+  }
+  void adam_update(const Tensor& weight, const Tensor& grad, Tensor& m, Tensor& v, const AdamParams& p,
+                   Tensor& update) override {
+    const float *w = data(weight), *g = data(grad);
+    float *mm = data(m), *vv = data(v), *u = data(update);
+    const double t = static_cast<double>(p.step);
+    const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+    const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+    const float step_size = p.lr / bias1;
+    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) {
+      float gi = g[i];
+      float decay = 0.0f;
+      if (p.weight_decay != 0.0f) {
+        if (p.decoupled) decay = -p.lr * p.weight_decay * w[i];
+        else gi += p.weight_decay * w[i];
+      }
+      mm[i] = p.beta1 * mm[i] + (1.0f - p.beta1) * gi;
+      vv[i] = p.beta2 * vv[i] + (1.0f - p.beta2) * gi * gi;
+      const float denom = std::sqrt(vv[i]) / bias2_sqrt + p.eps;
+      u[i] = decay - step_size * mm[i] / denom;
+    }
+  }
+
+  std::uint64_t apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
+                             StochasticStream stream, TensorStats* stats) override {
+    float* w = data(weight);
+    const float* u = data(update);
+    const std::int64_t n = weight.numel();
+    if (stats) stats->add_values(values(update));
+    std::uint64_t swallowed = 0;
+    if (storage.is_identity()) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float next = w[i] + u[i];
+        swallowed += (u[i] != 0.0f) & (next == w[i]);
+        w[i] = next;
+      }
+    } else {
+      // Exact sum rounded to odd in binary64, then one rounding to the storage format.
+      std::vector<double>& sum = scratch_;
+      sum.resize(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) sum[i] = add_round_to_odd(w[i], u[i]);
+      const QuantizeCounts counts = quantize(storage.format, sum, sum, options_for(storage, stream, threads_));
+      if (stats) stats->add_rounding(counts);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const auto next = static_cast<float>(sum[i]);  // exact: the storage format fits in binary32
+        swallowed += (u[i] != 0.0f) & (next == w[i]);
+        w[i] = next;
+      }
+    }
+    if (stats) (*stats)[Counter::swallowed] += swallowed;
+    return swallowed;
+  }
+
+ private:
+  // Every multiply-add rounds to the accumulation format: acc <- round(acc + a*b),
+  // k in increasing order. a*b is exact in binary64; the addition is rounded to
+  // odd and then once to the format, so each step is one correct rounding.
+  void gemm_rounding_every_addition(const RowMatrix& a, const RowMatrix& b, MatrixMap& c,
+                                    const RoundingPoint& accumulation, StochasticStream stream) {
+    const std::int64_t m = a.rows(), k = a.cols(), n = b.cols();
+    std::vector<double> acc(static_cast<std::size_t>(n));
+    QuantizeOptions options = options_for(accumulation, stream, 1);
+    for (std::int64_t i = 0; i < m; ++i) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        const double aik = a(i, kk);
+        const float* brow = b.data() + kk * n;
+        for (std::int64_t j = 0; j < n; ++j) acc[j] = add_round_to_odd(acc[j], aik * static_cast<double>(brow[j]));
+        options.stochastic.first_index = stream.first_index + static_cast<std::uint64_t>((i * k + kk) * n);
+        quantize(accumulation.format, acc, acc, options);
+      }
+      for (std::int64_t j = 0; j < n; ++j) c(i, j) = static_cast<float>(acc[j]);
+    }
+  }
+
+  int threads_ = 1;
+  std::vector<double> scratch_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace mpsim::core

@@ -1,0 +1,562 @@
+// The HDF5 experiment log: create_hdf5_log(), flush_all_logs() and
+// install_flush_on_signals(). The file layout is docs/hdf5-schema.md.
+//
+// Locking: every public method of a log and of its arms holds the log's mutex,
+// then h5::library_lock(). The registry of open logs has its own mutex, taken
+// before any log's mutex (flush_all_logs) and never while holding one.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdio>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "h5.hpp"
+#include "mpsim/core/run_log.hpp"
+
+namespace mpsim::core {
+
+namespace {
+
+constexpr std::int32_t schema_version = 1;
+// Values of /arms/<arm>/binade for the bins that are not binades.
+constexpr std::int32_t zero_bin_value = 1000;
+constexpr std::int32_t infinity_bin_value = 1001;
+constexpr std::int32_t nan_bin_value = 1002;
+// Chunk lengths along the step axis.
+constexpr hsize_t step_chunk = 256;
+constexpr hsize_t stats_chunk = 16;
+constexpr hsize_t eval_chunk = 64;
+
+constexpr std::size_t kinds = tensor_kind_count;
+constexpr std::size_t bins = Binades::bin_count;
+constexpr std::size_t counters_per_kind = counter_count;
+
+std::vector<std::string> kind_names() {
+  std::vector<std::string> names;
+  for (int k = 0; k < tensor_kind_count; ++k) names.emplace_back(to_string(static_cast<TensorKind>(k)));
+  return names;
+}
+
+std::vector<std::string> counter_names() {
+  std::vector<std::string> names;
+  for (int c = 0; c < counter_count; ++c) names.emplace_back(to_string(static_cast<Counter>(c)));
+  return names;
+}
+
+std::vector<std::int32_t> binade_values() {
+  std::vector<std::int32_t> values;
+  for (int e = Binades::min_exponent; e <= Binades::max_exponent; ++e) values.push_back(e);
+  values.push_back(zero_bin_value);
+  values.push_back(infinity_bin_value);
+  values.push_back(nan_bin_value);
+  return values;
+}
+
+std::vector<std::string> bin_labels() {
+  std::vector<std::string> labels;
+  for (int e = Binades::min_exponent; e <= Binades::max_exponent; ++e) labels.push_back("2^" + std::to_string(e));
+  labels.emplace_back("zero");
+  labels.emplace_back("inf");
+  labels.emplace_back("nan");
+  return labels;
+}
+
+class Hdf5Log;
+
+class Hdf5Arm final : public ArmLog {
+ public:
+  Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info);
+
+  void step(const StepRecord& record) override;
+  void stats(std::int64_t step, const LayerStats& stats) override;
+  void eval(const EvalRecord& record) override;
+  void finish(const std::string& status) override;
+
+  const std::string& name() const { return name_; }
+  bool pending() const { return !steps_.empty() || !stat_steps_.empty() || !evals_.empty(); }
+  // Appends the buffered records; the caller holds the log's locks.
+  void append_pending();
+  void reset_step_count() { steps_since_flush_ = 0; }
+  // The arm's group, for the status attribute.
+  void write_status(const std::string& status) { h5::write_attribute(group_.get(), "status", status); }
+
+ private:
+  Hdf5Log& log_;
+  std::string name_;
+  std::size_t layers_;
+  h5::Handle group_;
+  struct {
+    h5::Handle step, loss, loss_scale, found_inf, skipped, learning_rate, grad_norm;
+  } steps_ds_;
+  struct {
+    h5::Handle step, histogram, counters;
+  } stats_ds_;
+  struct {
+    h5::Handle step, epoch, train_loss, train_accuracy, test_loss, test_accuracy;
+  } eval_ds_;
+
+  std::vector<StepRecord> steps_;
+  std::vector<std::int64_t> stat_steps_;
+  std::vector<std::uint32_t> histograms_;  // [n][layers][kinds][bins]
+  std::vector<std::uint64_t> counters_;    // [n][layers][kinds][counters]
+  std::vector<EvalRecord> evals_;
+  int steps_since_flush_ = 0;
+};
+
+class Hdf5Log final : public ExperimentLog {
+ public:
+  Hdf5Log(const std::filesystem::path& path, const ExperimentInfo& info, int flush_interval);
+  ~Hdf5Log() override;
+
+  ArmLog& add_arm(const ArmInfo& info) override;
+  void flush() override;
+
+  // Both locks, in order; throws if an earlier write failed.
+  struct Guard {
+    std::unique_lock<std::mutex> log;
+    std::unique_lock<std::recursive_mutex> library;
+  };
+  Guard lock();
+  // Appends every arm's buffers and flushes the file; the caller holds the locks.
+  void flush_locked();
+  // flush(), reporting errors on stderr instead of throwing.
+  void flush_noexcept();
+  // For the exit path: locks the log's mutex and never unlocks it.
+  void lock_forever() { mutex_.lock(); }
+  void flush_locked_noexcept();
+
+  int flush_interval() const { return flush_interval_; }
+  void mark_dirty() { dirty_ = true; }
+
+ private:
+  std::mutex mutex_;
+  std::filesystem::path path_;
+  int flush_interval_;
+  std::string broken_;  // why the log stopped accepting writes; empty while usable
+  bool dirty_ = false;
+  // Destroyed in reverse order: arms' datasets, then the group, then the file.
+  h5::Handle file_;
+  h5::Handle arms_group_;
+  std::vector<std::unique_ptr<Hdf5Arm>> arms_;
+};
+
+// --- Registry of open logs ---------------------------------------------------------
+// Never destroyed, so the signal watcher may use them during static destruction.
+std::mutex& registry_mutex() {
+  static auto* mutex = new std::mutex;
+  return *mutex;
+}
+std::vector<Hdf5Log*>& registry() {
+  static auto* logs = new std::vector<Hdf5Log*>;
+  return *logs;
+}
+
+void register_log(Hdf5Log* log) {
+  std::lock_guard lock(registry_mutex());
+  registry().push_back(log);
+}
+
+void unregister_log(Hdf5Log* log) {
+  std::lock_guard lock(registry_mutex());
+  auto& logs = registry();
+  logs.erase(std::remove(logs.begin(), logs.end(), log), logs.end());
+}
+
+// --- Hdf5Arm -------------------------------------------------------------------------
+
+h5::Handle create_series(hid_t group, const std::string& name, hid_t type, hid_t step_scale) {
+  h5::Handle dataset = h5::create_extendible(group, name, type, {}, {step_chunk});
+  h5::attach_scale(dataset.get(), step_scale, 0);
+  return dataset;
+}
+
+Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
+    : log_(log), name_(info.name), layers_(info.layers.size()) {
+  group_ = h5::create_group(arms_group, info.name);
+  const hid_t g = group_.get();
+  h5::write_attribute(g, "name", info.name);
+  h5::write_attribute(g, "backend", info.backend);
+  h5::write_attribute(g, "policy", info.policy);
+  h5::write_attribute(g, "policy_description", info.policy_description);
+  h5::write_attribute(g, "seed", std::uint64_t{info.seed});
+  h5::write_attribute(g, "status", "running");
+
+  // Coordinates, shared by the stats datasets.
+  h5::Handle layer = h5::create_string_array(g, "layer", info.layers);
+  h5::make_scale(layer.get(), "layer");
+  h5::Handle kind = h5::create_string_array(g, "kind", kind_names());
+  h5::make_scale(kind.get(), "kind");
+  const std::vector<std::int32_t> binades = binade_values();
+  h5::Handle binade = h5::create_array(g, "binade", H5T_STD_I32LE, H5T_NATIVE_INT32, {binades.size()}, binades.data());
+  h5::make_scale(binade.get(), "binade");
+  h5::create_string_array(g, "bin_label", bin_labels());
+  h5::Handle counter = h5::create_string_array(g, "counter", counter_names());
+  h5::make_scale(counter.get(), "counter");
+
+  {
+    h5::Handle steps = h5::create_group(g, "steps");
+    const hid_t s = steps.get();
+    auto& d = steps_ds_;
+    d.step = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {step_chunk});
+    h5::make_scale(d.step.get(), "step");
+    d.loss = create_series(s, "loss", H5T_IEEE_F64LE, d.step.get());
+    d.loss_scale = create_series(s, "loss_scale", H5T_IEEE_F64LE, d.step.get());
+    d.found_inf = create_series(s, "found_inf", H5T_STD_U8LE, d.step.get());
+    d.skipped = create_series(s, "skipped", H5T_STD_U8LE, d.step.get());
+    d.learning_rate = create_series(s, "learning_rate", H5T_IEEE_F64LE, d.step.get());
+    d.grad_norm = create_series(s, "grad_norm", H5T_IEEE_F64LE, d.step.get());
+  }
+  {
+    h5::Handle stats = h5::create_group(g, "stats");
+    const hid_t s = stats.get();
+    auto& d = stats_ds_;
+    d.step = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {step_chunk});
+    h5::make_scale(d.step.get(), "step");
+    // One layer per histogram chunk (16 x 6 x 280 x 4 bytes = 105 KiB).
+    d.histogram = h5::create_extendible(s, "histogram", H5T_STD_U32LE, {layers_, kinds, bins},
+                                        {stats_chunk, 1, kinds, bins});
+    d.counters = h5::create_extendible(s, "counters", H5T_STD_U64LE, {layers_, kinds, counters_per_kind},
+                                       {stats_chunk, 64, kinds, counters_per_kind});
+    for (const hid_t dataset : {d.histogram.get(), d.counters.get()}) {
+      h5::attach_scale(dataset, d.step.get(), 0);
+      h5::attach_scale(dataset, layer.get(), 1);
+      h5::attach_scale(dataset, kind.get(), 2);
+    }
+    h5::attach_scale(d.histogram.get(), binade.get(), 3);
+    h5::attach_scale(d.counters.get(), counter.get(), 3);
+  }
+  {
+    h5::Handle eval = h5::create_group(g, "eval");
+    const hid_t s = eval.get();
+    auto& d = eval_ds_;
+    d.step = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {eval_chunk});
+    h5::make_scale(d.step.get(), "step");
+    for (auto [handle, name] : {std::pair{&d.epoch, "epoch"}, std::pair{&d.train_loss, "train_loss"},
+                                std::pair{&d.train_accuracy, "train_accuracy"}, std::pair{&d.test_loss, "test_loss"},
+                                std::pair{&d.test_accuracy, "test_accuracy"}}) {
+      *handle = h5::create_extendible(s, name, H5T_IEEE_F64LE, {}, {eval_chunk});
+      h5::attach_scale(handle->get(), d.step.get(), 0);
+    }
+  }
+}
+
+void Hdf5Arm::step(const StepRecord& record) {
+  auto guard = log_.lock();
+  steps_.push_back(record);
+  if (++steps_since_flush_ >= log_.flush_interval()) log_.flush_locked();
+}
+
+void Hdf5Arm::stats(std::int64_t step, const LayerStats& stats) {
+  auto guard = log_.lock();
+  if (stats.size() != layers_) {
+    throw std::invalid_argument("HDF5 log: arm '" + name_ + "' has " + std::to_string(layers_) +
+                                " layers, but stats for step " + std::to_string(step) + " have " +
+                                std::to_string(stats.size()));
+  }
+  const std::size_t old_histograms = histograms_.size(), old_counters = counters_.size();
+  try {
+    for (std::size_t l = 0; l < layers_; ++l) {
+      for (std::size_t k = 0; k < kinds; ++k) {
+        const TensorStats& s = stats[l][k];
+        for (std::size_t b = 0; b < bins; ++b) {
+          if (s.histogram[b] > std::numeric_limits<std::uint32_t>::max()) {
+            throw std::overflow_error("HDF5 log: arm '" + name_ + "', step " + std::to_string(step) + ", layer " +
+                                      std::to_string(l) + ", " +
+                                      std::string(to_string(static_cast<TensorKind>(k))) + ": histogram bin " +
+                                      std::to_string(b) + " counts " + std::to_string(s.histogram[b]) +
+                                      " values, more than a uint32 holds");
+          }
+          histograms_.push_back(static_cast<std::uint32_t>(s.histogram[b]));
+        }
+        counters_.insert(counters_.end(), s.counters.begin(), s.counters.end());
+      }
+    }
+  } catch (...) {
+    histograms_.resize(old_histograms);
+    counters_.resize(old_counters);
+    throw;
+  }
+  stat_steps_.push_back(step);
+}
+
+void Hdf5Arm::eval(const EvalRecord& record) {
+  auto guard = log_.lock();
+  evals_.push_back(record);
+}
+
+void Hdf5Arm::finish(const std::string& status) {
+  auto guard = log_.lock();
+  write_status(status);
+  log_.mark_dirty();
+  log_.flush_locked();
+}
+
+template <typename T, typename F>
+std::vector<T> column(const std::vector<StepRecord>& records, F field) {
+  std::vector<T> values;
+  values.reserve(records.size());
+  for (const auto& r : records) values.push_back(static_cast<T>(field(r)));
+  return values;
+}
+
+template <typename F>
+std::vector<double> eval_column(const std::vector<EvalRecord>& records, F field) {
+  std::vector<double> values;
+  values.reserve(records.size());
+  for (const auto& r : records) values.push_back(field(r));
+  return values;
+}
+
+void Hdf5Arm::append_pending() {
+  if (!steps_.empty()) {
+    const auto& r = steps_;
+    const std::size_t n = r.size();
+    auto& d = steps_ds_;
+    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n,
+                    column<std::int64_t>(r, [](const StepRecord& s) { return s.step; }).data());
+    h5::append_rows(d.loss.get(), H5T_NATIVE_DOUBLE, n,
+                    column<double>(r, [](const StepRecord& s) { return s.loss; }).data());
+    h5::append_rows(d.loss_scale.get(), H5T_NATIVE_DOUBLE, n,
+                    column<double>(r, [](const StepRecord& s) { return s.loss_scale; }).data());
+    h5::append_rows(d.found_inf.get(), H5T_NATIVE_UINT8, n,
+                    column<std::uint8_t>(r, [](const StepRecord& s) { return s.found_inf; }).data());
+    h5::append_rows(d.skipped.get(), H5T_NATIVE_UINT8, n,
+                    column<std::uint8_t>(r, [](const StepRecord& s) { return s.skipped; }).data());
+    h5::append_rows(d.learning_rate.get(), H5T_NATIVE_DOUBLE, n,
+                    column<double>(r, [](const StepRecord& s) { return s.learning_rate; }).data());
+    h5::append_rows(d.grad_norm.get(), H5T_NATIVE_DOUBLE, n,
+                    column<double>(r, [](const StepRecord& s) { return s.grad_norm; }).data());
+    steps_.clear();
+  }
+  if (!stat_steps_.empty()) {
+    const std::size_t n = stat_steps_.size();
+    auto& d = stats_ds_;
+    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n, stat_steps_.data());
+    h5::append_rows(d.histogram.get(), H5T_NATIVE_UINT32, n, histograms_.data());
+    h5::append_rows(d.counters.get(), H5T_NATIVE_UINT64, n, counters_.data());
+    stat_steps_.clear();
+    histograms_.clear();
+    counters_.clear();
+  }
+  if (!evals_.empty()) {
+    const auto& r = evals_;
+    const std::size_t n = r.size();
+    auto& d = eval_ds_;
+    std::vector<std::int64_t> steps;
+    for (const auto& e : r) steps.push_back(e.step);
+    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n, steps.data());
+    h5::append_rows(d.epoch.get(), H5T_NATIVE_DOUBLE, n,
+                    eval_column(r, [](const EvalRecord& e) { return e.epoch; }).data());
+    h5::append_rows(d.train_loss.get(), H5T_NATIVE_DOUBLE, n,
+                    eval_column(r, [](const EvalRecord& e) { return e.train_loss; }).data());
+    h5::append_rows(d.train_accuracy.get(), H5T_NATIVE_DOUBLE, n,
+                    eval_column(r, [](const EvalRecord& e) { return e.train_accuracy; }).data());
+    h5::append_rows(d.test_loss.get(), H5T_NATIVE_DOUBLE, n,
+                    eval_column(r, [](const EvalRecord& e) { return e.test_loss; }).data());
+    h5::append_rows(d.test_accuracy.get(), H5T_NATIVE_DOUBLE, n,
+                    eval_column(r, [](const EvalRecord& e) { return e.test_accuracy; }).data());
+    evals_.clear();
+  }
+}
+
+// --- Hdf5Log -------------------------------------------------------------------------
+
+Hdf5Log::Hdf5Log(const std::filesystem::path& path, const ExperimentInfo& info, int flush_interval)
+    : path_(path), flush_interval_(flush_interval) {
+  if (flush_interval < 1) {
+    throw std::invalid_argument("HDF5 log " + path.string() + ": flush interval must be at least 1, not " +
+                                std::to_string(flush_interval));
+  }
+  auto library = h5::library_lock();
+  file_ = h5::create_file(path);
+  try {
+    const hid_t root = file_.get();
+    h5::write_attribute(root, "config", info.config_toml);
+    h5::write_attribute(root, "mpsim_version", info.mpsim_version);
+    h5::write_attribute(root, "git_revision", info.git_revision);
+    h5::write_attribute(root, "start_time", info.start_time);
+    h5::write_attribute(root, "host", info.host);
+    h5::write_attribute(root, "seed", std::uint64_t{info.seed});
+    h5::write_attribute(root, "schema_version", schema_version);
+    arms_group_ = h5::create_group(root, "arms");
+    h5::flush_file(root);
+  } catch (...) {
+    // The file is ours (created exclusively): leave nothing half-made behind.
+    arms_group_.reset();
+    file_.reset();
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    throw;
+  }
+}
+
+Hdf5Log::~Hdf5Log() {
+  unregister_log(this);
+  std::lock_guard lock(mutex_);
+  auto library = h5::library_lock();
+  if (broken_.empty()) {
+    try {
+      flush_locked();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "mpsim: %s\n", e.what());
+    }
+  }
+  arms_.clear();
+  arms_group_.reset();
+  try {
+    file_.close("cannot close HDF5 log " + path_.string());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpsim: %s\n", e.what());
+  }
+}
+
+Hdf5Log::Guard Hdf5Log::lock() {
+  Guard guard{std::unique_lock<std::mutex>(mutex_), h5::library_lock()};
+  if (!broken_.empty()) {
+    throw std::runtime_error("HDF5 log " + path_.string() + " is unusable after an earlier error: " + broken_);
+  }
+  return guard;
+}
+
+ArmLog& Hdf5Log::add_arm(const ArmInfo& info) {
+  auto guard = lock();
+  const std::string& name = info.name;
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    throw std::invalid_argument("HDF5 log " + path_.string() + ": arm name '" + name +
+                                "' is not usable as a group name (empty, '.', '..' or containing '/')");
+  }
+  for (const auto& arm : arms_) {
+    if (arm->name() == name) {
+      throw std::invalid_argument("HDF5 log " + path_.string() + ": arm '" + name + "' already exists");
+    }
+  }
+  arms_.push_back(std::make_unique<Hdf5Arm>(*this, arms_group_.get(), info));
+  dirty_ = true;
+  flush_locked();
+  return *arms_.back();
+}
+
+void Hdf5Log::flush() {
+  auto guard = lock();
+  flush_locked();
+}
+
+void Hdf5Log::flush_locked() {
+  bool pending = dirty_;
+  for (const auto& arm : arms_) pending = pending || arm->pending();
+  if (!pending) return;
+  try {
+    for (const auto& arm : arms_) {
+      arm->append_pending();
+      arm->reset_step_count();
+    }
+    h5::flush_file(file_.get());
+    dirty_ = false;
+  } catch (const std::exception& e) {
+    // Datasets may now differ in length: refuse further writes.
+    broken_ = e.what();
+    throw;
+  }
+}
+
+void Hdf5Log::flush_locked_noexcept() {
+  if (!broken_.empty()) return;
+  try {
+    flush_locked();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "mpsim: %s\n", e.what());
+  }
+}
+
+void Hdf5Log::flush_noexcept() {
+  std::lock_guard lock(mutex_);
+  auto library = h5::library_lock();
+  flush_locked_noexcept();
+}
+
+// --- Signals ---------------------------------------------------------------------------
+
+int signal_pipe_write = -1;
+
+extern "C" void on_flush_signal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  const ssize_t written = ::write(signal_pipe_write, &byte, 1);  // async-signal-safe; non-blocking
+  static_cast<void>(written);
+  errno = saved_errno;
+}
+
+// Flushes every open log and keeps them locked, so no other thread writes to
+// a file between the flush and _exit.
+void flush_all_logs_for_exit() {
+  registry_mutex().lock();
+  for (Hdf5Log* log : registry()) log->lock_forever();
+  auto library = h5::library_lock();
+  for (Hdf5Log* log : registry()) log->flush_locked_noexcept();
+  library.release();  // stays locked
+}
+
+void watch_signals(int read_end) {
+  unsigned char signal_number = 0;
+  for (;;) {
+    const ssize_t n = ::read(read_end, &signal_number, 1);
+    if (n == 1) break;
+    if (n < 0 && errno == EINTR) continue;
+    return;  // the pipe broke: nothing more to watch
+  }
+  flush_all_logs_for_exit();
+  ::_exit(128 + signal_number);
+}
+
+}  // namespace
+
+std::unique_ptr<ExperimentLog> create_hdf5_log(const std::filesystem::path& path, const ExperimentInfo& info,
+                                               int flush_interval) {
+  auto log = std::make_unique<Hdf5Log>(path, info, flush_interval);
+  register_log(log.get());
+  return log;
+}
+
+void flush_all_logs() {
+  std::lock_guard lock(registry_mutex());
+  for (Hdf5Log* log : registry()) log->flush_noexcept();
+}
+
+void install_flush_on_signals() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe2");
+    const int flags = ::fcntl(fds[1], F_GETFL);
+    if (flags < 0 || ::fcntl(fds[1], F_SETFL, flags | O_NONBLOCK) != 0) {
+      throw std::system_error(errno, std::generic_category(), "fcntl(O_NONBLOCK)");
+    }
+    signal_pipe_write = fds[1];
+    std::thread(watch_signals, fds[0]).detach();
+
+    struct sigaction action {};
+    action.sa_handler = on_flush_signal;
+    sigemptyset(&action.sa_mask);
+    sigaddset(&action.sa_mask, SIGINT);
+    sigaddset(&action.sa_mask, SIGTERM);
+    action.sa_flags = SA_RESTART;
+    for (const int signal_number : {SIGINT, SIGTERM}) {
+      if (::sigaction(signal_number, &action, nullptr) != 0) {
+        throw std::system_error(errno, std::generic_category(), "sigaction");
+      }
+    }
+  });
+}
+
+}  // namespace mpsim::core

@@ -1,0 +1,306 @@
+// Layers: forward and explicit backward, each rounding where the policy says.
+// Convention: a layer's forward output is counted as its `activations`, the
+// gradient it returns (with respect to its input) as its `activation_grads`.
+
+#include <cmath>
+#include <stdexcept>
+
+#include "mpsim/core/model.hpp"
+
+namespace mpsim::core {
+namespace {
+
+Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
+
+// The activation operand of a GEMM: a copy rounded at policy.activations
+// (or the tensor itself when that rounding changes nothing and counts nothing).
+Tensor operand(StepContext& ctx, const Tensor& x, const RoundingPoint& point, Site site) {
+  if (point.is_identity()) {  // changes no value: count the operand as it is
+    Tensor alias = x;
+    if (ctx.stats) ctx.round(alias, point, TensorKind::gemm_inputs, site);
+    return x;
+  }
+  Tensor q = ctx.backend.empty(x.shape());
+  ctx.backend.copy(x, q);
+  ctx.round(q, point, TensorKind::gemm_inputs, site);
+  return q;
+}
+
+class Linear final : public Layer {
+ public:
+  Linear(std::string name, std::int64_t in, std::int64_t out) : Layer(std::move(name)), in_(in), out_(out) {
+    weight_.name = this->name() + ".weight";
+    weight_.shape = {out, in};
+    bias_.name = this->name() + ".bias";
+    bias_.shape = {out};
+  }
+  Shape output_shape(const Shape& input) const override { return with_rows(input[0], out_); }
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    const Policy& p = ctx.policy;
+    input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
+    Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
+    ctx.backend.gemm(input_, false, weight_.working, true, y, p.accumulation, ctx.stream(Site::output));
+    ctx.backend.add_row_vector(y, bias_.working);
+    ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
+    return y;
+  }
+
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    const Tensor dyq = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
+    b.gemm(dyq, true, input_, false, weight_.grad, p.accumulation, ctx.stream(Site::weight_grad));
+    ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    b.column_sums(dy, bias_.grad);
+    ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
+    Tensor dx;
+    if (need_input_grad) {
+      dx = b.empty(input_.shape());
+      b.gemm(dyq, false, weight_.working, false, dx, p.accumulation, ctx.stream(Site::input_grad));
+      ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    input_ = Tensor();
+    return dx;
+  }
+
+ private:
+  std::int64_t in_, out_;
+  Parameter weight_, bias_;
+  Tensor input_;
+};
+
+class Conv2d final : public Layer {
+ public:
+  Conv2d(std::string name, std::int64_t cin, std::int64_t cout, std::int64_t kernel, std::int64_t stride,
+         std::int64_t padding)
+      : Layer(std::move(name)), cin_(cin), cout_(cout) {
+    geometry_.channels = cin;
+    geometry_.kernel = kernel;
+    geometry_.stride = stride;
+    geometry_.padding = padding;
+    weight_.name = this->name() + ".weight";
+    weight_.shape = {cout, cin, kernel, kernel};
+    bias_.name = this->name() + ".bias";
+    bias_.shape = {cout};
+  }
+  Shape output_shape(const Shape& in) const override {
+    ConvGeometry g = geometry_;
+    g.height = in[2];
+    g.width = in[3];
+    return {in[0], cout_, g.out_height(), g.out_width()};
+  }
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    if (x.shape().size() != 4 || x.shape()[1] != cin_) throw std::invalid_argument(name() + ": expects NCHW input");
+    geometry_.batch = x.shape()[0];
+    geometry_.height = x.shape()[2];
+    geometry_.width = x.shape()[3];
+    const Tensor xq = operand(ctx, x, p.activations, Site::input_operand);
+    const std::int64_t patches = geometry_.batch * geometry_.out_height() * geometry_.out_width();
+    columns_ = b.empty(with_rows(patches, cin_ * geometry_.kernel * geometry_.kernel));
+    b.im2col(xq, geometry_, columns_);
+    Tensor rows = b.empty(with_rows(patches, cout_));
+    b.gemm(columns_, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), true, rows,
+           p.accumulation, ctx.stream(Site::output));
+    b.add_row_vector(rows, bias_.working);
+    Tensor y = b.empty(output_shape(x.shape()));
+    b.rows_to_nchw(rows, geometry_.batch, geometry_.out_height(), geometry_.out_width(), y);
+    ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
+    return y;
+  }
+
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    const std::int64_t patches = columns_.rows();
+    Tensor dy_rows = b.empty(with_rows(patches, cout_));
+    b.nchw_to_rows(dy, dy_rows);
+    b.column_sums(dy_rows, bias_.grad);
+    ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
+    const Tensor dyq = operand(ctx, dy_rows, p.gradient_operands, Site::output_grad_operand);
+    Tensor dw = weight_.grad.reshaped(with_rows(cout_, columns_.cols()));
+    b.gemm(dyq, true, columns_, false, dw, p.accumulation, ctx.stream(Site::weight_grad));
+    ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    Tensor dx;
+    if (need_input_grad) {
+      Tensor dcols = b.empty(columns_.shape());
+      b.gemm(dyq, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), false, dcols, p.accumulation,
+             ctx.stream(Site::input_grad));
+      dx = b.zeros({geometry_.batch, cin_, geometry_.height, geometry_.width});
+      b.col2im(dcols, geometry_, dx);  // overlapping patches add in binary32
+      ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    columns_ = Tensor();
+    return dx;
+  }
+
+ private:
+  std::int64_t cin_, cout_;
+  ConvGeometry geometry_;
+  Parameter weight_, bias_;
+  Tensor columns_;
+};
+
+class MaxPool2d final : public Layer {
+ public:
+  MaxPool2d(std::string name, std::int64_t kernel, std::int64_t stride) : Layer(std::move(name)) {
+    geometry_.kernel = kernel;
+    geometry_.stride = stride;
+  }
+  Shape output_shape(const Shape& in) const override {
+    ConvGeometry g = geometry_;
+    g.height = in[2];
+    g.width = in[3];
+    return {in[0], in[1], g.out_height(), g.out_width()};
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    geometry_.batch = x.shape()[0];
+    geometry_.channels = x.shape()[1];
+    geometry_.height = x.shape()[2];
+    geometry_.width = x.shape()[3];
+    input_shape_ = x.shape();
+    Tensor y = ctx.backend.empty(output_shape(x.shape()));
+    argmax_ = ctx.backend.empty(y.shape());
+    ctx.backend.max_pool_forward(x, geometry_, y, argmax_);
+    ctx.round(y, ctx.policy.elementwise, TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor dx;
+    if (need_input_grad) {
+      dx = ctx.backend.empty(input_shape_);
+      ctx.backend.max_pool_backward(dy, argmax_, dx);
+      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    argmax_ = Tensor();
+    return dx;
+  }
+
+ private:
+  ConvGeometry geometry_;
+  Shape input_shape_;
+  Tensor argmax_;
+};
+
+class Flatten final : public Layer {
+ public:
+  using Layer::Layer;
+  Shape output_shape(const Shape& in) const override { return with_rows(in[0], element_count(in) / in[0]); }
+  Tensor forward(StepContext&, const Tensor& x) override {
+    input_shape_ = x.shape();
+    return x.reshaped(output_shape(x.shape()));
+  }
+  Tensor backward(StepContext&, const Tensor& dy, bool need_input_grad) override {
+    return need_input_grad ? dy.reshaped(input_shape_) : Tensor();
+  }
+
+ private:
+  Shape input_shape_;
+};
+
+// ReLU and GELU: y = f(x), dx = f'(x) dy.
+class Pointwise final : public Layer {
+ public:
+  Pointwise(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    input_ = x;
+    Tensor y = ctx.backend.empty(x.shape());
+    if (kind_ == Activation::relu) ctx.backend.relu_forward(x, y);
+    else ctx.backend.gelu_forward(x, y);
+    ctx.round(y, output_point(ctx), TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor dx;
+    if (need_input_grad) {
+      dx = ctx.backend.empty(input_.shape());
+      if (kind_ == Activation::relu) ctx.backend.relu_backward(input_, dy, dx);
+      else ctx.backend.gelu_backward(input_, dy, dx);
+      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    input_ = Tensor();
+    return dx;
+  }
+
+ private:
+  RoundingPoint output_point(const StepContext& ctx) const {
+    return kind_ == Activation::gelu && ctx.policy.runs_in_fp32("gelu") ? RoundingPoint{} : ctx.policy.elementwise;
+  }
+  Activation kind_;
+  Tensor input_;
+};
+
+class LayerNorm final : public Layer {
+ public:
+  LayerNorm(std::string name, std::int64_t features, float eps)
+      : Layer(std::move(name)), features_(features), eps_(eps) {
+    gamma_.name = this->name() + ".weight";
+    gamma_.shape = {features};
+    beta_.name = this->name() + ".bias";
+    beta_.shape = {features};
+  }
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
+
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    Backend& b = ctx.backend;
+    input_ = x.reshaped(with_rows(x.numel() / features_, features_));
+    mean_ = b.empty({input_.rows()});
+    rstd_ = b.empty({input_.rows()});
+    Tensor y = b.empty(input_.shape());
+    // Statistics in binary32 always (autocast runs layer_norm in FP32).
+    b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_);
+    const RoundingPoint out = ctx.policy.runs_in_fp32("layer_norm") ? RoundingPoint{} : ctx.policy.elementwise;
+    ctx.round(y, out, TensorKind::activations, Site::output);
+    return y.reshaped(x.shape());
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Backend& b = ctx.backend;
+    const Policy& p = ctx.policy;
+    Tensor dx = b.empty(input_.shape());
+    b.layer_norm_backward(input_, gamma_.working, mean_, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
+                          beta_.grad);
+    ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
+    if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    input_ = mean_ = rstd_ = Tensor();
+    return need_input_grad ? dx.reshaped(dy.shape()) : Tensor();
+  }
+
+ private:
+  std::int64_t features_;
+  float eps_;
+  Parameter gamma_, beta_;
+  Tensor input_, mean_, rstd_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out) {
+  return std::make_unique<Linear>(std::move(name), in, out);
+}
+std::unique_ptr<Layer> make_conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels,
+                                   std::int64_t kernel, std::int64_t stride, std::int64_t padding) {
+  return std::make_unique<Conv2d>(std::move(name), in_channels, out_channels, kernel, stride, padding);
+}
+std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, std::int64_t stride) {
+  return std::make_unique<MaxPool2d>(std::move(name), kernel, stride);
+}
+std::unique_ptr<Layer> make_flatten(std::string name) { return std::make_unique<Flatten>(std::move(name)); }
+std::unique_ptr<Layer> make_relu(std::string name) {
+  return std::make_unique<Pointwise>(std::move(name), Activation::relu);
+}
+std::unique_ptr<Layer> make_gelu(std::string name) {
+  return std::make_unique<Pointwise>(std::move(name), Activation::gelu);
+}
+std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
+  return std::make_unique<LayerNorm>(std::move(name), features, eps);
+}
+
+}  // namespace mpsim::core

@@ -1,0 +1,160 @@
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <numbers>
+#include <stdexcept>
+
+#include "mpsim/core/model.hpp"
+
+namespace mpsim::core {
+namespace {
+
+// SplitMix64 (Steele, Lea and Flood 2014): a specified generator, so the
+// same seed gives the same initial weights with any standard library.
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
+  double normal() {  // Box-Muller
+    const double u1 = 1.0 - uniform(), u2 = uniform();
+    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  }
+};
+
+std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
+  SplitMix64 g{a ^ (b * 0xd1342543de82ef95ull)};
+  return g.next();
+}
+
+}  // namespace
+
+StepContext::StepContext(Backend& b, const Policy& p, std::uint64_t s) : backend(b), policy(p), seed(s) {}
+
+StochasticStream StepContext::stream(Site site) const {
+  StochasticStream s;
+  s.key.seed = seed;
+  s.key.stream = (static_cast<std::uint64_t>(layer) << 8) | static_cast<std::uint64_t>(site) |
+                 (training ? 0 : (1ull << 40));
+  s.first_index = static_cast<std::uint64_t>(step) << 32;  // tensors have fewer than 2^32 elements
+  return s;
+}
+
+TensorStats* StepContext::stats_for(TensorKind kind) const {
+  return stats ? &(*stats)[static_cast<std::size_t>(layer)][static_cast<int>(kind)] : nullptr;
+}
+
+void StepContext::round(Tensor& t, const RoundingPoint& point, TensorKind kind, Site site) {
+  if (point.is_identity() && stats == nullptr) return;
+  float scale = 1.0f;
+  std::vector<float>* history = nullptr;
+  if (point.delayed_scaling) {
+    // Delayed scaling (Transformer Engine): the scale comes from the amax of
+    // earlier uses; a power of two at most fmax / amax / 2^margin.
+    history = &amax_history_[{layer, static_cast<int>(site)}];
+    float amax = 0.0f;
+    for (const float a : *history) amax = std::max(amax, a);
+    if (amax > 0.0f && std::isfinite(amax)) {
+      const double fmax = to_double(point.format, largest_finite_bits(point.format, false));
+      const int e = static_cast<int>(std::floor(std::log2(fmax / amax))) - policy.delayed_scaling.margin;
+      scale = std::ldexp(1.0f, std::clamp(e, -126, 127));
+    }
+  }
+  const RoundResult r = backend.round(t, point, scale, stream(site), stats_for(kind));
+  if (history && training) {
+    history->push_back(r.amax);
+    if (static_cast<int>(history->size()) > policy.delayed_scaling.history) history->erase(history->begin());
+  }
+}
+
+Model::Model(const ModelSpec& spec, const InputShape& in, std::uint64_t seed) {
+  const auto activation = [&](const std::string& name) {
+    return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
+  };
+  if (spec.kind == "mlp") {
+    layers_.push_back(make_flatten("flatten"));
+    std::int64_t width = in.channels * in.height * in.width;
+    int i = 1;
+    for (const std::int64_t h : spec.hidden) {
+      layers_.push_back(make_linear("fc" + std::to_string(i), width, h));
+      if (spec.layer_norm) layers_.push_back(make_layer_norm("ln" + std::to_string(i), h));
+      layers_.push_back(activation((spec.activation == Activation::relu ? "relu" : "gelu") + std::to_string(i)));
+      width = h;
+      ++i;
+    }
+    layers_.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
+  } else if (spec.kind == "cnn") {
+    // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
+    const std::string act = spec.activation == Activation::relu ? "relu" : "gelu";
+    layers_.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));
+    layers_.push_back(activation(act + "1"));
+    layers_.push_back(make_max_pool2d("pool1", 2, 2));
+    layers_.push_back(make_conv2d("conv2", 6, 16, 5, 1, 0));
+    layers_.push_back(activation(act + "2"));
+    layers_.push_back(make_max_pool2d("pool2", 2, 2));
+    layers_.push_back(make_flatten("flatten"));
+    const std::int64_t h = ((in.height + 4 - 4) / 2 - 4) / 2, w = ((in.width + 4 - 4) / 2 - 4) / 2;
+    layers_.push_back(make_linear("fc1", 16 * h * w, 120));
+    layers_.push_back(activation(act + "3"));
+    layers_.push_back(make_linear("fc2", 120, 84));
+    layers_.push_back(activation(act + "4"));
+    layers_.push_back(make_linear("fc3", 84, in.classes));
+  } else {
+    throw std::invalid_argument("unknown model kind '" + spec.kind + "'; expected mlp or cnn");
+  }
+  initialize(parameters(), spec.init, spec.init_scale, seed);
+}
+
+std::vector<Parameter*> Model::parameters() {
+  std::vector<Parameter*> all;
+  for (auto& layer : layers_)
+    for (Parameter* p : layer->parameters()) all.push_back(p);
+  return all;
+}
+
+std::vector<std::string> Model::stat_names() const {
+  std::vector<std::string> names;
+  for (const auto& layer : layers_) names.push_back(layer->name());
+  names.push_back("loss");
+  return names;
+}
+
+std::int64_t Model::parameter_count() {
+  std::int64_t n = 0;
+  for (Parameter* p : parameters()) n += element_count(p->shape);
+  return n;
+}
+
+void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed) {
+  std::uint64_t index = 0;
+  for (Parameter* p : parameters) {
+    SplitMix64 rng{mix(seed, ++index)};
+    const std::int64_t n = element_count(p->shape);
+    p->initial.assign(static_cast<std::size_t>(n), 0.0f);
+    const bool is_bias = p->name.ends_with(".bias");
+    const bool is_norm = p->shape.size() == 1 && !is_bias;  // LayerNorm gamma
+    if (is_norm) std::fill(p->initial.begin(), p->initial.end(), 1.0f);
+    if (is_bias || is_norm) continue;
+    const std::int64_t fan_out = p->shape[0], fan_in = n / fan_out;
+    const std::int64_t receptive = p->shape.size() == 4 ? p->shape[2] * p->shape[3] : 1;
+    for (auto& v : p->initial) {
+      double x = 0.0;
+      switch (scheme) {
+        case InitScheme::he: x = rng.normal() * std::sqrt(2.0 / static_cast<double>(fan_in)); break;
+        case InitScheme::xavier: {
+          const double limit = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out * receptive));
+          x = (2.0 * rng.uniform() - 1.0) * limit;
+          break;
+        }
+        case InitScheme::normal: x = rng.normal(); break;
+      }
+      v = static_cast<float>(x * scale);
+    }
+  }
+}
+
+}  // namespace mpsim::core

@@ -1,0 +1,159 @@
+#include "mpsim/core/policy.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+namespace mpsim::core {
+namespace {
+
+std::string format_name(const Format& f) {
+  if (f == formats::binary16) return "binary16";
+  if (f == formats::bfloat16) return "bfloat16";
+  if (f == formats::binary32) return "binary32";
+  if (f == formats::tf32) return "tf32";
+  if (f == formats::e4m3) return "e4m3";
+  if (f == formats::e5m2) return "e5m2";
+  std::string s = "e";
+  s += std::to_string(f.exponent_bits);
+  s += 'm';
+  s += std::to_string(f.mantissa_bits);
+  if (f.subnormals == Subnormals::flush_to_zero) s += ":ftz";
+  if (f.overflow == Overflow::saturate) s += ":sat";
+  if (f.specials == Specials::nan_only) s += ":fn";
+  return s;
+}
+
+RoundingPoint point(const Format& f, bool scaled = false) {
+  RoundingPoint p;
+  p.format = f;
+  p.delayed_scaling = scaled;
+  return p;
+}
+
+}  // namespace
+
+bool RoundingPoint::is_identity() const {
+  return format == formats::binary32 && !delayed_scaling && rounding.mode == RoundingMode::nearest_even;
+}
+
+std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error) {
+  RoundingPoint p;
+  std::vector<std::string_view> parts;
+  for (std::size_t start = 0;;) {
+    const std::size_t slash = text.find('/', start);
+    parts.push_back(text.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start));
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  const auto fail = [&](std::string message) -> std::optional<RoundingPoint> {
+    if (error) *error = std::move(message);
+    return std::nullopt;
+  };
+  const auto format = parse_format(parts[0]);
+  if (!format)
+    return fail("unknown format '" + std::string(parts[0]) + "'; expected " + std::string(format_names()) +
+                " or eXmY[:ftz][:sat][:fn]");
+  if (!fits_in_float(*format))
+    return fail("format '" + std::string(parts[0]) + "' does not fit in binary32; training tensors are binary32");
+  p.format = *format;
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i] == "scaled") {
+      p.delayed_scaling = true;
+    } else if (const auto mode = parse_rounding_mode(parts[i])) {
+      p.rounding.mode = *mode;
+    } else {
+      return fail("unknown rounding '" + std::string(parts[i]) + "' in '" + std::string(text) + "'; expected " +
+                  std::string(rounding_mode_names()) + " or scaled");
+    }
+  }
+  return p;
+}
+
+std::string to_string(const RoundingPoint& p) {
+  std::string s = format_name(p.format);
+  if (p.rounding.mode != RoundingMode::nearest_even) s += "/" + std::string(to_string(p.rounding.mode));
+  if (p.delayed_scaling) s += "/scaled";
+  return s;
+}
+
+bool Policy::runs_in_fp32(std::string_view op) const {
+  return std::find(fp32_ops.begin(), fp32_ops.end(), op) != fp32_ops.end();
+}
+
+std::vector<std::string> preset_policy_names() { return {"fp32", "fp16-mixed", "bf16-mixed", "fp16-naive", "fp8"}; }
+
+std::optional<Policy> preset_policy(std::string_view name) {
+  Policy p;
+  p.name = std::string(name);
+  if (name == "fp32") return p;
+  // Mixed precision (Micikevicius et al. 2018; PyTorch autocast): low-precision
+  // GEMM operands and activations, FP32 accumulation, master weights and
+  // optimiser state; normalisation and the loss in FP32.
+  const auto mixed = [&](const Format& f) {
+    p.weights = p.activations = p.gemm_output = p.elementwise = point(f);
+    p.gradient_operands = p.activation_grads = p.weight_grads = point(f);
+    p.fp32_ops = {"layer_norm", "softmax_cross_entropy"};
+  };
+  if (name == "fp16-mixed") {
+    mixed(formats::binary16);
+    p.loss_scaling.mode = LossScaleMode::dynamic;
+    return p;
+  }
+  if (name == "bf16-mixed") {
+    mixed(formats::bfloat16);
+    return p;
+  }
+  if (name == "fp16-naive") {
+    // Every tensor stored in FP16, the weights included (no master copy), no
+    // loss scaling. GEMMs accumulate in FP32 as FP16 tensor-core GEMMs do
+    // (what model.half() gets from cuBLAS); set accumulation = "binary16" for
+    // rounding after every addition.
+    mixed(formats::binary16);
+    p.fp32_ops = {"softmax_cross_entropy"};
+    p.master_weights = false;
+    p.weight_storage = p.optimizer_state = point(formats::binary16);
+    return p;
+  }
+  if (name == "fp8") {
+    // Transformer Engine's recipe: E4M3 forward operands, E5M2 gradients, each
+    // tensor scaled from its amax history; BF16 elsewhere; FP32 master weights.
+    mixed(formats::bfloat16);
+    p.weights = p.activations = point(formats::e4m3, true);
+    p.gradient_operands = point(formats::e5m2, true);
+    return p;
+  }
+  return std::nullopt;
+}
+
+std::string describe(const Policy& p) {
+  std::ostringstream out;
+  const auto line = [&](const char* name, const RoundingPoint& r) { out << name << " = " << to_string(r) << "\n"; };
+  out << "policy " << p.name << "\n";
+  line("weights", p.weights);
+  line("activations", p.activations);
+  line("accumulation", p.accumulation);
+  line("gemm_output", p.gemm_output);
+  line("elementwise", p.elementwise);
+  line("gradient_operands", p.gradient_operands);
+  line("activation_grads", p.activation_grads);
+  line("weight_grads", p.weight_grads);
+  out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
+  line("weight_storage", p.weight_storage);
+  line("optimizer_state", p.optimizer_state);
+  out << "fp32_ops = [";
+  for (std::size_t i = 0; i < p.fp32_ops.size(); ++i) out << (i ? ", " : "") << '"' << p.fp32_ops[i] << '"';
+  out << "]\n";
+  const auto& s = p.loss_scaling;
+  out << "loss_scale.mode = "
+      << (s.mode == LossScaleMode::none ? "none" : s.mode == LossScaleMode::fixed ? "static" : "dynamic") << "\n";
+  if (s.mode != LossScaleMode::none) out << "loss_scale.initial = " << s.initial_scale << "\n";
+  if (s.mode == LossScaleMode::dynamic)
+    out << "loss_scale.growth_factor = " << s.growth_factor << "\nloss_scale.backoff_factor = " << s.backoff_factor
+        << "\nloss_scale.growth_interval = " << s.growth_interval << "\nloss_scale.hysteresis = " << s.hysteresis
+        << "\nloss_scale.min = " << s.min_scale << "\nloss_scale.max = " << s.max_scale << "\n";
+  out << "delayed_scaling.history = " << p.delayed_scaling.history
+      << "\ndelayed_scaling.margin = " << p.delayed_scaling.margin << "\n";
+  return out.str();
+}
+
+}  // namespace mpsim::core
