@@ -457,4 +457,25 @@ class CpuBackend final : public Backend {
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
 
+namespace {
+std::vector<std::pair<std::string, BackendFactory>>& registry() {
+  static std::vector<std::pair<std::string, BackendFactory>> backends{{"cpu", &make_cpu_backend}};
+  return backends;
+}
+}  // namespace
+
+void register_backend(std::string_view name, BackendFactory factory) {
+  registry().emplace_back(std::string(name), factory);
+}
+std::unique_ptr<Backend> make_backend(std::string_view name) {
+  for (const auto& [n, factory] : registry())
+    if (n == name) return factory();
+  return nullptr;
+}
+std::vector<std::string> backend_names() {
+  std::vector<std::string> names;
+  for (const auto& entry : registry()) names.push_back(entry.first);
+  return names;
+}
+
 }  // namespace mpsim::core

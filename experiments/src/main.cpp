@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "fp_command.hpp"
+#include "run_command.hpp"
 #include "usage_error.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "mpsim " MPSIM_VERSION);
   std::function<int()> run;
   mpsim::cli::add_fp_command(app, run);
+  mpsim::cli::add_run_command(app, run);
   try {
     app.parse(argc, argv);
     return run ? run() : 0;

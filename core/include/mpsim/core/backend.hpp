@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
@@ -111,5 +113,12 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_cpu_backend();
+
+// Backends by name: "cpu" always; others (gpu/'s "cuda") register themselves
+// when their library is linked in. make_backend returns null for an unknown name.
+using BackendFactory = std::unique_ptr<Backend> (*)();
+void register_backend(std::string_view name, BackendFactory factory);
+std::unique_ptr<Backend> make_backend(std::string_view name);
+std::vector<std::string> backend_names();
 
 }  // namespace mpsim::core
