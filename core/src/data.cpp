@@ -73,7 +73,8 @@ struct GzClose {
 };
 
 // An IDX file opened through zlib. zlib recognises gzip by its 0x1f 0x8b magic
-// and reads any other file as it is, so plain (already unpacked) files work too.
+// and reads any other file as it is ("transparent" mode), so plain (already
+// unpacked) files work too.
 class IdxReader {
  public:
   explicit IdxReader(const fs::path& path) : path_(path) {
@@ -139,7 +140,7 @@ class IdxReader {
     std::uint8_t sink[4096];
     for (std::size_t got; (got = read(sink, sizeof sink)) > 0;) extra += got;
     if (extra > 0)
-      fail(path_, std::to_string(extra) + " trailing bytes after the " + std::to_string(n) +
+      fail(path_, "trailing garbage: " + std::to_string(extra) + " more bytes than the " + std::to_string(n) +
                       " data bytes that the header's dimensions (" + dims + ") call for");
     return bytes;
   }
@@ -229,11 +230,12 @@ TrainTest load_fashion_mnist(const fs::path& dir, std::int64_t train_limit, std:
 // deviation, each cell blown up to 4x4 pixels. A sample is its class's
 // prototype shifted by up to 2 pixels each way (zeros shifted in), dimmed by a
 // random contrast in [1/2, 1] and overlaid with noise of standard deviation
-// about 0.2. The deviations are small enough that a nearest-centroid rule gets
-// only about three quarters right, while a small MLP with plain SGD passes 90%
-// within a few hundred steps. All arithmetic is on integer pixel levels 0..255
-// (stored as level / 255 like the real data), so no floating-point rounding
-// can differ between builds.
+// about 0.2 (52 levels). With these amounts a 784-128-10 MLP trained by plain
+// SGD (batch 64, learning rate 0.05 to 0.1) is near 40% after 50 steps, past
+// 90% after 200 and near 99% after 500, so the way there is long enough for
+// precision effects to show; a nearest-centroid rule gets 80-90%. All
+// arithmetic is on integer pixel levels 0..255 (stored as level / 255 like the
+// real data), so no floating-point rounding can differ between builds.
 
 namespace {
 

@@ -96,6 +96,7 @@ class Arm {
 
       const double scale = scaler_.scale();
       const double loss = forward_backward(images, labels, static_cast<float>(scale), nullptr);
+      if (setup_.inspect_gradients) setup_.inspect_gradients(step, model_.parameters(), backend_);
       double sum_squares = 0.0;
       for (auto& lp : parameters_) sum_squares += backend_.sum_squares(lp.parameter->grad);
       const bool found_inf = !std::isfinite(sum_squares) || !std::isfinite(loss);

@@ -69,6 +69,10 @@ struct ArmSetup {
   ScheduleSpec schedule;
   TrainSpec train;
   std::uint64_t seed = 0;
+  // Called after every backward pass, before unscaling and the optimiser:
+  // the parameters hold this step's (loss-scaled) gradients in `grad`.
+  std::function<void(std::int64_t step, const std::vector<Parameter*>& parameters, Backend& backend)>
+      inspect_gradients;
 };
 
 // Trains one arm. Writes every step, instrumented step and evaluation to log
