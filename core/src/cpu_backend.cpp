@@ -27,6 +27,7 @@ float* data(const Tensor& t) { return static_cast<float*>(t.buffer()); }
 std::span<float> values(const Tensor& t) { return {data(t), static_cast<std::size_t>(t.numel())}; }
 
 MatrixMap matrix(const Tensor& t) { return MatrixMap(data(t), t.rows(), t.cols()); }
+Eigen::Map<Eigen::ArrayXf> array(const Tensor& t) { return Eigen::Map<Eigen::ArrayXf>(data(t), t.numel()); }
 
 void require(bool ok, const char* what) {
   if (!ok) throw std::logic_error(std::string("cpu backend: ") + what);
@@ -165,20 +166,14 @@ class CpuBackend final : public Backend {
     for (float& v : values(x)) v *= factor;
   }
   double sum_squares(const Tensor& x) override {
-    double s = 0.0;
-    for (const float v : values(x)) s += static_cast<double>(v) * v;
-    return s;
+    return array(x).cast<double>().square().sum();  // vectorised: several partial sums
   }
 
   void relu_forward(const Tensor& x, Tensor& y) override {
-    const float* in = data(x);
-    float* out = data(y);
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] > 0.0f ? in[i] : 0.0f;
+    array(y) = (array(x) > 0.0f || array(x).isNaN()).select(array(x), 0.0f);  // NaN stays NaN, as in PyTorch
   }
   void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    const float *in = data(x), *g = data(dy);
-    float* out = data(dx);
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] > 0.0f ? g[i] : 0.0f;
+    array(dx) = (array(x) > 0.0f).select(array(dy), 0.0f);
   }
   void gelu_forward(const Tensor& x, Tensor& y) override {
     const float* in = data(x);

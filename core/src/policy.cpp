@@ -119,7 +119,11 @@ std::optional<Policy> preset_policy(std::string_view name) {
     // tensor scaled from its amax history; BF16 elsewhere; FP32 master weights.
     mixed(formats::bfloat16);
     p.weights = p.activations = point(formats::e4m3, true);
-    p.gradient_operands = point(formats::e5m2, true);
+    // Scaled values that outgrow the history saturate, as TE's casts do
+    // (cvt.rn.satfinite on Hopper), instead of becoming infinity.
+    Format e5m2_saturating = formats::e5m2;
+    e5m2_saturating.overflow = Overflow::saturate;
+    p.gradient_operands = point(e5m2_saturating, true);
     return p;
   }
   return std::nullopt;

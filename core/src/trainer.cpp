@@ -25,7 +25,8 @@ namespace {
 struct LayerParameter {
   int layer;
   Parameter* parameter;
-  Site site;  // weight_operand or bias_operand: keys its streams
+  Site site;     // weight_operand or bias_operand: keys its streams
+  Tensor update;  // the optimiser's update, reused every step
 };
 
 class Arm {
@@ -46,7 +47,7 @@ class Arm {
       needs_input_grad_.push_back(earlier_has_parameters);
       auto params = layers[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        parameters_.push_back({i, params[j], j == 0 ? Site::weight_operand : Site::bias_operand});
+        parameters_.push_back({i, params[j], j == 0 ? Site::weight_operand : Site::bias_operand, Tensor()});
       earlier_has_parameters = earlier_has_parameters || !params.empty();
     }
     storage_ = policy_.master_weights ? RoundingPoint{} : policy_.weight_storage;
@@ -62,6 +63,7 @@ class Arm {
       p.grad = backend_.zeros(p.shape);
       p.state1 = backend_.zeros(p.shape);
       if (setup_.optimizer.kind != "sgd") p.state2 = backend_.zeros(p.shape);
+      lp.update = backend_.empty(p.shape);
     }
     if (setup_.optimizer.kind != "sgd" && setup_.optimizer.kind != "adam" && setup_.optimizer.kind != "adamw")
       throw std::invalid_argument("unknown optimizer '" + setup_.optimizer.kind + "'; expected sgd, adam or adamw");
@@ -217,7 +219,7 @@ class Arm {
       ctx_.layer = lp.layer;
       // Unscale in binary32 before the optimiser (GradScaler.unscale_).
       if (scale != 1.0) backend_.scale(p.grad, static_cast<float>(1.0 / scale));
-      Tensor update = backend_.empty(p.shape);
+      Tensor& update = lp.update;
       if (o.kind == "sgd") {
         backend_.sgd_update(p.master, p.grad, p.state1, lr, static_cast<float>(o.momentum),
                             static_cast<float>(o.weight_decay), optimizer_steps_ == 1, update);
