@@ -1,0 +1,686 @@
+// The HDF5 experiment log (core/src/hdf5_log.cpp, docs/hdf5-schema.md):
+// written through create_hdf5_log(), read back with the raw HDF5 C API (no
+// code shared with the writer). A round trip of two arms checks every value,
+// shape, attribute, dimension scale and filter; creation refuses an existing
+// file and names unwritable paths; forked children check what survives
+// SIGKILL after a flush, SIGKILL after flush_all_logs(), and SIGTERM with
+// install_flush_on_signals(). Everything is written under a fresh temporary
+// folder that is removed afterwards.
+#include <catch2/catch.hpp>
+
+#include <hdf5.h>
+#include <hdf5_hl.h>  // after hdf5.h: H5DSpublic.h needs its types
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mpsim/core/run_log.hpp"
+#include "mpsim/core/stats.hpp"
+
+namespace mpsim::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+// --- Test scaffolding ------------------------------------------------------------
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "mpsim_h5_XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ec);
+    fs::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// Closes an HDF5 identifier with the given H5?close.
+class Id {
+ public:
+  Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) { REQUIRE(id >= 0); }
+  Id(const Id&) = delete;
+  Id& operator=(const Id&) = delete;
+  ~Id() { close_(id_); }
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+void quiet_hdf5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+Id open_file(const fs::path& path) {
+  quiet_hdf5();
+  return Id(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+}
+Id open_dataset(hid_t loc, const std::string& name) {
+  INFO("dataset " << name);
+  return Id(H5Dopen2(loc, name.c_str(), H5P_DEFAULT), H5Dclose);
+}
+Id open_group(hid_t loc, const std::string& name) {
+  INFO("group " << name);
+  return Id(H5Gopen2(loc, name.c_str(), H5P_DEFAULT), H5Gclose);
+}
+
+std::string string_attribute(hid_t object, const char* name) {
+  INFO("attribute " << name);
+  Id attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Id type(H5Aget_type(attribute), H5Tclose);
+  REQUIRE(H5Tget_class(type) == H5T_STRING);
+  REQUIRE(H5Tis_variable_str(type) > 0);
+  REQUIRE(H5Tget_cset(type) == H5T_CSET_UTF8);
+  Id space(H5Aget_space(attribute), H5Sclose);
+  REQUIRE(H5Sget_simple_extent_type(space) == H5S_SCALAR);
+  char* value = nullptr;
+  REQUIRE(H5Aread(attribute, type, &value) >= 0);
+  std::string result = value != nullptr ? value : "";
+  H5free_memory(value);
+  return result;
+}
+
+template <typename T>
+T scalar_attribute(hid_t object, const char* name, hid_t mem_type, H5T_class_t type_class, std::size_t size) {
+  INFO("attribute " << name);
+  Id attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Id type(H5Aget_type(attribute), H5Tclose);
+  REQUIRE(H5Tget_class(type) == type_class);
+  REQUIRE(H5Tget_size(type) == size);
+  T value{};
+  REQUIRE(H5Aread(attribute, mem_type, &value) >= 0);
+  return value;
+}
+
+std::vector<hsize_t> shape(hid_t dataset) {
+  Id space(H5Dget_space(dataset), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space);
+  REQUIRE(rank >= 0);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(rank));
+  H5Sget_simple_extent_dims(space, dims.data(), nullptr);
+  return dims;
+}
+
+// Reads a whole dataset, checking its stored type class, size and sign.
+template <typename T>
+std::vector<T> read(hid_t loc, const std::string& name, hid_t mem_type, std::vector<hsize_t> expected_shape) {
+  INFO("dataset " << name);
+  Id dataset = open_dataset(loc, name);
+  REQUIRE(shape(dataset) == expected_shape);
+  Id type(H5Dget_type(dataset), H5Tclose);
+  Id native(H5Tget_native_type(type, H5T_DIR_ASCEND), H5Tclose);
+  REQUIRE(H5Tequal(native, mem_type) > 0);
+  hsize_t n = 1;
+  for (const hsize_t d : expected_shape) n *= d;
+  std::vector<T> values(n);
+  if (n > 0) REQUIRE(H5Dread(dataset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data()) >= 0);
+  return values;
+}
+
+std::vector<std::string> read_strings(hid_t loc, const std::string& name) {
+  INFO("dataset " << name);
+  Id dataset = open_dataset(loc, name);
+  Id type(H5Dget_type(dataset), H5Tclose);
+  REQUIRE(H5Tget_class(type) == H5T_STRING);
+  REQUIRE(H5Tis_variable_str(type) == 0);
+  const std::size_t width = H5Tget_size(type);
+  const std::vector<hsize_t> dims = shape(dataset);
+  REQUIRE(dims.size() == 1);
+  std::vector<char> buffer(dims[0] * width + 1, '\0');
+  if (dims[0] > 0) REQUIRE(H5Dread(dataset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buffer.data()) >= 0);
+  std::vector<std::string> values;
+  for (hsize_t i = 0; i < dims[0]; ++i) {
+    const char* begin = &buffer[i * width];
+    values.emplace_back(begin, strnlen(begin, width));
+  }
+  return values;
+}
+
+bool is_scale(hid_t loc, const std::string& name) {
+  Id dataset = open_dataset(loc, name);
+  return H5DSis_scale(dataset) > 0;
+}
+
+bool attached(hid_t loc, const std::string& dataset_name, const std::string& scale_name, unsigned axis) {
+  Id dataset = open_dataset(loc, dataset_name);
+  Id scale = open_dataset(loc, scale_name);
+  return H5DSis_attached(dataset, scale, axis) > 0;
+}
+
+// Chunked, shuffled and deflated at level 4; returns the chunk dimensions.
+std::vector<hsize_t> check_compressed(hid_t loc, const std::string& name) {
+  INFO("dataset " << name);
+  Id dataset = open_dataset(loc, name);
+  Id create(H5Dget_create_plist(dataset), H5Pclose);
+  REQUIRE(H5Pget_layout(create) == H5D_CHUNKED);
+  std::set<H5Z_filter_t> filters;
+  const int count = H5Pget_nfilters(create);
+  for (int i = 0; i < count; ++i) {
+    unsigned flags = 0, values[4] = {};
+    std::size_t value_count = 4;
+    char filter_name[64];
+    const H5Z_filter_t filter =
+        H5Pget_filter2(create, static_cast<unsigned>(i), &flags, &value_count, values, sizeof filter_name, filter_name,
+                       nullptr);
+    filters.insert(filter);
+    if (filter == H5Z_FILTER_DEFLATE) CHECK(values[0] == 4);
+  }
+  CHECK(filters == std::set<H5Z_filter_t>{H5Z_FILTER_SHUFFLE, H5Z_FILTER_DEFLATE});
+  const std::vector<hsize_t> dims = shape(dataset);
+  std::vector<hsize_t> chunk(dims.size());
+  REQUIRE(H5Pget_chunk(create, static_cast<int>(chunk.size()), chunk.data()) == static_cast<int>(chunk.size()));
+  // The step axis is unlimited.
+  Id space(H5Dget_space(dataset), H5Sclose);
+  std::vector<hsize_t> max_dims(dims.size());
+  H5Sget_simple_extent_dims(space, nullptr, max_dims.data());
+  CHECK(max_dims[0] == H5S_UNLIMITED);
+  return chunk;
+}
+
+bool same(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+// --- The data written: a function of arm and step ------------------------------------
+
+StepRecord step_record(int arm, std::int64_t s) {
+  StepRecord r;
+  r.step = s;
+  r.loss = 2.5 / static_cast<double>(s + 1) + arm;
+  r.loss_scale = std::ldexp(1.0, 16 - static_cast<int>(s % 4));
+  r.found_inf = s % 7 == 3;
+  r.skipped = r.found_inf || s % 11 == 5;
+  r.learning_rate = 1e-3 * static_cast<double>(arm + 1) / static_cast<double>(s + 1);
+  r.grad_norm = r.found_inf ? (s % 2 ? std::numeric_limits<double>::quiet_NaN()
+                                     : std::numeric_limits<double>::infinity())
+                            : std::sqrt(static_cast<double>(s)) + 0.125 * arm;
+  return r;
+}
+
+EvalRecord eval_record(int arm, std::int64_t s) {
+  EvalRecord r;
+  r.step = s;
+  r.epoch = static_cast<double>(s) / 7.0;
+  r.train_loss = 1.0 / static_cast<double>(s + 2) + arm;
+  r.train_accuracy = 0.5 + 0.001 * static_cast<double>(s);
+  r.test_loss = 1.5 / static_cast<double>(s + 2) + arm;
+  r.test_accuracy = 0.4 + 0.001 * static_cast<double>(s) + 0.01 * arm;
+  return r;
+}
+
+std::uint64_t histogram_value(int arm, std::int64_t s, std::size_t l, std::size_t k, std::size_t b) {
+  const std::uint64_t key = static_cast<std::uint64_t>(s) * 31 + l * 7 + k * 3 + b + static_cast<std::uint64_t>(arm);
+  if (b == 5 && k == 1) return 4'000'000'000u + static_cast<std::uint64_t>(s);  // near the top of uint32
+  return key % 5 == 0 ? key : 0;
+}
+
+std::uint64_t counter_value(int arm, std::int64_t s, std::size_t l, std::size_t k, std::size_t c) {
+  return (std::uint64_t{1} << 40) + static_cast<std::uint64_t>(s) * 1000 + l * 100 + k * 10 + c +
+         static_cast<std::uint64_t>(arm) * 7;
+}
+
+LayerStats layer_stats(int arm, std::int64_t s, std::size_t layers) {
+  LayerStats stats(layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    for (std::size_t k = 0; k < tensor_kind_count; ++k) {
+      for (std::size_t b = 0; b < Binades::bin_count; ++b) stats[l][k].histogram[b] = histogram_value(arm, s, l, k, b);
+      for (std::size_t c = 0; c < counter_count; ++c) stats[l][k].counters[c] = counter_value(arm, s, l, k, c);
+    }
+  }
+  return stats;
+}
+
+ExperimentInfo experiment_info() {
+  ExperimentInfo info;
+  info.config_toml = "[experiment]\nname = \"round trip\"\nsteps = 25\n# \xce\xbb: UTF-8\n";
+  info.mpsim_version = "0.1.0";
+  info.git_revision = "0123456789abcdef";
+  info.start_time = "2024-05-01T12:00:00Z";
+  info.host = "testhost";
+  info.seed = 0xfedcba9876543210ull;
+  return info;
+}
+
+ArmInfo arm_info(int arm) {
+  ArmInfo info;
+  info.name = arm == 0 ? "fp32" : "fp16 amp";
+  info.backend = arm == 0 ? "cpu" : "cuda";
+  info.policy = arm == 0 ? "fp32" : "amp_fp16";
+  info.policy_description = arm == 0 ? "everything in binary32" : "FP16 storage, FP32 master weights";
+  info.seed = 1000 + static_cast<std::uint64_t>(arm);
+  info.layers = arm == 0 ? std::vector<std::string>{"fc1", "fc2", "output"}
+                         : std::vector<std::string>{"conv1", "a much longer layer name"};
+  return info;
+}
+
+// Which records a check expects.
+struct Expected {
+  std::vector<std::int64_t> steps, stat_steps, eval_steps;
+  std::string status = "running";
+};
+
+// Checks one arm's group against `expected`, value by value.
+void check_arm(hid_t file, int arm, const Expected& expected) {
+  const ArmInfo info = arm_info(arm);
+  INFO("arm " << info.name);
+  Id group = open_group(file, "/arms/" + info.name);
+  CHECK(string_attribute(group, "name") == info.name);
+  CHECK(string_attribute(group, "backend") == info.backend);
+  CHECK(string_attribute(group, "policy") == info.policy);
+  CHECK(string_attribute(group, "policy_description") == info.policy_description);
+  CHECK(scalar_attribute<std::uint64_t>(group, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
+  CHECK(string_attribute(group, "status") == expected.status);
+
+  // Coordinates.
+  const std::size_t layers = info.layers.size();
+  CHECK(read_strings(group, "layer") == info.layers);
+  CHECK(read_strings(group, "kind") == std::vector<std::string>{"weights", "activations", "activation_grads",
+                                                                "weight_grads", "updates", "gemm_inputs"});
+  CHECK(read_strings(group, "counter") ==
+        std::vector<std::string>{"elements", "nonzero", "flushed", "below_2^-24", "subnormal", "overflow", "nan",
+                                 "infinite", "swallowed", "inexact"});
+  const auto binade = read<std::int32_t>(group, "binade", H5T_NATIVE_INT32, {280});
+  for (int i = 0; i < 277; ++i) REQUIRE(binade[i] == i - 149);
+  CHECK(binade[277] == 1000);
+  CHECK(binade[278] == 1001);
+  CHECK(binade[279] == 1002);
+  const auto labels = read_strings(group, "bin_label");
+  REQUIRE(labels.size() == 280);
+  CHECK(labels[0] == "2^-149");
+  CHECK(labels[149] == "2^0");
+  CHECK(labels[276] == "2^127");
+  CHECK(labels[277] == "zero");
+  CHECK(labels[278] == "inf");
+  CHECK(labels[279] == "nan");
+  for (const char* scale : {"layer", "kind", "binade", "counter", "steps/step", "stats/step", "eval/step"}) {
+    INFO(scale);
+    CHECK(is_scale(group, scale));
+  }
+  {
+    Id dataset = open_dataset(group, "binade");
+    char name[32] = {};
+    CHECK(H5DSget_scale_name(dataset, name, sizeof name) > 0);
+    CHECK(std::string(name) == "binade");
+  }
+
+  // Steps.
+  const hsize_t n = expected.steps.size();
+  const auto step = read<std::int64_t>(group, "steps/step", H5T_NATIVE_INT64, {n});
+  const auto loss = read<double>(group, "steps/loss", H5T_NATIVE_DOUBLE, {n});
+  const auto loss_scale = read<double>(group, "steps/loss_scale", H5T_NATIVE_DOUBLE, {n});
+  const auto found_inf = read<std::uint8_t>(group, "steps/found_inf", H5T_NATIVE_UINT8, {n});
+  const auto skipped = read<std::uint8_t>(group, "steps/skipped", H5T_NATIVE_UINT8, {n});
+  const auto learning_rate = read<double>(group, "steps/learning_rate", H5T_NATIVE_DOUBLE, {n});
+  const auto grad_norm = read<double>(group, "steps/grad_norm", H5T_NATIVE_DOUBLE, {n});
+  for (hsize_t i = 0; i < n; ++i) {
+    const StepRecord r = step_record(arm, expected.steps[i]);
+    INFO("step " << r.step);
+    REQUIRE(step[i] == r.step);
+    REQUIRE(loss[i] == r.loss);
+    REQUIRE(loss_scale[i] == r.loss_scale);
+    REQUIRE(found_inf[i] == (r.found_inf ? 1 : 0));
+    REQUIRE(skipped[i] == (r.skipped ? 1 : 0));
+    REQUIRE(learning_rate[i] == r.learning_rate);
+    REQUIRE(same(grad_norm[i], r.grad_norm));
+  }
+  for (const char* name : {"loss", "loss_scale", "found_inf", "skipped", "learning_rate", "grad_norm"}) {
+    INFO(name);
+    CHECK(attached(group, std::string("steps/") + name, "steps/step", 0));
+    CHECK(check_compressed(group, std::string("steps/") + name) == std::vector<hsize_t>{256});
+  }
+  CHECK(check_compressed(group, "steps/step") == std::vector<hsize_t>{256});
+
+  // Stats.
+  const hsize_t m = expected.stat_steps.size();
+  CHECK(read<std::int64_t>(group, "stats/step", H5T_NATIVE_INT64, {m}) == expected.stat_steps);
+  const auto histogram = read<std::uint32_t>(group, "stats/histogram", H5T_NATIVE_UINT32, {m, layers, 6, 280});
+  const auto counters = read<std::uint64_t>(group, "stats/counters", H5T_NATIVE_UINT64, {m, layers, 6, 10});
+  std::size_t h = 0, c = 0;
+  for (hsize_t i = 0; i < m; ++i) {
+    for (std::size_t l = 0; l < layers; ++l) {
+      for (std::size_t k = 0; k < 6; ++k) {
+        INFO("stats step " << expected.stat_steps[i] << " layer " << l << " kind " << k);
+        for (std::size_t b = 0; b < 280; ++b) {
+          REQUIRE(histogram[h++] == histogram_value(arm, expected.stat_steps[i], l, k, b));
+        }
+        for (std::size_t j = 0; j < 10; ++j) {
+          REQUIRE(counters[c++] == counter_value(arm, expected.stat_steps[i], l, k, j));
+        }
+      }
+    }
+  }
+  for (const char* name : {"stats/histogram", "stats/counters"}) {
+    INFO(name);
+    CHECK(attached(group, name, "stats/step", 0));
+    CHECK(attached(group, name, "layer", 1));
+    CHECK(attached(group, name, "kind", 2));
+    CHECK_FALSE(attached(group, name, "steps/step", 0));
+  }
+  CHECK(attached(group, "stats/histogram", "binade", 3));
+  CHECK(attached(group, "stats/counters", "counter", 3));
+  CHECK(check_compressed(group, "stats/histogram") == std::vector<hsize_t>{16, 1, 6, 280});
+  CHECK(check_compressed(group, "stats/counters") == std::vector<hsize_t>{16, layers, 6, 10});
+
+  // Evaluations.
+  const hsize_t e = expected.eval_steps.size();
+  CHECK(read<std::int64_t>(group, "eval/step", H5T_NATIVE_INT64, {e}) == expected.eval_steps);
+  const auto epoch = read<double>(group, "eval/epoch", H5T_NATIVE_DOUBLE, {e});
+  const auto train_loss = read<double>(group, "eval/train_loss", H5T_NATIVE_DOUBLE, {e});
+  const auto train_accuracy = read<double>(group, "eval/train_accuracy", H5T_NATIVE_DOUBLE, {e});
+  const auto test_loss = read<double>(group, "eval/test_loss", H5T_NATIVE_DOUBLE, {e});
+  const auto test_accuracy = read<double>(group, "eval/test_accuracy", H5T_NATIVE_DOUBLE, {e});
+  for (hsize_t i = 0; i < e; ++i) {
+    const EvalRecord r = eval_record(arm, expected.eval_steps[i]);
+    INFO("eval at step " << r.step);
+    REQUIRE(epoch[i] == r.epoch);
+    REQUIRE(train_loss[i] == r.train_loss);
+    REQUIRE(train_accuracy[i] == r.train_accuracy);
+    REQUIRE(test_loss[i] == r.test_loss);
+    REQUIRE(test_accuracy[i] == r.test_accuracy);
+  }
+  for (const char* name : {"epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy"}) {
+    INFO(name);
+    CHECK(attached(group, std::string("eval/") + name, "eval/step", 0));
+    CHECK(check_compressed(group, std::string("eval/") + name) == std::vector<hsize_t>{64});
+  }
+}
+
+void check_root(hid_t file) {
+  const ExperimentInfo info = experiment_info();
+  CHECK(string_attribute(file, "config") == info.config_toml);
+  CHECK(string_attribute(file, "mpsim_version") == info.mpsim_version);
+  CHECK(string_attribute(file, "git_revision") == info.git_revision);
+  CHECK(string_attribute(file, "start_time") == info.start_time);
+  CHECK(string_attribute(file, "host") == info.host);
+  CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 1);
+}
+
+// Writes arm `arm` for steps [first, last): stats every 5 steps and an eval
+// every 10 (at steps ending in 9), each before that step's step() call.
+void write_steps(ArmLog& log, int arm, std::int64_t first, std::int64_t last, Expected& expected) {
+  const std::size_t layers = arm_info(arm).layers.size();
+  for (std::int64_t s = first; s < last; ++s) {
+    if (s % 5 == 0) {
+      log.stats(s, layer_stats(arm, s, layers));
+      expected.stat_steps.push_back(s);
+    }
+    if (s % 10 == 9) {
+      log.eval(eval_record(arm, s));
+      expected.eval_steps.push_back(s);
+    }
+    log.step(step_record(arm, s));
+    expected.steps.push_back(s);
+  }
+}
+
+// Runs `child` in a forked process that must not return normally; returns the wait status.
+int run_child(const std::function<void()>& child) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::alarm(60);  // a hung child dies by SIGALRM, which the parent reports
+    try {
+      child();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child: %s\n", e.what());
+      ::_exit(2);
+    } catch (...) {
+      ::_exit(2);
+    }
+    ::_exit(3);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  return status;
+}
+
+// --- Tests --------------------------------------------------------------------------
+
+TEST_CASE("hdf5 log: round trip of two arms", "[hdf5]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "run.h5";
+  Expected expected[2];
+  {
+    auto log = create_hdf5_log(path, experiment_info(), 10);
+    ArmLog& a = log->add_arm(arm_info(0));
+    ArmLog& b = log->add_arm(arm_info(1));
+    // Interleaved, with an explicit flush in the middle; the last records
+    // reach the file in the destructor.
+    write_steps(a, 0, 0, 12, expected[0]);
+    write_steps(b, 1, 0, 7, expected[1]);
+    log->flush();
+    write_steps(a, 0, 12, 25, expected[0]);
+    write_steps(b, 1, 7, 33, expected[1]);
+    a.eval(eval_record(0, 25));  // after the last step
+    expected[0].eval_steps.push_back(25);
+    a.finish("completed");
+    b.finish("stopped: loss is NaN");
+    expected[0].status = "completed";
+    expected[1].status = "stopped: loss is NaN";
+  }
+  Id file = open_file(path);
+  check_root(file);
+  {
+    Id arms = open_group(file, "arms");
+    H5G_info_t info;
+    REQUIRE(H5Gget_info(arms, &info) >= 0);
+    CHECK(info.nlinks == 2);
+  }
+  check_arm(file, 0, expected[0]);
+  check_arm(file, 1, expected[1]);
+}
+
+TEST_CASE("hdf5 log: every dataset exists before training, empty", "[hdf5]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "empty.h5";
+  {
+    auto log = create_hdf5_log(path, experiment_info(), 5);
+    log->add_arm(arm_info(0));
+  }
+  Id file = open_file(path);
+  check_root(file);
+  check_arm(file, 0, Expected{});
+}
+
+TEST_CASE("hdf5 log: rejects bad arguments and counts", "[hdf5]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "bad.h5";
+  CHECK_THROWS_AS(create_hdf5_log(path, experiment_info(), 0), std::invalid_argument);
+  CHECK_FALSE(fs::exists(path));
+  auto log = create_hdf5_log(path, experiment_info(), 5);
+  ArmLog& arm = log->add_arm(arm_info(0));
+  CHECK_THROWS_AS(log->add_arm(arm_info(0)), std::invalid_argument);  // same name
+  ArmInfo slash = arm_info(1);
+  slash.name = "a/b";
+  CHECK_THROWS_AS(log->add_arm(slash), std::invalid_argument);
+  CHECK_THROWS_AS(arm.stats(0, layer_stats(0, 0, 2)), std::invalid_argument);  // 2 layers, not 3
+  LayerStats too_many = layer_stats(0, 0, 3);
+  too_many[1][2].histogram[100] = std::uint64_t{1} << 32;
+  CHECK_THROWS_AS(arm.stats(0, too_many), std::overflow_error);
+  // The log stays usable, without the rejected records.
+  Expected expected;
+  write_steps(arm, 0, 0, 6, expected);
+  log.reset();
+  Id file = open_file(path);
+  check_arm(file, 0, expected);
+}
+
+TEST_CASE("hdf5 log: refuses to overwrite an existing file", "[hdf5]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "exists.h5";
+  { std::ofstream(path) << "keep me"; }
+  try {
+    create_hdf5_log(path, experiment_info(), 10);
+    FAIL("no exception");
+  } catch (const std::runtime_error& e) {
+    const std::string message = e.what();
+    INFO(message);
+    CHECK(message.find(path.string()) != std::string::npos);
+    CHECK(message.find("exists; pass --force to overwrite") != std::string::npos);
+  }
+  std::ifstream in(path);
+  std::stringstream content;
+  content << in.rdbuf();
+  CHECK(content.str() == "keep me");
+
+  // An existing HDF5 log too.
+  const fs::path log_path = dir.path() / "log.h5";
+  create_hdf5_log(log_path, experiment_info(), 10)->add_arm(arm_info(0));
+  CHECK_THROWS_WITH(create_hdf5_log(log_path, experiment_info(), 10),
+                    Catch::Contains(log_path.string()) && Catch::Contains("exists; pass --force to overwrite"));
+  Id file = open_file(log_path);
+  check_arm(file, 0, Expected{});
+}
+
+TEST_CASE("hdf5 log: unwritable paths are named in the error", "[hdf5]") {
+  TempDir dir;
+  std::vector<fs::path> paths = {dir.path() / "no such folder" / "run.h5"};
+  { std::ofstream(dir.path() / "a file") << "x"; }
+  paths.push_back(dir.path() / "a file" / "run.h5");
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directory(dir.path() / "read-only");
+    fs::permissions(dir.path() / "read-only", fs::perms::owner_read | fs::perms::owner_exec);
+    paths.push_back(dir.path() / "read-only" / "run.h5");
+  }
+  for (const fs::path& path : paths) {
+    try {
+      create_hdf5_log(path, experiment_info(), 10);
+      FAIL("no exception for " << path);
+    } catch (const std::runtime_error& e) {
+      const std::string message = e.what();
+      INFO(message);
+      CHECK(message.find(path.string()) != std::string::npos);
+      CHECK(message.find("pass --force") == std::string::npos);
+    }
+    CHECK_FALSE(fs::exists(path));
+  }
+}
+
+TEST_CASE("hdf5 log: SIGKILL after a flush leaves every flushed record", "[hdf5][fork]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "killed.h5";
+  // flush_interval 10: the 10th, 20th and 30th step() flush; steps 30..36 and
+  // their stats and eval stay in memory.
+  const int status = run_child([&] {
+    auto log = create_hdf5_log(path, experiment_info(), 10);
+    ArmLog& arm = log->add_arm(arm_info(0));
+    Expected ignored;
+    write_steps(arm, 0, 0, 37, ignored);
+    ::raise(SIGKILL);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGKILL);
+  Expected expected;
+  for (std::int64_t s = 0; s < 30; ++s) expected.steps.push_back(s);
+  expected.stat_steps = {0, 5, 10, 15, 20, 25};
+  expected.eval_steps = {9, 19, 29};
+  Id file = open_file(path);
+  check_root(file);
+  check_arm(file, 0, expected);
+}
+
+TEST_CASE("hdf5 log: SIGKILL after flush_all_logs() leaves every record", "[hdf5][fork]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "flushed.h5";
+  const int status = run_child([&] {
+    auto log = create_hdf5_log(path, experiment_info(), 1000);
+    ArmLog& a = log->add_arm(arm_info(0));
+    ArmLog& b = log->add_arm(arm_info(1));
+    Expected ignored;
+    write_steps(a, 0, 0, 23, ignored);
+    write_steps(b, 1, 0, 11, ignored);
+    flush_all_logs();
+    ::raise(SIGKILL);
+  });
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(WTERMSIG(status) == SIGKILL);
+  Expected expected[2];
+  {
+    // The same records, computed without a log.
+    std::int64_t last[2] = {23, 11};
+    for (int arm = 0; arm < 2; ++arm) {
+      for (std::int64_t s = 0; s < last[arm]; ++s) {
+        if (s % 5 == 0) expected[arm].stat_steps.push_back(s);
+        if (s % 10 == 9) expected[arm].eval_steps.push_back(s);
+        expected[arm].steps.push_back(s);
+      }
+    }
+  }
+  Id file = open_file(path);
+  check_arm(file, 0, expected[0]);
+  check_arm(file, 1, expected[1]);
+}
+
+TEST_CASE("hdf5 log: SIGTERM with install_flush_on_signals() flushes and exits 143", "[hdf5][fork]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "terminated.h5";
+  const int status = run_child([&] {
+    install_flush_on_signals();
+    auto log = create_hdf5_log(path, experiment_info(), 1000);
+    ArmLog& arm = log->add_arm(arm_info(0));
+    Expected ignored;
+    write_steps(arm, 0, 0, 52, ignored);  // nothing flushed yet
+    ::raise(SIGTERM);
+    for (;;) ::pause();  // the watcher thread flushes and exits
+  });
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 128 + SIGTERM);
+  Expected expected;
+  for (std::int64_t s = 0; s < 52; ++s) {
+    if (s % 5 == 0) expected.stat_steps.push_back(s);
+    if (s % 10 == 9) expected.eval_steps.push_back(s);
+    expected.steps.push_back(s);
+  }
+  Id file = open_file(path);
+  check_arm(file, 0, expected);
+}
+
+TEST_CASE("hdf5 log: SIGINT with install_flush_on_signals() flushes and exits 130", "[hdf5][fork]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "interrupted.h5";
+  const int status = run_child([&] {
+    install_flush_on_signals();
+    auto log = create_hdf5_log(path, experiment_info(), 1000);
+    ArmLog& arm = log->add_arm(arm_info(1));
+    Expected ignored;
+    write_steps(arm, 1, 0, 8, ignored);
+    ::kill(::getpid(), SIGINT);  // process-directed, as from a terminal
+    for (;;) ::pause();
+  });
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 128 + SIGINT);
+  Expected expected;
+  for (std::int64_t s = 0; s < 8; ++s) {
+    if (s % 5 == 0) expected.stat_steps.push_back(s);
+    expected.steps.push_back(s);
+  }
+  Id file = open_file(path);
+  check_arm(file, 1, expected);
+}
+
+}  // namespace
+}  // namespace mpsim::core
