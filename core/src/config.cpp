@@ -53,6 +53,9 @@ class Section {
     if (!table_) return;
     const toml::node* node = table_->get(key);
     if (!node) return;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (auto single = node->value_exact<std::string>()) return void(out = {*single});  // arms=fp32
+    }
     const toml::array* array = node->as_array();
     if (!array) fail_type(key, "an array");
     std::vector<T> values;

@@ -1,0 +1,398 @@
+#!/usr/bin/python3
+"""Cross-checks an FP32 mpsim training run against PyTorch.
+
+usage: crosscheck.py DUMP_DIR
+
+DUMP_DIR is what tests/torch/crosscheck_dump.cpp wrote: the model, the
+optimiser, the initial weights, every step's batch, and mpsim's loss,
+gradients and weights at every step (manifest.txt describes the files).
+
+The script rebuilds the network in PyTorch (CPU, binary32, one thread) and
+makes three comparisons, each printed as a table of the largest deviation
+per step:
+
+  local   PyTorch's forward and backward pass at mpsim's own weights of step
+          s on batch s: loss and every gradient. No error carries over from
+          earlier steps, so this is the tight check of the layers.
+  replay  PyTorch's optimiser fed mpsim's gradients, from the initial
+          weights: the weights after every step against mpsim's. Checks the
+          optimiser alone (momentum, weight decay, Adam's moments and bias
+          corrections, AdamW's decoupled decay).
+  free    PyTorch trains on its own from the same initial weights and
+          batches: loss and gradients per step. Rounding differences compound
+          through the steps, so the tolerance grows with the step.
+
+Deviations: loss |l_torch - l_mpsim| / |l_mpsim|; a tensor
+max|t_torch - t_mpsim| / max|t_mpsim| (relative to the largest magnitude of
+that tensor, so elements that cancel to nearly zero do not dominate).
+
+Exit status: 0 when everything is within tolerance, 1 on a mismatch (named by
+case, check, step and tensor), 2 on bad input.
+"""
+
+import math
+import os
+import sys
+from collections import OrderedDict
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+U = 2.0 ** -24  # unit roundoff of binary32 (round to nearest)
+
+
+# ---------------------------------------------------------------- the dump
+
+class Dump:
+    def __init__(self, folder):
+        self.folder = folder
+        self.config = {}
+        self.params = []  # (name, shape) in model order
+        self.initial = {}
+        self.losses = {}
+        self.batches = {}  # step -> (images, labels)
+        self.grads = {}    # step -> name -> array
+        self.weights = {}  # step -> name -> array (the weights step s's forward used)
+        self.final = {}
+        with open(os.path.join(folder, "manifest.txt")) as f:
+            for line in f:
+                words = line.split()
+                if not words:
+                    continue
+                key = words[0]
+                if key == "param":
+                    name, file, shape = words[1], words[2], tuple(int(d) for d in words[3:])
+                    self.params.append((name, shape))
+                    self.initial[name] = self.read(file, shape)
+                elif key == "step":
+                    s = int(words[1])
+                    fields = dict(zip(words[2::2], words[3::2]))
+                    self.losses[s] = float(fields["loss"])
+                    self.batches[s] = (fields["images"], fields["labels"])
+                elif key in ("grad", "weight"):
+                    table = self.grads if key == "grad" else self.weights
+                    table.setdefault(int(words[1]), {})[words[2]] = words[3]
+                elif key == "final":
+                    self.final[words[1]] = words[2]
+                elif key == "losses":
+                    self.loss_file = words[1]
+                else:
+                    self.config[key] = words[1:]
+        self.shapes = dict(self.params)
+        self.steps = int(self.config["steps"][0])
+        self.batch = int(self.config["batch"][0])
+        c, h, w = (int(x) for x in self.config["input"])
+        self.input_shape = (c, h, w)
+        # The binary64 loss file and the manifest's decimal copies must agree.
+        raw = np.fromfile(os.path.join(folder, self.loss_file), dtype="<f8")
+        if len(raw) != self.steps or any(raw[s] != self.losses[s] for s in range(self.steps)):
+            raise ValueError("losses.f64 does not match the manifest")
+        for s in range(self.steps):
+            images, labels = self.batches[s]
+            self.batches[s] = (self.read(images, (self.batch,) + self.input_shape),
+                               self.read(labels, (self.batch,)).astype(np.int64))
+            self.grads[s] = {n: self.read(f, self.shapes[n]) for n, f in self.grads[s].items()}
+            self.weights[s] = {n: self.read(f, self.shapes[n]) for n, f in self.weights[s].items()}
+        self.final = {n: self.read(f, self.shapes[n]) for n, f in self.final.items()}
+
+    def read(self, file, shape):
+        a = np.fromfile(os.path.join(self.folder, file), dtype="<f4")
+        if a.size != math.prod(shape):
+            raise ValueError(f"{file}: {a.size} values, expected {math.prod(shape)} for shape {shape}")
+        return a.reshape(shape)
+
+    def get(self, key, index=0, kind=str):
+        return kind(self.config[key][index])
+
+
+# ------------------------------------------------------------ the network
+
+def build_model(d):
+    """The network of core/src/model.cpp, with mpsim's parameter names."""
+    act = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="none")}[d.get("activation")]
+    act_name = d.get("activation")
+    classes = d.get("classes", kind=int)
+    c, h, w = d.input_shape
+    layers = []
+    if d.get("model") == "mlp":
+        layers.append(("flatten", nn.Flatten()))
+        width = c * h * w
+        hidden = [int(x) for x in d.config["hidden"]]
+        for i, out in enumerate(hidden, start=1):
+            layers.append((f"fc{i}", nn.Linear(width, out)))
+            if d.get("layer_norm", kind=int):
+                layers.append((f"ln{i}", nn.LayerNorm(out, eps=1e-5)))
+            layers.append((f"{act_name}{i}", act()))
+            width = out
+        layers.append((f"fc{len(hidden) + 1}", nn.Linear(width, classes)))
+    elif d.get("model") == "cnn":
+        # LeNet-5 as mpsim builds it: conv 5x5 pad 2, act, pool 2; conv 5x5, act, pool 2; 3 Linear.
+        fh, fw = ((h + 4 - 4) // 2 - 4) // 2, ((w + 4 - 4) // 2 - 4) // 2
+        layers += [("conv1", nn.Conv2d(c, 6, 5, stride=1, padding=2)), (f"{act_name}1", act()),
+                   ("pool1", nn.MaxPool2d(2, 2)),
+                   ("conv2", nn.Conv2d(6, 16, 5, stride=1, padding=0)), (f"{act_name}2", act()),
+                   ("pool2", nn.MaxPool2d(2, 2)), ("flatten", nn.Flatten()),
+                   ("fc1", nn.Linear(16 * fh * fw, 120)), (f"{act_name}3", act()),
+                   ("fc2", nn.Linear(120, 84)), (f"{act_name}4", act()),
+                   ("fc3", nn.Linear(84, classes))]
+    else:
+        raise ValueError(f"unknown model {d.get('model')}")
+    model = nn.Sequential(OrderedDict(layers))
+    names = [n for n, _ in model.named_parameters()]
+    if names != [n for n, _ in d.params]:
+        raise ValueError(f"parameter names differ: torch {names}, mpsim {[n for n, _ in d.params]}")
+    for n, p in model.named_parameters():
+        if tuple(p.shape) != d.shapes[n]:
+            raise ValueError(f"{n}: torch shape {tuple(p.shape)}, mpsim {d.shapes[n]}")
+    return model
+
+
+def load(model, values):
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(torch.from_numpy(values[n]))
+
+
+def make_optimizer(d, params):
+    kind, lr, wd = d.get("optimizer"), d.get("lr", kind=float), d.get("weight_decay", kind=float)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=d.get("momentum", kind=float), weight_decay=wd)
+    betas = (d.get("beta1", kind=float), d.get("beta2", kind=float))
+    cls = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[kind]
+    return cls(params, lr=lr, betas=betas, eps=d.get("eps", kind=float), weight_decay=wd)
+
+
+def forward_backward(model, d, s):
+    images, labels = d.batches[s]
+    model.zero_grad(set_to_none=True)
+    dtype = next(model.parameters()).dtype  # binary32, or binary64 for the reference runs
+    logits = model(torch.from_numpy(images).to(dtype))
+    loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
+    loss.backward()
+    return float(loss), {n: p.grad.detach().numpy().astype(np.float64) for n, p in model.named_parameters()}
+
+
+def deviation(torch_value, mpsim_value):
+    scale = float(np.max(np.abs(mpsim_value)))
+    diff = float(np.max(np.abs(torch_value.astype(np.float64) - mpsim_value.astype(np.float64))))
+    if scale == 0.0:
+        return 0.0 if diff == 0.0 else math.inf
+    return diff / scale
+
+
+# ------------------------------------------------------------- tolerances
+#
+# Two correct binary32 implementations differ only in the order of their
+# additions (blocked GEMMs, vectorised reductions, direct convolution against
+# im2col), in fused multiply-adds and in their elementwise functions (exp,
+# log, erf, sqrt: a few ulp each). A sum of n binary32 terms is within
+# gamma_n ~ n*u of the exact sum relative to the sum of the terms'
+# magnitudes, u = 2^-24, in any order (Higham, Accuracy and Stability of
+# Numerical Algorithms, 2nd ed., 3.1). That worst case assumes every rounding
+# errs the same way; Higham and Mary (SIAM J. Sci. Comput. 41(5), 2019) prove
+# that for independent, mean-zero rounding errors the error is below
+# lambda*sqrt(n)*u (same reference quantity) with probability at least
+# 1 - 2n*exp(-lambda^2/2): with lambda = 8 that is 1 - 2.5e-9 per element for
+# the longest sum here (n = 25088), so no element of any tensor should come
+# near it. An element passes through a chain of sums (forward fan-ins, the
+# softmax, the backward fan-outs, the sum over the batch or the output
+# positions for a weight gradient); errors of successive stages add, hence
+# the sum of sqrt(n) over the chain. Both implementations carry such an
+# error, hence the factor 2. Deviations are measured relative to the largest
+# magnitude in the tensor; cancellation in the batch sums makes that smaller
+# than the reference quantity of the bound, and the elementwise functions add
+# a few u: the margin between lambda = 8 and the typical lambda ~ 1 covers
+# both (measured deviations sit 70 to 110 times below these tolerances: MLP
+# 5e-7, MLP with LayerNorm 1e-6, LeNet 3.4e-6).
+LAMBDA = 8.0
+
+
+def reduction_chain(d):
+    """Lengths of the sums along the longest path to a first-layer weight gradient."""
+    c, h, w = d.input_shape
+    classes = d.get("classes", kind=int)
+    b = d.batch
+    if d.get("model") == "mlp":
+        widths = [c * h * w] + [int(x) for x in d.config["hidden"]] + [classes]
+        chain = widths[:-1] + [classes]  # forward fan-ins, the softmax's sum
+        chain += widths[2:]              # input gradients of fc2..: sums over their outputs
+        chain += [b]                     # fc1's weight gradient: the sum over the batch
+        if d.get("layer_norm", kind=int):
+            for width in widths[1:-1]:   # mean and variance forward, two row sums backward
+                chain += [width] * 4
+        return chain
+    # LeNet: fan-ins 25c, 150, 400, 120, 84; softmax; backward through fc3, fc2,
+    # fc1 (sums of 10, 84, 120 outputs), conv2's input gradient (16 channels,
+    # then up to 25 overlapping patches in col2im); conv1's weight and bias
+    # gradients sum over all B*H*W output positions.
+    return [25 * c, 150, 400, 120, 84, classes, classes, 84, 120, 16, 25, b * h * w]
+
+
+def local_tolerance(d):
+    """One forward and backward pass from identical weights: no carried error."""
+    return 2 * LAMBDA * sum(math.sqrt(n) for n in reduction_chain(d)) * U
+
+
+def replay_tolerance(d, step):
+    """The optimiser fed identical gradients: elementwise rounding only.
+
+    Per element and step, SGD rounds 4 times (decay product and sum, momentum,
+    the update), Adam/AdamW about 12 (decay, two moments, sqrt, division by
+    the bias correction, eps, quotient, product, the weight update), each by
+    at most u relative to a quantity no larger than the weight or its update;
+    PyTorch fuses some of them (addcdiv, addcmul, lerp), so the two differ by
+    at most ~16 u per step, and the error carries into every later weight
+    unchanged (the update does not depend on the weight except through the
+    small decay), so it grows linearly: 16 (s+1) u, doubled as a margin.
+    (Measured: up to 6 u, at Adam's first step, relative to the biases'
+    largest magnitude lr.)
+    """
+    return 2 * 16 * (step + 1) * U
+
+
+# A free run carries the earlier steps' differences: at step s the weights
+# differ by the optimiser's reaction to the gradient errors of steps 0..s-1,
+# and a weight difference dw changes the gradient by about H*dw. With
+# momentum mu an error e of one gradient moves the weights by lr*e*(1 + mu +
+# ... ) <= lr*e*min(s, 1/(1-mu)), so s steps of local errors move them by at
+# most lr*e*s^2; a stable run has lr*||H|| below 2*(1+mu) < 4 (else the loss
+# would diverge), so the carried gradient error at step s is at most
+# 4*s^2 times the local one, plus the step's own: (1 + 4 s^2) * local. Adam's
+# update is lr*m/sqrt(v), insensitive to a gradient's scale, so the same
+# reasoning holds with lr as the largest move per unit of relative gradient
+# error. Six steps are too few for the trajectories to separate chaotically;
+# the FP64 columns of the table show how far each FP32 run is from the exact
+# trajectory (PyTorch in binary64): the two FP32 runs should be about equally
+# far from it. Real divergences (a wrong formula, a missing term, another
+# batch) show up in the local and replay checks at 1e-4 .. 1 already.
+
+
+def free_tolerance(d, step):
+    return local_tolerance(d) * (1 + 4 * step * step)
+
+
+# ------------------------------------------------------------------ checks
+
+def worst(devs):
+    name = max(devs, key=devs.get)
+    return devs[name], name
+
+
+def main(argv):
+    if len(argv) != 2:
+        print("usage: crosscheck.py DUMP_DIR", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)
+    torch.set_default_dtype(torch.float32)
+    try:
+        d = Dump(argv[1])
+    except (OSError, ValueError, KeyError) as e:
+        print(f"crosscheck: cannot read the dump in {argv[1]}: {e}", file=sys.stderr)
+        return 2
+    case = d.get("case")
+    names = [n for n, _ in d.params]
+    print(f"case {case}: {d.get('model')} {d.get('activation')} layer_norm={d.get('layer_norm')} "
+          f"optimizer {d.get('optimizer')}, {d.steps} steps of batch {d.batch}; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} thread")
+    print(f"tolerances: local {local_tolerance(d):.2e} (sums along the chain: {reduction_chain(d)}), "
+          f"replay {replay_tolerance(d, 0):.2e}*(s+1), free {local_tolerance(d):.2e}*(1+4s^2)")
+    print("deviations: |torch - mpsim| / max|mpsim| per tensor (loss: relative); worst tensor of the step;\n"
+          "fp64 columns: the same against PyTorch in binary64, for PyTorch's binary32 run and for mpsim's")
+    failures = []
+
+    def check(kind, step, what, dev, tol):
+        if not (dev <= tol):  # NaN fails too
+            failures.append(f"{case}: {kind} check, step {step}, {what}: deviation {dev:.3e} > tolerance {tol:.3e}")
+
+    try:
+        # local: PyTorch at mpsim's weights, in binary32 and (for reference) binary64.
+        model, model64 = build_model(d), build_model(d).double()
+        print("\nlocal: PyTorch forward/backward at mpsim's weights of each step")
+        print(f"{'step':>4} {'loss dev':>9} {'grad dev':>9} {'worst tensor':<13} {'tolerance':>9} | "
+              f"{'torch-fp64':>10} {'mpsim-fp64':>10}")
+        for s in range(d.steps):
+            load(model, d.weights[s])
+            load(model64, d.weights[s])
+            loss, grads = forward_backward(model, d, s)
+            _, grads64 = forward_backward(model64, d, s)
+            tol = local_tolerance(d)
+            ldev = abs(loss - d.losses[s]) / abs(d.losses[s])
+            check("local", s, "loss", ldev, tol)
+            devs = {n: deviation(grads[n], d.grads[s][n]) for n in names}
+            for n in names:
+                check("local", s, f"gradient {n}", devs[n], tol)
+            dev, name = worst(devs)
+            t64, _ = worst({n: deviation(grads[n], grads64[n]) for n in names})
+            m64, _ = worst({n: deviation(d.grads[s][n], grads64[n]) for n in names})
+            print(f"{s:>4} {ldev:>9.2e} {dev:>9.2e} {name:<13} {tol:>9.2e} | {t64:>10.2e} {m64:>10.2e}")
+
+        # replay: PyTorch's optimiser fed mpsim's gradients.
+        model = build_model(d)
+        load(model, d.initial)
+        params = dict(model.named_parameters())
+        optimizer = make_optimizer(d, model.parameters())
+        print("\nreplay: PyTorch's optimiser fed mpsim's gradients; the weights after each step")
+        print(f"{'step':>4} {'weight dev':>10} {'worst tensor':<13} {'tolerance':>9}")
+        for s in range(d.steps):
+            for n in names:
+                params[n].grad = torch.from_numpy(d.grads[s][n].copy())
+            optimizer.step()
+            expected = d.weights[s + 1] if s + 1 < d.steps else d.final
+            tol = replay_tolerance(d, s)
+            devs = {n: deviation(params[n].detach().numpy(), expected[n]) for n in names}
+            for n in names:
+                check("replay", s, f"weight {n} after the update", devs[n], tol)
+            dev, name = worst(devs)
+            print(f"{s:>4} {dev:>10.2e} {name:<13} {tol:>9.2e}")
+
+        # free: PyTorch trains on its own, in binary32 and (for reference) binary64.
+        model, model64 = build_model(d), build_model(d).double()
+        load(model, d.initial)
+        load(model64, d.initial)
+        optimizer, optimizer64 = make_optimizer(d, model.parameters()), make_optimizer(d, model64.parameters())
+        print("\nfree: PyTorch trains on its own from the same initial weights and batches")
+        print(f"{'step':>4} {'loss torch':>10} {'loss mpsim':>10} {'loss dev':>9} {'grad dev':>9} "
+              f"{'worst tensor':<13} {'tolerance':>9} | {'torch-fp64':>10} {'mpsim-fp64':>10}")
+        for s in range(d.steps):
+            loss, grads = forward_backward(model, d, s)
+            _, grads64 = forward_backward(model64, d, s)
+            tol = free_tolerance(d, s)
+            ldev = abs(loss - d.losses[s]) / abs(d.losses[s])
+            check("free", s, "loss", ldev, tol)
+            devs = {n: deviation(grads[n], d.grads[s][n]) for n in names}
+            for n in names:
+                check("free", s, f"gradient {n}", devs[n], tol)
+            dev, name = worst(devs)
+            t64, _ = worst({n: deviation(grads[n], grads64[n]) for n in names})
+            m64, _ = worst({n: deviation(d.grads[s][n], grads64[n]) for n in names})
+            print(f"{s:>4} {loss:>10.7f} {d.losses[s]:>10.7f} {ldev:>9.2e} {dev:>9.2e} {name:<13} {tol:>9.2e} | "
+                  f"{t64:>10.2e} {m64:>10.2e}")
+            optimizer.step()
+            optimizer64.step()
+        tol = free_tolerance(d, d.steps)
+        devs = {n: deviation(p.detach().numpy(), d.final[n]) for n, p in model.named_parameters()}
+        for n in names:
+            check("free", d.steps, f"final weight {n}", devs[n], tol)
+        dev, name = worst(devs)
+        print(f"final weights: deviation {dev:.2e} ({name}), tolerance {tol:.2e}")
+    except (ValueError, RuntimeError) as e:
+        print(f"FAIL: {case}: PyTorch could not run the dumped model: {e}")
+        return 1
+
+    if failures:
+        print(f"\nFAIL: {len(failures)} deviation(s) beyond tolerance:")
+        for f in failures[:40]:
+            print("  " + f)
+        if len(failures) > 40:
+            print(f"  ... and {len(failures) - 40} more")
+        return 1
+    print(f"\nPASS: {case}: mpsim's FP32 training matches PyTorch within rounding tolerances")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,235 @@
+// torch_crosscheck_dump OUTDIR CASE [STEPS]
+//
+// Trains one small FP32 arm with mpsim's CPU backend and writes everything an
+// independent implementation (tests/torch/crosscheck.py, PyTorch) needs to
+// repeat the run: the model and optimiser, the initial weights, every step's
+// batch, and what mpsim computed at each step: the loss, the gradients and the
+// weights that step's forward pass used. Arrays are raw little-endian
+// binary32 files (binary64 for the losses); OUTDIR/manifest.txt names them:
+//
+//   case NAME | model mlp|cnn | activation relu|gelu | layer_norm 0|1
+//   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X
+//   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
+//   param NAME FILE D0 D1 ...            (initial weights, in model order)
+//   step S loss X images FILE labels FILE
+//   grad S NAME FILE                     (dLoss/dparam at step S, mean loss)
+//   weight S NAME FILE                   (the weights step S's forward used)
+//   final NAME FILE                      (the weights after the last step)
+//   losses FILE                          (binary64, one per step)
+//
+// Exit status: 0 on success, 2 on bad arguments, 1 on any other error.
+
+#include <bit>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+#include "mpsim/core/data.hpp"
+#include "mpsim/core/model.hpp"
+#include "mpsim/core/policy.hpp"
+#include "mpsim/core/trainer.hpp"
+
+namespace fs = std::filesystem;
+using namespace mpsim::core;
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the dump format is little-endian");
+
+struct Case {
+  const char* name;
+  ModelSpec model;
+  OptimizerSpec optimizer;
+};
+
+std::map<std::string, Case> cases() {
+  std::map<std::string, Case> all;
+  {
+    Case c{"mlp_relu_sgd", {}, {}};
+    c.model.kind = "mlp";
+    c.model.hidden = {64, 32};
+    c.model.activation = Activation::relu;
+    c.optimizer.kind = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+    c.optimizer.weight_decay = 1e-4;
+    all.emplace(c.name, c);
+  }
+  for (const char* kind : {"adam", "adamw"}) {
+    Case c{kind == std::string("adam") ? "mlp_gelu_ln_adam" : "mlp_gelu_ln_adamw", {}, {}};
+    c.model.kind = "mlp";
+    c.model.hidden = {32, 32};
+    c.model.activation = Activation::gelu;
+    c.model.layer_norm = true;
+    c.optimizer.kind = kind;
+    c.optimizer.lr = 1e-3;
+    c.optimizer.weight_decay = c.optimizer.kind == "adamw" ? 0.01 : 0.0;
+    all.emplace(c.name, c);
+  }
+  {
+    Case c{"cnn_sgd", {}, {}};
+    c.model.kind = "cnn";
+    c.model.activation = Activation::relu;
+    c.optimizer.kind = "sgd";
+    c.optimizer.lr = 0.05;
+    c.optimizer.momentum = 0.9;
+    c.optimizer.weight_decay = 1e-4;
+    all.emplace(c.name, c);
+  }
+  return all;
+}
+
+std::string file_name(std::string name) {
+  for (char& ch : name)
+    if (ch == '.') ch = '_';
+  return name;
+}
+
+template <typename T>
+void write_raw(const fs::path& path, std::span<const T> values) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(values.data()), static_cast<std::streamsize>(values.size_bytes()));
+  if (!out) throw std::runtime_error("cannot write " + path.string());
+}
+
+std::string shape_text(const Shape& shape) {
+  std::string s;
+  for (const auto d : shape) s += " " + std::to_string(d);
+  return s;
+}
+
+std::string number(double x) {
+  char buffer[64];
+  std::snprintf(buffer, sizeof buffer, "%.17g", x);
+  return buffer;
+}
+
+int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
+  constexpr std::uint64_t seed = 20240607;
+  constexpr std::int64_t batch = 32;
+  const TrainTest data = make_synthetic(seed, 512, 128);
+  const Policy policy = *preset_policy("fp32");
+
+  ArmSetup setup;
+  setup.policy = &policy;
+  setup.model = c.model;
+  setup.optimizer = c.optimizer;
+  setup.seed = seed;
+  setup.train.epochs = 1;
+  setup.train.max_steps = steps;
+  setup.train.batch_size = batch;
+  setup.train.eval_interval = 0;    // evaluates once, after the last step
+  setup.train.eval_batch = 128;     // the whole (small) test set in one batch
+  setup.train.stats_interval = 0;   // no instrumentation: it does not change FP32 values anyway
+  setup.train.threads = 1;
+
+  fs::create_directories(out_dir);
+  std::ofstream manifest(out_dir / "manifest.txt");
+  manifest << "case " << c.name << "\nmodel " << c.model.kind << "\nactivation "
+           << (c.model.activation == Activation::relu ? "relu" : "gelu") << "\nlayer_norm "
+           << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
+           << c.optimizer.kind << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
+           << "\nweight_decay " << number(c.optimizer.weight_decay) << "\nbeta1 " << number(c.optimizer.beta1)
+           << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
+           << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "
+           << data.train.width << "\nclasses " << data.train.classes << "\n";
+
+  // Initial weights and every step's gradients and weights, from the hook.
+  bool initial_written = false;
+  std::vector<std::pair<std::string, Tensor>> masters;  // handles on the master copies
+  std::vector<float> host;
+  setup.inspect_gradients = [&](std::int64_t step, const std::vector<Parameter*>& parameters, Backend& backend) {
+    if (!initial_written) {
+      for (const Parameter* p : parameters) {
+        const std::string file = "init_" + file_name(p->name) + ".f32";
+        write_raw<float>(out_dir / file, p->initial);
+        manifest << "param " << p->name << " " << file << shape_text(p->shape) << "\n";
+      }
+      initial_written = true;
+    }
+    for (const Parameter* p : parameters) {
+      host.resize(static_cast<std::size_t>(element_count(p->shape)));
+      const std::string stem = "step" + std::to_string(step) + "_";
+      backend.to_host(p->grad, host);
+      write_raw<float>(out_dir / (stem + "grad_" + file_name(p->name) + ".f32"), host);
+      manifest << "grad " << step << " " << p->name << " " << stem + "grad_" + file_name(p->name) + ".f32\n";
+      backend.to_host(p->working, host);
+      write_raw<float>(out_dir / (stem + "weight_" + file_name(p->name) + ".f32"), host);
+      manifest << "weight " << step << " " << p->name << " " << stem + "weight_" + file_name(p->name) + ".f32\n";
+    }
+    masters.clear();
+    for (const Parameter* p : parameters) masters.emplace_back(p->name, p->master);
+  };
+
+  auto backend = make_cpu_backend();
+  const ArmResult result = train_arm(*backend, setup, data, nullptr);
+  if (result.steps != steps || result.status != "completed")
+    throw std::runtime_error("the arm ran " + std::to_string(result.steps) + " steps: " + result.status);
+  // The weights after the last optimiser step: the optimiser updates the
+  // master buffers in place, and the handles kept by the hook keep them alive.
+  for (const auto& [name, master] : masters) {
+    host.resize(static_cast<std::size_t>(master.numel()));
+    backend->to_host(master, host);
+    write_raw<float>(out_dir / ("final_" + file_name(name) + ".f32"), host);
+    manifest << "final " << name << " final_" << file_name(name) << ".f32\n";
+  }
+
+  // The batches, as the trainer draws them (step s: epoch s / per_epoch, batch s % per_epoch).
+  Batcher batcher(data.train, batch, seed);
+  const std::int64_t per_epoch = batcher.batches_per_epoch();
+  std::vector<float> images, labels;
+  for (std::int64_t s = 0; s < steps; ++s) {
+    batcher.gather(batcher.batch_indices(s / per_epoch, s % per_epoch), images, labels);
+    const std::string stem = "step" + std::to_string(s) + "_";
+    write_raw<float>(out_dir / (stem + "images.f32"), images);
+    write_raw<float>(out_dir / (stem + "labels.f32"), labels);
+    manifest << "step " << s << " loss " << number(result.losses[static_cast<std::size_t>(s)]) << " images "
+             << stem + "images.f32 labels " << stem + "labels.f32\n";
+  }
+  write_raw<double>(out_dir / "losses.f64", result.losses);
+  manifest << "losses losses.f64\n";
+  manifest.close();
+  if (!manifest) throw std::runtime_error("cannot write " + (out_dir / "manifest.txt").string());
+  std::cout << c.name << ": " << steps << " steps, final loss " << result.losses.back() << ", dump in "
+            << out_dir.string() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const auto all = cases();
+  auto usage = [&] {
+    std::cerr << "usage: torch_crosscheck_dump OUTDIR CASE [STEPS]\ncases:";
+    for (const auto& [name, c] : all) std::cerr << " " << name;
+    std::cerr << "\n";
+    return 2;
+  };
+  if (argc < 3 || argc > 4) return usage();
+  const auto it = all.find(argv[2]);
+  if (it == all.end()) return usage();
+  std::int64_t steps = 6;
+  if (argc == 4) {
+    try {
+      steps = std::stoll(argv[3]);
+    } catch (const std::exception&) {
+      return usage();
+    }
+    if (steps < 1 || steps > 16) return usage();  // 512 samples, batch 32: one epoch
+  }
+  try {
+    return run(argv[1], it->second, steps);
+  } catch (const std::exception& e) {
+    std::cerr << "torch_crosscheck_dump: " << e.what() << "\n";
+    return 1;
+  }
+}
