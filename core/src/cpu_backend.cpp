@@ -10,6 +10,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 #include <stdexcept>
 #include <vector>
 
@@ -49,6 +51,34 @@ inline double add_round_to_odd(double x, double y) {
                                    : -std::numeric_limits<double>::infinity());
 }
 
+// Buffers are recycled by size: a training step allocates the same shapes
+// every step, and fresh pages (mmap, page faults, zeroing) would cost more
+// than some element-wise ops themselves.
+class BufferPool {
+ public:
+  std::shared_ptr<void> get(std::size_t count, const std::shared_ptr<BufferPool>& self) {
+    float* p = nullptr;
+    {
+      std::lock_guard lock(mutex_);
+      auto& list = free_[count];
+      if (!list.empty()) {
+        p = list.back().release();
+        list.pop_back();
+      }
+    }
+    if (!p) p = new float[count];
+    return std::shared_ptr<void>(p, [self, count](void* q) { self->put(static_cast<float*>(q), count); });
+  }
+
+ private:
+  void put(float* p, std::size_t count) {
+    std::lock_guard lock(mutex_);
+    free_[count].emplace_back(p);
+  }
+  std::mutex mutex_;
+  std::unordered_map<std::size_t, std::vector<std::unique_ptr<float[]>>> free_;
+};
+
 QuantizeOptions options_for(const RoundingPoint& point, StochasticStream stream, int threads) {
   QuantizeOptions o;
   o.rounding = point.rounding;
@@ -74,12 +104,12 @@ class CpuBackend final : public Backend {
   }
 
   Tensor zeros(const Shape& shape) override {
-    auto* p = new float[static_cast<std::size_t>(element_count(shape))]();
-    return Tensor(shape, std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<float*>(q); }));
+    Tensor t = empty(shape);
+    std::fill_n(data(t), t.numel(), 0.0f);
+    return t;
   }
   Tensor empty(const Shape& shape) override {
-    auto* p = new float[static_cast<std::size_t>(element_count(shape))];
-    return Tensor(shape, std::shared_ptr<void>(p, [](void* q) { delete[] static_cast<float*>(q); }));
+    return Tensor(shape, pool_->get(static_cast<std::size_t>(element_count(shape)), pool_));
   }
   Tensor from_host(std::span<const float> v, const Shape& shape) override {
     require(static_cast<std::int64_t>(v.size()) == element_count(shape), "from_host: size does not match shape");
@@ -108,25 +138,20 @@ class CpuBackend final : public Backend {
     const bool scaled = scale != 1.0f;
     if (scaled)
       for (float& x : v) x *= scale;
-    if (stats) stats->add_values(v);
+    TensorStats::Classes classes;
+    if (stats) classes = stats->add_values(v);
     if (!point.is_identity()) {
       const QuantizeCounts counts = quantize(point.format, v, v, options_for(point, stream, threads_));
       if (stats) {
         stats->add_rounding(counts);
-        (*stats)[Counter::infinite] += count_infinite(v);
+        // Infinite results come only from infinite inputs or overflow.
+        if (classes.infinite != 0 || counts.overflow != 0) (*stats)[Counter::infinite] += count_infinite(v);
       }
     } else if (stats) {
-      // binary32 storage: nothing is rounded; classify the values as they are.
-      std::uint64_t subnormal = 0, nan = 0, infinite = 0;
-      for (const float x : v) {
-        const int c = std::fpclassify(x);
-        subnormal += c == FP_SUBNORMAL;
-        nan += c == FP_NAN;
-        infinite += c == FP_INFINITE;
-      }
-      (*stats)[Counter::subnormal] += subnormal;
-      (*stats)[Counter::nan] += nan;
-      (*stats)[Counter::infinite] += infinite;
+      // binary32 storage: nothing is rounded; the values keep their classes.
+      (*stats)[Counter::subnormal] += classes.subnormal;
+      (*stats)[Counter::nan] += classes.nan;
+      (*stats)[Counter::infinite] += classes.infinite;
     }
     if (scaled) {
       const float inverse = 1.0f / scale;  // exact: scale is a power of two
@@ -446,6 +471,7 @@ class CpuBackend final : public Backend {
 
   int threads_ = 1;
   std::vector<double> scratch_;
+  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 };
 
 }  // namespace

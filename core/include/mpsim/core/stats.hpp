@@ -62,8 +62,11 @@ struct TensorStats {
   friend bool operator==(const TensorStats&, const TensorStats&) = default;
 
   // Adds the histogram of `values` and the counters that follow from it
-  // (elements, nonzero, below_2_24).
-  void add_values(std::span<const float> values);
+  // (elements, nonzero, below_2_24). Returns the classes of these values alone.
+  struct Classes {
+    std::uint64_t subnormal = 0, infinite = 0, nan = 0;  // as binary32 values
+  };
+  Classes add_values(std::span<const float> values);
   // Adds the counters that the emulator's rounding reports.
   void add_rounding(const QuantizeCounts& counts);
 };
