@@ -39,6 +39,7 @@ class Linear final : public Layer {
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     const Policy& p = ctx.policy;
+    input_shape_ = x.shape();
     input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
     Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
     ctx.backend.gemm(input_, false, weight_.working, true, y, p.accumulation, ctx.stream(Site::output));
@@ -60,6 +61,7 @@ class Linear final : public Layer {
       dx = b.empty(input_.shape());
       b.gemm(dyq, false, weight_.working, false, dx, p.accumulation, ctx.stream(Site::input_grad));
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+      dx = dx.reshaped(input_shape_);
     }
     input_ = Tensor();
     return dx;
@@ -69,6 +71,7 @@ class Linear final : public Layer {
   std::int64_t in_, out_;
   Parameter weight_, bias_;
   Tensor input_;
+  Shape input_shape_;
 };
 
 class Conv2d final : public Layer {

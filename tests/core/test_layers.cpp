@@ -1,0 +1,905 @@
+// Layers (core/src/layers.cpp) and the fused loss on the CPU backend, against
+// independent binary64 references written from the mathematics.
+//
+// For every layer the test holds a plain-loop binary64 forward f(x, theta). It checks:
+//  * the binary32 forward against f, within a rounding-error bound derived
+//    per layer from the binary32 unit roundoff u = 2^-24 (see each bound);
+//  * the binary32 backward, given dy = r (a fixed random projection, exactly
+//    binary32), against central finite differences in binary64 of
+//    L(x, theta) = sum_k r_k f(x, theta)_k, with h = 1e-6 max(1, |theta_i|).
+//
+// Gradient tolerances. The same differences give the Jacobian column J_:i, so
+// the test knows M_i = sum_k |r_k| |J_ki|, the sum of the magnitudes of the
+// terms the backward adds up for element i. A binary32 sum of n terms is off
+// by at most gamma_n M_i, gamma_n = n u / (1 - n u) (Higham, Accuracy and Stability of
+// Numerical Algorithms, section 3.1; blocked and FMA sums as in OpenBLAS only do
+// better), so GEMM-based gradients must satisfy
+//   |analytic_i - fd_i| <= 2 (n + 2) u M_i + floor_i,
+// n the longest binary32 reduction (factor 2 for the u^2 terms and the few
+// roundings besides the sum). Non-GEMM layers (GELU, LayerNorm, the loss)
+// have bounds from a short first-order error analysis given beside them.
+// floor_i is the error of the finite difference itself: L is evaluated in
+// binary64 with relative error ~ 32 eps64 over sum_k |r_k| (1 + |f_k|), which
+// the difference divides by h; truncation (h^2/6 |L'''|) adds < 1e-12 of that
+// size. The floor is about 1e-8 of the size: far below the binary32 terms.
+// ReLU and max pooling are evaluated away from kinks: no input within 1e-3
+// of 0 and no pooling window with two values within 1e-3 of each other,
+// while h <= 3e-6 there, so no difference crosses a kink.
+//
+// Whole models (the MLP and the LeNet-style CNN) are checked end to end by
+// central differences of the binary32 loss itself, with a large h; the error
+// budget is next to that test.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+#include "mpsim/core/model.hpp"
+#include "mpsim/core/policy.hpp"
+#include "mpsim/emulation/format.hpp"
+#include "mpsim/emulation/rounding.hpp"
+
+namespace {
+
+using namespace mpsim::core;
+using Vec = std::vector<double>;
+using FVec = std::vector<float>;
+using Index = std::int64_t;
+
+constexpr double u = 0x1p-24;      // binary32 unit roundoff
+constexpr double eps64 = 0x1p-53;  // binary64 unit roundoff
+
+// SplitMix64: the same draws with every standard library.
+struct Rng {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  double uniform(double lo, double hi) { return lo + (hi - lo) * (static_cast<double>(next() >> 11) * 0x1p-53); }
+  std::size_t index(std::size_t n) { return static_cast<std::size_t>(next() % n); }
+};
+
+FVec uniform(Rng& rng, std::size_t n, double lo, double hi) {
+  FVec v(n);
+  for (float& x : v) x = static_cast<float>(rng.uniform(lo, hi));
+  return v;
+}
+
+// Magnitudes in [lo, hi], random signs: nothing near 0 when lo > 0.
+FVec away_from_zero(Rng& rng, std::size_t n, double lo, double hi) {
+  FVec v = uniform(rng, n, lo, hi);
+  for (float& x : v)
+    if (rng.next() & 1u) x = -x;
+  return v;
+}
+
+Vec widen(const FVec& v) { return Vec(v.begin(), v.end()); }
+Vec abs_of(Vec v) {
+  for (double& x : v) x = std::fabs(x);
+  return v;
+}
+std::vector<Vec> abs_of(std::vector<Vec> args) {
+  for (Vec& a : args) a = abs_of(std::move(a));
+  return args;
+}
+Vec scaled(Vec v, double factor) {
+  for (double& x : v) x *= factor;
+  return v;
+}
+std::size_t size_of(const Shape& s) { return static_cast<std::size_t>(element_count(s)); }
+std::string shape_string(const Shape& s) {
+  std::ostringstream out;
+  out << '[';
+  for (std::size_t i = 0; i < s.size(); ++i) out << (i ? "," : "") << s[i];
+  out << ']';
+  return out.str();
+}
+
+struct Fixture {
+  explicit Fixture(const char* policy_name = "fp32")
+      : policy(*preset_policy(policy_name)), ctx(*backend, policy, 1234) {}
+  std::unique_ptr<Backend> backend = make_cpu_backend();
+  Policy policy;
+  StepContext ctx;
+
+  Tensor tensor(const FVec& v, const Shape& s) { return backend->from_host(v, s); }
+  FVec host(const Tensor& t) {
+    FVec v(static_cast<std::size_t>(t.numel()));
+    backend->to_host(t, v);
+    return v;
+  }
+  // Master and working copy from `values`; the gradient starts as NaN, so a
+  // layer that adds to it instead of writing it is caught.
+  void set_parameter(Parameter& p, const FVec& values) {
+    REQUIRE(values.size() == size_of(p.shape));
+    p.master = tensor(values, p.shape);
+    p.working = p.master;
+    p.grad = tensor(FVec(values.size(), std::numeric_limits<float>::quiet_NaN()), p.shape);
+  }
+};
+
+// One CHECK per tensor: |got_i - want_i| <= bound_i for every i; the failure
+// message names the worst element.
+void expect_close(const std::string& what, const FVec& got, const Vec& want, const Vec& bound) {
+  REQUIRE(got.size() == want.size());
+  REQUIRE(bound.size() == want.size());
+  double worst = 0.0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    double ratio = err == 0.0 ? 0.0 : err / bound[i];  // bound 0 and err > 0: infinity
+    if (std::isnan(ratio)) ratio = std::numeric_limits<double>::infinity();
+    if (ratio > worst) worst = ratio, at = i;
+  }
+  INFO(what << ": worst element " << at << " of " << got.size() << ": got " << (got.empty() ? 0.0f : got[at])
+            << ", reference " << (want.empty() ? 0.0 : want[at]) << ", bound " << (bound.empty() ? 0.0 : bound[at])
+            << " (error / bound = " << worst << ")");
+  CHECK(worst <= 1.0);
+}
+
+// --- Finite differences of the binary64 references ---------------------------
+
+// y = f(args), args[0] the input, args[1..] the parameters, all binary64.
+using RefForward = std::function<Vec(const std::vector<Vec>& args)>;
+
+struct Fd {
+  Vec grad;       // dL/dtheta_i, L = sum_k r_k f_k
+  Vec magnitude;  // M_i = sum_k |r_k| |df_k/dtheta_i|
+  Vec floor;      // error of the difference itself
+};
+
+Fd finite_differences(const RefForward& f, std::vector<Vec> args, std::size_t which, const Vec& r) {
+  const Vec y0 = f(args);
+  REQUIRE(y0.size() == r.size());
+  double size = 0.0;
+  for (std::size_t k = 0; k < r.size(); ++k) size += std::fabs(r[k]) * (1.0 + std::fabs(y0[k]));
+  Vec& theta = args[which];
+  Fd out;
+  for (std::size_t i = 0; i < theta.size(); ++i) {
+    const double t = theta[i], h = 1e-6 * std::max(1.0, std::fabs(t));
+    const double plus = t + h, minus = t - h;
+    theta[i] = plus;
+    const Vec yp = f(args);
+    theta[i] = minus;
+    const Vec ym = f(args);
+    theta[i] = t;
+    double g = 0.0, m = 0.0;
+    for (std::size_t k = 0; k < r.size(); ++k) {
+      const double d = (yp[k] - ym[k]) / (plus - minus);
+      g += r[k] * d;
+      m += std::fabs(r[k] * d);
+    }
+    out.grad.push_back(g);
+    out.magnitude.push_back(m);
+    out.floor.push_back((32.0 * eps64 / h + 1e-12) * size);
+  }
+  return out;
+}
+
+// What a layer test knows about its layer besides the layer itself.
+struct Reference {
+  RefForward forward;
+  // Allowed |forward_float - f| per output element.
+  std::function<Vec(const std::vector<Vec>& args)> forward_bound;
+  // Allowed |analytic - fd| per element of args[which], before the FD floor.
+  std::function<Vec(std::size_t which, const std::vector<Vec>& args, const Vec& r, const Fd& fd)> grad_bound;
+};
+
+// GEMM-like gradients: 2 (n + 2) u M_i, n the longest binary32 reduction.
+auto dot_bound(Index n) {
+  return [n](std::size_t, const std::vector<Vec>&, const Vec&, const Fd& fd) {
+    return scaled(fd.magnitude, 2.0 * static_cast<double>(n + 2) * u);
+  };
+}
+
+// Runs forward and backward (dy = r, drawn here) in binary32 and compares
+// both with the reference. Returns the binary32 output for further checks.
+FVec check_layer(const std::string& what, Layer& layer, const FVec& x, const Shape& x_shape,
+                 const std::vector<FVec>& params, const Reference& ref, std::uint64_t seed) {
+  INFO(what << ", input " << shape_string(x_shape));
+  Fixture f;
+  std::vector<Parameter*> ps = layer.parameters();
+  REQUIRE(ps.size() == params.size());
+  for (std::size_t i = 0; i < ps.size(); ++i) f.set_parameter(*ps[i], params[i]);
+
+  f.ctx.layer = 0;
+  const Tensor y = layer.forward(f.ctx, f.tensor(x, x_shape));
+  REQUIRE(y.shape() == layer.output_shape(x_shape));
+  const FVec y_float = f.host(y);
+
+  Rng rng{seed};
+  const FVec r = uniform(rng, y_float.size(), -1.0, 1.0);
+  const Tensor dx = layer.backward(f.ctx, f.tensor(r, y.shape()), true);
+  REQUIRE(dx.numel() == element_count(x_shape));
+  const FVec dx_float = f.host(dx);
+
+  std::vector<Vec> args{widen(x)};
+  for (const FVec& p : params) args.push_back(widen(p));
+  const Vec y_ref = ref.forward(args);
+  expect_close(what + ": forward", y_float, y_ref, ref.forward_bound(args));
+
+  const Vec rd = widen(r);
+  for (std::size_t which = 0; which < args.size(); ++which) {
+    const Fd fd = finite_differences(ref.forward, args, which, rd);
+    Vec bound = ref.grad_bound(which, args, rd, fd);
+    for (std::size_t i = 0; i < bound.size(); ++i) bound[i] += fd.floor[i];
+    const FVec got = which == 0 ? dx_float : f.host(ps[which - 1]->grad);
+    expect_close(what + ": gradient wrt " + (which == 0 ? std::string("input") : ps[which - 1]->name), got, fd.grad,
+                 bound);
+  }
+  return y_float;
+}
+
+// --- Linear ------------------------------------------------------------------
+
+Vec linear_ref(const std::vector<Vec>& a, Index batch, Index in, Index out) {
+  const Vec &x = a[0], &w = a[1], &b = a[2];
+  Vec y(static_cast<std::size_t>(batch * out));
+  for (Index n = 0; n < batch; ++n)
+    for (Index o = 0; o < out; ++o) {
+      double s = b[o];
+      for (Index i = 0; i < in; ++i) s += x[n * in + i] * w[o * in + i];
+      y[n * out + o] = s;
+    }
+  return y;
+}
+
+TEST_CASE("Linear forward and backward match binary64 references", "[layers]") {
+  struct Case { Index batch, in, out; };
+  for (const Case c : {Case{4, 7, 5}, Case{1, 10, 3}, Case{1, 1, 1}, Case{3, 64, 17}, Case{9, 5, 12}}) {
+    Rng rng{static_cast<std::uint64_t>(100 + c.batch * 1000 + c.in * 10 + c.out)};
+    auto layer = make_linear("fc", c.in, c.out);
+    const FVec x = uniform(rng, c.batch * c.in, -1.0, 1.0);
+    const FVec w = uniform(rng, c.out * c.in, -0.5, 0.5), b = uniform(rng, c.out, -0.5, 0.5);
+    Reference ref;
+    ref.forward = [c](const std::vector<Vec>& a) { return linear_ref(a, c.batch, c.in, c.out); };
+    // y = fl(fl(x w) + b): a sum of in + 1 terms; A = f(|x|, |w|, |b|) is the
+    // sum of their magnitudes.
+    ref.forward_bound = [c, ref](const std::vector<Vec>& a) {
+      return scaled(ref.forward(abs_of(a)), 2.0 * static_cast<double>(c.in + 3) * u);
+    };
+    // dW and db sum over the batch, dx over the outputs.
+    ref.grad_bound = dot_bound(std::max(c.batch, c.out));
+    check_layer("linear " + std::to_string(c.in) + "->" + std::to_string(c.out), *layer, x, {c.batch, c.in}, {w, b},
+                ref, 7 + static_cast<std::uint64_t>(c.out));
+  }
+}
+
+// --- Conv2d ------------------------------------------------------------------
+
+struct ConvCase {
+  Index batch, cin, cout, height, width, kernel, stride, padding;
+  Index oh() const { return (height + 2 * padding - kernel) / stride + 1; }
+  Index ow() const { return (width + 2 * padding - kernel) / stride + 1; }
+};
+
+Vec conv_ref(const std::vector<Vec>& a, const ConvCase& c) {
+  const Vec &x = a[0], &w = a[1], &b = a[2];
+  const Index oh = c.oh(), ow = c.ow();
+  Vec y(static_cast<std::size_t>(c.batch * c.cout * oh * ow));
+  for (Index n = 0; n < c.batch; ++n)
+    for (Index co = 0; co < c.cout; ++co)
+      for (Index i = 0; i < oh; ++i)
+        for (Index j = 0; j < ow; ++j) {
+          double s = b[co];
+          for (Index ci = 0; ci < c.cin; ++ci)
+            for (Index p = 0; p < c.kernel; ++p)
+              for (Index q = 0; q < c.kernel; ++q) {
+                const Index yy = i * c.stride - c.padding + p, xx = j * c.stride - c.padding + q;
+                if (yy < 0 || yy >= c.height || xx < 0 || xx >= c.width) continue;  // zero padding
+                s += w[((co * c.cin + ci) * c.kernel + p) * c.kernel + q] *
+                     x[((n * c.cin + ci) * c.height + yy) * c.width + xx];
+              }
+          y[((n * c.cout + co) * oh + i) * ow + j] = s;
+        }
+  return y;
+}
+
+TEST_CASE("Conv2d forward and backward match binary64 references", "[layers]") {
+  const std::vector<ConvCase> cases{
+      {2, 3, 4, 8, 8, 5, 1, 2},  // LeNet conv1 geometry: padding 2, stride 1, several channels
+      {1, 6, 5, 9, 9, 5, 1, 0},  // LeNet conv2 geometry: no padding, batch 1
+      {2, 2, 3, 9, 9, 3, 2, 0},  // stride 2
+      {2, 2, 3, 7, 6, 3, 2, 0},  // stride 2, the last column read by no window: its gradient is 0
+      {1, 3, 2, 6, 7, 5, 2, 2},  // stride 2 with padding 2
+      {3, 1, 1, 4, 4, 1, 1, 0},  // 1x1 kernel
+  };
+  int serial = 0;
+  for (const ConvCase& c : cases) {
+    ++serial;
+    Rng rng{static_cast<std::uint64_t>(500 + serial)};
+    auto layer = make_conv2d("conv", c.cin, c.cout, c.kernel, c.stride, c.padding);
+    const FVec x = uniform(rng, static_cast<std::size_t>(c.batch * c.cin * c.height * c.width), -1.0, 1.0);
+    const FVec w = uniform(rng, static_cast<std::size_t>(c.cout * c.cin * c.kernel * c.kernel), -0.5, 0.5);
+    const FVec b = uniform(rng, static_cast<std::size_t>(c.cout), -0.5, 0.5);
+    Reference ref;
+    ref.forward = [c](const std::vector<Vec>& a) { return conv_ref(a, c); };
+    // One output sums cin k^2 products and the bias (im2col and the layout
+    // changes are exact).
+    ref.forward_bound = [c, ref](const std::vector<Vec>& a) {
+      return scaled(ref.forward(abs_of(a)), 2.0 * static_cast<double>(c.cin * c.kernel * c.kernel + 3) * u);
+    };
+    // dW and db sum over batch x output pixels; dx sums cout products per
+    // patch element, then col2im adds up to k^2 overlapping patches.
+    const Index patches = c.batch * c.oh() * c.ow();
+    ref.grad_bound = dot_bound(std::max(patches, c.cout + c.kernel * c.kernel));
+    std::ostringstream what;
+    what << "conv k" << c.kernel << " s" << c.stride << " p" << c.padding << " " << c.cin << "->" << c.cout;
+    const FVec y = check_layer(what.str(), *layer, x, {c.batch, c.cin, c.height, c.width}, {w, b}, ref,
+                               static_cast<std::uint64_t>(900 + serial));
+    CHECK(y.size() == static_cast<std::size_t>(c.batch * c.cout * c.oh() * c.ow()));
+  }
+}
+
+// --- MaxPool2d ---------------------------------------------------------------
+
+Vec max_pool_ref(const Vec& x, Index planes, Index h, Index w, Index k, Index s) {
+  const Index oh = (h - k) / s + 1, ow = (w - k) / s + 1;
+  Vec y(static_cast<std::size_t>(planes * oh * ow));
+  for (Index pl = 0; pl < planes; ++pl)
+    for (Index i = 0; i < oh; ++i)
+      for (Index j = 0; j < ow; ++j) {
+        double m = -std::numeric_limits<double>::infinity();
+        for (Index p = 0; p < k; ++p)
+          for (Index q = 0; q < k; ++q) m = std::max(m, x[(pl * h + i * s + p) * w + j * s + q]);
+        y[(pl * oh + i) * ow + j] = m;
+      }
+  return y;
+}
+
+// Each plane holds a shuffled ramp: any two values differ by at least
+// 0.75 * 3 / (h w) > 1e-3, so no window has a near-tie.
+FVec distinct_planes(Rng& rng, Index planes, Index h, Index w) {
+  FVec v;
+  for (Index pl = 0; pl < planes; ++pl) {
+    std::vector<Index> order(static_cast<std::size_t>(h * w));
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<Index>(i);
+    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.index(i)]);
+    for (const Index o : order)
+      v.push_back(static_cast<float>(-1.5 + 3.0 * (static_cast<double>(o) + rng.uniform(0.0, 0.25)) /
+                                                static_cast<double>(h * w)));
+  }
+  return v;
+}
+
+TEST_CASE("MaxPool2d forward and backward match binary64 references", "[layers]") {
+  struct Case { Index batch, channels, h, w, k, s; };
+  // 2x2 stride 2 (odd sizes: the last row or column is read by no window) and
+  // 3x3 stride 2 (overlapping windows).
+  for (const Case c :
+       {Case{2, 3, 6, 6, 2, 2}, Case{1, 2, 7, 7, 3, 2}, Case{2, 2, 5, 7, 2, 2}, Case{1, 1, 9, 8, 3, 2}}) {
+    Rng rng{static_cast<std::uint64_t>(77 + c.h * 10 + c.k)};
+    auto layer = make_max_pool2d("pool", c.k, c.s);
+    const FVec x = distinct_planes(rng, c.batch * c.channels, c.h, c.w);
+    Reference ref;
+    ref.forward = [c](const std::vector<Vec>& a) {
+      return max_pool_ref(a[0], c.batch * c.channels, c.h, c.w, c.k, c.s);
+    };
+    // Selecting a value is exact.
+    ref.forward_bound = [ref](const std::vector<Vec>& a) { return Vec(ref.forward(a).size(), 0.0); };
+    // dx adds dy of every window whose maximum it is: overlapping 3x3 stride-2
+    // windows share a pixel among at most 4, so n = 4.
+    ref.grad_bound = dot_bound(4);
+    std::ostringstream what;
+    what << "max pool " << c.k << "x" << c.k << " stride " << c.s;
+    check_layer(what.str(), *layer, x, {c.batch, c.channels, c.h, c.w}, {}, ref, 31 + static_cast<std::uint64_t>(c.w));
+  }
+}
+
+// --- Flatten and ReLU ----------------------------------------------------------
+
+TEST_CASE("Flatten keeps values and restores the input shape in backward", "[layers]") {
+  Fixture f;
+  Rng rng{5};
+  const Shape shape{3, 2, 4, 5};
+  const FVec x = uniform(rng, size_of(shape), -2.0, 2.0);
+  auto layer = make_flatten("flatten");
+  const Tensor y = layer->forward(f.ctx, f.tensor(x, shape));
+  CHECK(y.shape() == Shape{3, 40});
+  CHECK(layer->output_shape(shape) == Shape{3, 40});
+  CHECK(f.host(y) == x);  // NCHW rows are already C*H*W contiguous
+  const FVec dy = uniform(rng, x.size(), -1.0, 1.0);
+  const Tensor dx = layer->backward(f.ctx, f.tensor(dy, {3, 40}), true);
+  CHECK(dx.shape() == shape);
+  CHECK(f.host(dx) == dy);
+  layer->forward(f.ctx, f.tensor(x, shape));
+  CHECK(layer->backward(f.ctx, f.tensor(dy, {3, 40}), false).empty());
+
+  // And through the same finite-difference harness as every layer: the identity.
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) { return a[0]; };
+  ref.forward_bound = [](const std::vector<Vec>& a) { return Vec(a[0].size(), 0.0); };
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec&, const Fd&) { return Vec(a[0].size(), 0.0); };
+  auto fresh = make_flatten("flatten");
+  check_layer("flatten", *fresh, x, shape, {}, ref, 6);
+}
+
+TEST_CASE("ReLU forward and backward match binary64 references", "[layers]") {
+  Rng rng{11};
+  const Shape shape{3, 2, 5, 4};
+  // Magnitudes log-uniform in [1e-3, 3]: many inputs close to (not within 1e-3 of) the kink.
+  FVec x = away_from_zero(rng, size_of(shape), 0.0, 1.0);
+  for (float& v : x) v = std::copysign(static_cast<float>(1e-3 * std::pow(3e3, std::fabs(v))), v);
+  auto layer = make_relu("relu");
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    for (double& v : y) v = v > 0.0 ? v : 0.0;
+    return y;
+  };
+  ref.forward_bound = [](const std::vector<Vec>& a) { return Vec(a[0].size(), 0.0); };  // exact
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec&, const Fd&) {
+    return Vec(a[0].size(), 0.0);  // dx = dy or 0: exact
+  };
+  check_layer("relu", *layer, x, shape, {}, ref, 12);
+}
+
+// --- GELU --------------------------------------------------------------------
+
+TEST_CASE("GELU (exact erf) forward and backward match binary64 references", "[layers]") {
+  Rng rng{21};
+  FVec x = uniform(rng, 60, -4.0, 4.0);
+  for (const float v : {0.0f, 1e-4f, -1e-4f, -0.75f, -6.0f, 6.0f, -9.5f, 9.5f, 0.5f, -2.5f}) x.push_back(v);
+  auto layer = make_gelu("gelu");
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    for (double& v : y) v = 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
+    return y;
+  };
+  // y = 0.5 x (1 + erf(x / sqrt 2)) in binary32: erff and the scaled argument
+  // put at most ~4u absolute error on 1 + erf (which cancels for x < 0), times
+  // 0.5|x|, plus ~3 roundings relative to y: |err| <= 4u |x| + 3u |y|. Bound 8u (|x| + |y|).
+  ref.forward_bound = [ref](const std::vector<Vec>& a) {
+    const Vec y = ref.forward(a);
+    Vec b(y.size());
+    for (std::size_t i = 0; i < y.size(); ++i) b[i] = 8.0 * u * (std::fabs(a[0][i]) + std::fabs(y[i]));
+    return b;
+  };
+  // dx = dy (Phi(x) + x phi(x)): Phi to ~4u absolute as above; phi = exp(-x^2/2)
+  // to u (x^2 + 3) relative, and |x| phi (x^2 + 4) <= 1.5; two more roundings
+  // of a value below 1.13 |dy|. About 8u |dy|; bound 16u |dy| (1 + |x|).
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec& r, const Fd&) {
+    Vec b(r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) b[i] = 16.0 * u * std::fabs(r[i]) * (1.0 + std::fabs(a[0][i]));
+    return b;
+  };
+  check_layer("gelu", *layer, x, {7, 10}, {}, ref, 22);
+}
+
+// --- LayerNorm ---------------------------------------------------------------
+
+struct LnStats {
+  Vec mean, rstd;
+};
+LnStats ln_stats(const Vec& x, Index rows, Index features, double eps) {
+  LnStats s;
+  for (Index r = 0; r < rows; ++r) {
+    double m = 0.0, v = 0.0;
+    for (Index j = 0; j < features; ++j) m += x[r * features + j];
+    m /= static_cast<double>(features);
+    for (Index j = 0; j < features; ++j) v += (x[r * features + j] - m) * (x[r * features + j] - m);
+    v /= static_cast<double>(features);  // biased variance, as PyTorch
+    s.mean.push_back(m);
+    s.rstd.push_back(1.0 / std::sqrt(v + eps));
+  }
+  return s;
+}
+
+TEST_CASE("LayerNorm forward and backward match binary64 references", "[layers]") {
+  const double eps = static_cast<double>(1e-5f);  // the layer's default, as the binary32 it holds
+  for (const Shape& shape : {Shape{3, 16}, Shape{1, 5}, Shape{2, 3, 8}}) {
+    const Index features = shape.back(), rows = element_count(shape) / features;
+    Rng rng{static_cast<std::uint64_t>(40 + rows * 100 + features)};
+    auto layer = make_layer_norm("ln", features);
+    const FVec x = uniform(rng, size_of(shape), -1.5, 2.5);  // rows with a mean away from 0
+    FVec gamma = away_from_zero(rng, static_cast<std::size_t>(features), 0.3, 1.7);
+    const FVec beta = uniform(rng, static_cast<std::size_t>(features), -1.0, 1.0);
+    Reference ref;
+    ref.forward = [rows, features, eps](const std::vector<Vec>& a) {
+      const LnStats s = ln_stats(a[0], rows, features, eps);
+      Vec y(a[0].size());
+      for (Index r = 0; r < rows; ++r)
+        for (Index j = 0; j < features; ++j) {
+          const std::size_t i = static_cast<std::size_t>(r * features + j);
+          y[i] = (a[0][i] - s.mean[r]) * s.rstd[r] * a[1][j] + a[2][j];
+        }
+      return y;
+    };
+    // Statistics in binary64, then y = ((x - m_f) rstd_f) g + b in binary32:
+    // m_f is off by u|m|, rstd_f by ~u relative, and four roundings follow:
+    // |err| <= rstd |g| (u |m| + 5u |x - m|) + u |b|. Bound 8u (rstd |g| (|x - m| + |m|) + |b|).
+    ref.forward_bound = [rows, features, eps](const std::vector<Vec>& a) {
+      const LnStats s = ln_stats(a[0], rows, features, eps);
+      Vec b(a[0].size());
+      for (Index r = 0; r < rows; ++r)
+        for (Index j = 0; j < features; ++j) {
+          const std::size_t i = static_cast<std::size_t>(r * features + j);
+          b[i] = 8.0 * u *
+                 (s.rstd[r] * std::fabs(a[1][j]) * (std::fabs(a[0][i] - s.mean[r]) + std::fabs(s.mean[r])) +
+                  std::fabs(a[2][j]));
+        }
+      return b;
+    };
+    // dx_j = rstd (dxhat_j - mean(dxhat) - xhat_j mean(dxhat xhat)), dxhat = dy g,
+    // the means summed in binary64. xhat in binary32 is off by
+    // u rstd |m| + 2u |xhat|; each of the three terms then carries a few u of
+    // its magnitude, with C1 = mean |dxhat|, C2 = mean |dxhat xhat|:
+    //   S_j = rstd (|dxhat_j| + C1 + |xhat_j| C2 + rstd |m| (C2 + |xhat_j| C1)).
+    // The analysis gives about 6u S_j; bound 16u S_j.
+    // dgamma_j = sum over rows of dy xhat in binary32: 2 (rows + 4) u times
+    // sum |dy| (|xhat| + rstd |m|); dbeta_j = sum of dy: 2 (rows + 2) u sum |dy|.
+    ref.grad_bound = [rows, features, eps](std::size_t which, const std::vector<Vec>& a, const Vec& dy, const Fd&) {
+      const LnStats s = ln_stats(a[0], rows, features, eps);
+      const auto xhat = [&](Index r, Index j) { return (a[0][r * features + j] - s.mean[r]) * s.rstd[r]; };
+      Vec b(which == 0 ? a[0].size() : static_cast<std::size_t>(features), 0.0);
+      for (Index r = 0; r < rows; ++r) {
+        double c1 = 0.0, c2 = 0.0;
+        for (Index j = 0; j < features; ++j) {
+          const double dxhat = std::fabs(dy[r * features + j] * a[1][j]);
+          c1 += dxhat / static_cast<double>(features);
+          c2 += dxhat * std::fabs(xhat(r, j)) / static_cast<double>(features);
+        }
+        const double rm = s.rstd[r] * std::fabs(s.mean[r]);
+        for (Index j = 0; j < features; ++j) {
+          const double d = std::fabs(dy[r * features + j]), xh = std::fabs(xhat(r, j));
+          if (which == 0)
+            b[r * features + j] =
+                16.0 * u * s.rstd[r] * (d * std::fabs(a[1][j]) + c1 + xh * c2 + rm * (c2 + xh * c1));
+          else if (which == 1)
+            b[j] += 2.0 * static_cast<double>(rows + 4) * u * d * (xh + rm);
+          else
+            b[j] += 2.0 * static_cast<double>(rows + 2) * u * d;
+        }
+      }
+      return b;
+    };
+    check_layer("layer norm " + shape_string(shape), *layer, x, shape, {gamma, beta}, ref,
+                60 + static_cast<std::uint64_t>(features));
+  }
+}
+
+// --- Softmax cross-entropy -----------------------------------------------------
+
+struct SoftmaxRef {
+  Vec loss;  // per row
+  Vec p;     // softmax
+  std::vector<Index> argmax;
+};
+SoftmaxRef softmax_ref(const Vec& z, const std::vector<Index>& labels, Index cols) {
+  SoftmaxRef s;
+  const Index rows = static_cast<Index>(labels.size());
+  for (Index r = 0; r < rows; ++r) {
+    const double* row = z.data() + r * cols;
+    Index am = 0;
+    for (Index j = 1; j < cols; ++j)
+      if (row[j] > row[am]) am = j;  // the first maximum, as PyTorch's argmax
+    double sum = 0.0;
+    for (Index j = 0; j < cols; ++j) sum += std::exp(row[j] - row[am]);
+    const double lse = row[am] + std::log(sum);
+    s.loss.push_back(lse - row[labels[r]]);
+    for (Index j = 0; j < cols; ++j) s.p.push_back(std::exp(row[j] - lse));
+    s.argmax.push_back(am);
+  }
+  return s;
+}
+
+TEST_CASE("Softmax cross-entropy: loss and d_logits match binary64 references", "[layers]") {
+  struct Case {
+    Index rows, cols;
+    float grad_scale;
+    FVec logits;
+    std::vector<Index> labels;
+  };
+  Rng rng{99};
+  std::vector<Case> cases;
+  {
+    Case c{4, 10, 1.0f, uniform(rng, 40, -5.0, 5.0), {}};
+    for (Index r = 0; r < c.rows; ++r) c.labels.push_back(static_cast<Index>(rng.index(10)));
+    cases.push_back(c);
+  }
+  {
+    Case c{3, 7, 65536.0f, uniform(rng, 21, -3.0, 3.0), {2, 0, 6}};
+    cases.push_back(c);
+  }
+  // Large logits: differences of 160 and more, exp(100) overflows binary32
+  // and exp(-120) underflows it, so only a max-shifted evaluation gets these right.
+  cases.push_back(Case{8, 4, 0.75f,
+                       {80, -80, 0, 3,              // label -80: loss 160
+                        80, -80, 0, 3,              // label 80: loss ~ e^-77
+                        -80, -80, -80, -80,         // all equal: log 4
+                        80, 80, -80, 79.5f,         // tie at the top
+                        -80, -79, -78, -77.5f,      //
+                        1e-3f, 0, -1e-3f, 20,       //
+                        100, -100, 50, 0,           // label -100: loss 200
+                        -120, -121, -119, -120.5f}, // every exp(z) underflows
+                       {1, 0, 2, 1, 0, 3, 1, 2}});
+  cases.push_back(Case{5, 3, 1024.0f, uniform(rng, 15, -30.0, 30.0), {0, 1, 2, 2, 1}});
+
+  for (const Case& c : cases) {
+    INFO("rows " << c.rows << ", classes " << c.cols << ", grad_scale " << c.grad_scale);
+    Fixture f;
+    FVec labels;
+    for (const Index l : c.labels) labels.push_back(static_cast<float>(l));
+    const Tensor logits = f.tensor(c.logits, {c.rows, c.cols});
+    Tensor d_logits = f.tensor(FVec(c.logits.size(), std::numeric_limits<float>::quiet_NaN()), {c.rows, c.cols});
+    const LossResult result = f.backend->softmax_cross_entropy(logits, f.tensor(labels, {c.rows}), c.grad_scale,
+                                                               d_logits);
+    const FVec dz = f.host(d_logits);
+
+    const Vec z = widen(c.logits);
+    const SoftmaxRef s = softmax_ref(z, c.labels, c.cols);
+    // Per row, in binary32: z_j - max (u |z_j - max|), C exponentials (u
+    // relative each, plus the argument's error), their sum (C u), the log
+    // (u |lse'| plus the sum's relative error), and two subtractions:
+    //   |err| <= u (C + 2 + 2 range + |log sum| + |loss|), range = max_j |z_j - max|.
+    // Bound 4u (C + 2 + 2 range + 2 |loss|) (|log sum| <= |loss| + range).
+    double loss_sum = 0.0, loss_bound = 0.0;
+    std::int64_t correct = 0;
+    Vec range(static_cast<std::size_t>(c.rows), 0.0);
+    for (Index r = 0; r < c.rows; ++r) {
+      const double m = z[static_cast<std::size_t>(r * c.cols + s.argmax[r])];
+      for (Index j = 0; j < c.cols; ++j) range[r] = std::max(range[r], m - z[r * c.cols + j]);
+      loss_sum += s.loss[r];
+      loss_bound +=
+          4.0 * u * (static_cast<double>(c.cols) + 2.0 + 2.0 * range[r] + 2.0 * std::fabs(s.loss[r]));
+      correct += s.argmax[r] == c.labels[r];
+    }
+    INFO("loss_sum " << result.loss_sum << ", reference " << loss_sum << ", bound " << loss_bound);
+    CHECK(std::fabs(result.loss_sum - loss_sum) <= loss_bound);
+    CHECK(result.correct == correct);
+
+    // d_logits against finite differences of grad_scale * mean loss in binary64.
+    const double scale = static_cast<double>(c.grad_scale);
+    const RefForward scaled_mean_loss = [&](const std::vector<Vec>& a) {
+      const SoftmaxRef t = softmax_ref(a[0], c.labels, c.cols);
+      double l = 0.0;
+      for (const double v : t.loss) l += v;
+      return Vec{scale * l / static_cast<double>(c.rows)};
+    };
+    const Fd fd = finite_differences(scaled_mean_loss, {z}, 0, Vec{1.0});
+    // d = (p - onehot) * fl(grad_scale / rows). p = exp(z - max - log sum) is
+    // off by u (C + 4 + 3 range + 2 |log sum|) relative (the argument's error
+    // as above); then (p - onehot) and the two products add 3u |p - onehot|.
+    // Doubled, plus binary32's underflow (p below 2^-126 loses all digits).
+    Vec bound(dz.size());
+    const double factor = scale / static_cast<double>(c.rows);
+    for (Index r = 0; r < c.rows; ++r) {
+      const double log_sum = s.loss[r] + z[r * c.cols + c.labels[r]] - z[r * c.cols + s.argmax[r]];
+      for (Index j = 0; j < c.cols; ++j) {
+        const std::size_t i = static_cast<std::size_t>(r * c.cols + j);
+        const double pm = std::fabs(s.p[i] - (j == c.labels[r] ? 1.0 : 0.0));
+        bound[i] = factor * (2.0 * u * (s.p[i] * (static_cast<double>(c.cols) + 4.0 + 3.0 * range[r] +
+                                                   2.0 * std::fabs(log_sum)) +
+                                        3.0 * pm) +
+                             0x1p-125) +
+                   0x1p-148 + fd.floor[i];
+      }
+    }
+    expect_close("d_logits", dz, fd.grad, bound);
+  }
+}
+
+// --- Rounding points under fp16-mixed --------------------------------------------
+
+bool is_binary16(float v) {
+  const mpsim::Rounded r = mpsim::round_to_format(mpsim::formats::binary16, {}, v);
+  return !r.flags.has(mpsim::Flags::inexact) && mpsim::to_float(mpsim::formats::binary16, r.bits) == v;
+}
+
+TEST_CASE("Linear under fp16-mixed rounds its outputs and gradients to binary16", "[layers]") {
+  const Index batch = 3, in = 20, out = 6;
+  Rng rng{123};
+  const FVec x = uniform(rng, batch * in, -2.0, 2.0);
+  const FVec w = uniform(rng, out * in, -0.5, 0.5), b = uniform(rng, out, -0.5, 0.5);
+  const FVec dy = uniform(rng, batch * out, -1.0, 1.0);
+
+  Fixture f("fp16-mixed");
+  auto layer = make_linear("fc", in, out);
+  std::vector<Parameter*> ps = layer->parameters();
+  f.set_parameter(*ps[0], w);
+  f.set_parameter(*ps[1], b);
+  for (Parameter* p : ps) {  // the working copy in policy.weights, as the trainer makes it
+    p->working = f.tensor(f.host(p->master), p->shape);
+    f.ctx.round(p->working, f.policy.weights, TensorKind::weights, Site::weight_operand);
+  }
+  const FVec w16 = f.host(ps[0]->working), b16 = f.host(ps[1]->working);
+  for (const float v : w16) REQUIRE(is_binary16(v));
+
+  const FVec y = f.host(layer->forward(f.ctx, f.tensor(x, {batch, in})));
+  const FVec dx = f.host(layer->backward(f.ctx, f.tensor(dy, {batch, out}), true));
+  const FVec dw = f.host(ps[0]->grad), db = f.host(ps[1]->grad);
+  const auto all_binary16 = [](const FVec& v) { return std::all_of(v.begin(), v.end(), is_binary16); };
+  CHECK(all_binary16(y));
+  CHECK(all_binary16(dx));
+  CHECK(all_binary16(dw));
+  CHECK(all_binary16(db));
+
+  // And they are the right binary16 values: y = fp16(fp16(x) w16 + b16), the
+  // sum in binary32 (2 (in + 3) u of the magnitudes) before one rounding to
+  // binary16 (half an ulp: 2^-11 relative, or 2^-25 among subnormals).
+  FVec x16 = x;
+  for (float& v : x16)
+    v = mpsim::to_float(mpsim::formats::binary16, mpsim::round_to_format(mpsim::formats::binary16, {}, v).bits);
+  const Vec y_ref = linear_ref({widen(x16), widen(w16), widen(b16)}, batch, in, out);
+  const Vec a = linear_ref(abs_of(std::vector<Vec>{widen(x16), widen(w16), widen(b16)}), batch, in, out);
+  Vec bound(y_ref.size());
+  for (std::size_t i = 0; i < bound.size(); ++i)
+    bound[i] = 0x1p-11 * std::fabs(y_ref[i]) + 2.0 * static_cast<double>(in + 3) * u * a[i] * (1.0 + 0x1p-10) +
+               0x1p-25;
+  expect_close("fp16-mixed linear forward", y, y_ref, bound);
+  // The rounding changed something: the binary32 result of unrounded x differs.
+  const Vec y32 = linear_ref({widen(x), widen(w16), widen(b16)}, batch, in, out);
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) differ += y[i] != static_cast<float>(y32[i]);
+  CHECK(differ > y.size() / 2);
+}
+
+// --- Whole models ------------------------------------------------------------------
+
+// The loss of one batch through the layers, as the trainer runs them, and
+// the model's kink pattern: the sign of every ReLU input and the position of
+// every pooling window's maximum (first of equals).
+struct ModelEval {
+  double loss = 0.0;
+  std::vector<std::uint8_t> pattern;
+};
+
+ModelEval evaluate(Fixture& f, Model& model, const FVec& x, const Shape& x_shape, const FVec& labels,
+                   bool backward) {
+  auto& layers = model.layers();
+  ModelEval e;
+  Tensor h = f.tensor(x, x_shape);
+  for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
+    const std::string& name = layers[static_cast<std::size_t>(i)]->name();
+    if (name.starts_with("relu")) {
+      for (const float v : f.host(h)) e.pattern.push_back(v > 0.0f);
+    } else if (name.starts_with("pool")) {  // 2x2, stride 2
+      const FVec v = f.host(h);
+      const Shape& s = h.shape();
+      for (Index pl = 0; pl < s[0] * s[1]; ++pl)
+        for (Index i2 = 0; i2 + 1 < s[2]; i2 += 2)
+          for (Index j2 = 0; j2 + 1 < s[3]; j2 += 2) {
+            std::uint8_t best = 0;
+            float m = v[static_cast<std::size_t>((pl * s[2] + i2) * s[3] + j2)];
+            for (std::uint8_t k = 1; k < 4; ++k) {
+              const float c = v[static_cast<std::size_t>((pl * s[2] + i2 + k / 2) * s[3] + j2 + k % 2)];
+              if (c > m) m = c, best = k;
+            }
+            e.pattern.push_back(best);
+          }
+    }
+    f.ctx.layer = i;
+    h = layers[static_cast<std::size_t>(i)]->forward(f.ctx, h);
+  }
+  const Index n = static_cast<Index>(labels.size());
+  Tensor d_logits = f.backend->empty(h.shape());
+  const LossResult r = f.backend->softmax_cross_entropy(h, f.tensor(labels, {n}), 1.0f, d_logits);
+  e.loss = r.loss_sum / static_cast<double>(n);
+  if (backward) {
+    Tensor g = d_logits;
+    for (int i = static_cast<int>(layers.size()) - 1; i >= 0; --i) {
+      f.ctx.layer = i;
+      g = layers[static_cast<std::size_t>(i)]->backward(f.ctx, g, i > 0);
+    }
+  }
+  return e;
+}
+
+// Central differences of the binary32 loss, for `wanted` distinct parameters
+// drawn at random, taking the parameter tensors in turn (so every weight and
+// bias tensor is sampled, the first layer's too).
+//
+// Kinks. Where a step changes the model's pattern (a ReLU input or a pooling
+// maximum crosses over) the loss has a kink inside [t - s, t + s] and the
+// quotient is no derivative. So the step s is the largest of h, 0.3h, 0.1h,
+// 0.03h, 0.01h whose two evaluations keep the pattern of the unperturbed
+// model; a parameter with no such step is drawn again (the test counts them).
+// Error budget. The binary32 loss is the exact loss of the binary32
+// parameters plus rounding noise: the short sums of O(1) logits and the loss
+// (~2.3 for 10 classes) put it at a few u (1 + |L|) (measured: up to
+// ~3u (1 + |L|), 4e-7); allowing d = 16u (1 + |L|), the quotient is off by
+// at most 2d / 2s = d / s (with h = 1e-2: ~3e-4 at s = h, 3e-2 at s = 0.01h).
+// Within one pattern the logits are affine in any single parameter
+// (z = z0 + t v) and softmax cross-entropy has third derivatives below
+// ~0.4 |v|^3, so truncation is s^2/6 |L'''| <~ 1e-5 |v|^3, covered by a part
+// relative to the gradient (which grows with |v|). Bound: d / s + 1e-3 |fd|.
+// (A wrong factor, sign or index misses by far more.) The step is taken in
+// binary32 and the quotient divides by the step actually taken.
+void check_model_gradients(const ModelSpec& spec, const InputShape& in, Index batch, float h, std::uint64_t seed,
+                           int wanted) {
+  Fixture f;
+  Model model(spec, in, seed);
+  std::vector<Parameter*> params = model.parameters();
+  for (Parameter* p : params) f.set_parameter(*p, p->initial);
+  Rng rng{seed + 1};
+  const Shape x_shape{batch, in.channels, in.height, in.width};
+  const FVec x = uniform(rng, size_of(x_shape), 0.0, 1.0);
+  FVec labels;
+  for (Index i = 0; i < batch; ++i)
+    labels.push_back(static_cast<float>(rng.index(static_cast<std::size_t>(in.classes))));
+
+  const ModelEval base = evaluate(f, model, x, x_shape, labels, true);
+  std::vector<FVec> grads;
+  for (Parameter* p : params) grads.push_back(f.host(p->grad));
+  bool finite = true;
+  for (const FVec& g : grads)
+    for (const float v : g) finite = finite && std::isfinite(v);
+  REQUIRE(finite);  // every gradient element written (they started as NaN)
+  const double noise = 16.0 * u * (1.0 + std::fabs(base.loss));
+
+  std::vector<std::pair<std::size_t, std::size_t>> checked;
+  int accepted = 0, redrawn = 0, nonzero = 0, attempts = 0;
+  double worst = 0.0;
+  while (accepted < wanted && redrawn < 10 * wanted && ++attempts < 100 * wanted) {
+    const std::size_t pi = static_cast<std::size_t>(accepted) % params.size();
+    Parameter& p = *params[pi];
+    const std::size_t i = rng.index(p.initial.size());
+    if (std::find(checked.begin(), checked.end(), std::pair{pi, i}) != checked.end()) continue;
+    FVec values = p.initial;
+    const float t = values[i];
+    float plus = t, minus = t;
+    ModelEval ep, em;
+    bool smooth = false;
+    for (const float fraction : {1.0f, 0.3f, 0.1f, 0.03f, 0.01f}) {
+      plus = t + fraction * h;
+      minus = t - fraction * h;
+      values[i] = plus;
+      f.backend->copy(f.tensor(values, p.shape), p.working);
+      ep = evaluate(f, model, x, x_shape, labels, false);
+      values[i] = minus;
+      f.backend->copy(f.tensor(values, p.shape), p.working);
+      em = evaluate(f, model, x, x_shape, labels, false);
+      smooth = ep.pattern == base.pattern && em.pattern == base.pattern;
+      if (smooth) break;
+    }
+    values[i] = t;
+    f.backend->copy(f.tensor(values, p.shape), p.working);
+    if (!smooth) {
+      ++redrawn;
+      continue;
+    }
+    ++accepted;
+    checked.emplace_back(pi, i);
+    const double step = (static_cast<double>(plus) - static_cast<double>(minus)) / 2.0;
+    const double fd = (ep.loss - em.loss) / (2.0 * step);
+    const double g = grads[pi][i];
+    nonzero += g != 0.0;
+    const double bound = noise / step + 1e-3 * std::fabs(fd);
+    worst = std::max(worst, std::fabs(g - fd) / bound);
+    INFO(p.name << "[" << i << "]: backward " << g << ", finite difference " << fd << " (step " << step
+                << "), bound " << bound);
+    CHECK(std::fabs(g - fd) <= bound);
+  }
+  INFO(spec.kind << ": " << accepted << " parameters checked, " << redrawn << " redrawn for kinks, " << nonzero
+                 << " with a nonzero gradient, worst error / bound " << worst);
+  CHECK(accepted == wanted);
+  CHECK(nonzero >= wanted / 2);
+}
+
+TEST_CASE("MLP: backward gradients match finite differences of the binary32 loss", "[layers]") {
+  ModelSpec spec;
+  spec.kind = "mlp";
+  spec.hidden = {16, 8};
+  check_model_gradients(spec, InputShape{1, 4, 4, 3}, 5, 1e-2f, 2024, 20);
+}
+
+TEST_CASE("CNN: backward gradients match finite differences of the binary32 loss", "[layers]") {
+  ModelSpec spec;
+  spec.kind = "cnn";
+  check_model_gradients(spec, InputShape{1, 28, 28, 10}, 2, 1e-2f, 2025, 20);
+}
+
+}  // namespace
