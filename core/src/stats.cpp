@@ -44,35 +44,49 @@ TensorStats::Classes TensorStats::add_values(std::span<const float> values) {
   // value) in four interleaved tables, so consecutive increments rarely hit
   // the same counter. Fields 0 (zero, subnormal) and 255 (inf, NaN) are
   // resolved by a second pass over only those values.
-  // Zeros (common after ReLU) get their own slot 256, so the second pass runs
-  // only when there are subnormals, infinities or NaNs.
-  std::array<std::array<std::uint32_t, 257>, 4> field{};
+  // Two passes per chunk: a vectorisable one extracts the biased exponent
+  // bytes and counts subnormals; a scalar one increments eight interleaved
+  // tables (so repeated keys rarely wait on each other). Field 0 holds zeros
+  // and subnormals: zeros = field 0 - subnormals. A final pass over the data
+  // resolves subnormal binades, infinities and NaNs, only when there are any.
+  constexpr std::size_t chunk = 2048;
+  constexpr int tables = 8;
+  std::array<std::array<std::uint32_t, 256>, tables> field{};
+  std::array<std::uint8_t, chunk> keys;
   const std::size_t n = values.size();
-  const auto key = [&](std::size_t i) {
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(values[i]) & 0x7fffffffu;
-    return (bits >> 23) | (static_cast<std::uint32_t>(bits == 0) << 8);
-  };
-  std::array<std::uint64_t, 257> total{};
-  // Blocks of at most 2^32 - 1 values per table keep the 32-bit counters exact.
-  for (std::size_t block = 0; block < n; block += std::size_t{1} << 32) {
-    const std::size_t end = std::min(n, block + (std::size_t{1} << 32));
-    std::size_t i = block;
-    for (; i + 4 <= end; i += 4) {
-      ++field[0][key(i)];
-      ++field[1][key(i + 1)];
-      ++field[2][key(i + 2)];
-      ++field[3][key(i + 3)];
+  std::array<std::uint64_t, 256> total{};
+  std::uint64_t subnormals = 0;
+  std::size_t since_flush = 0;
+  for (std::size_t start = 0; start < n; start += chunk) {
+    const std::size_t m = std::min(chunk, n - start);
+    const float* v = values.data() + start;
+    std::uint32_t chunk_subnormals = 0;
+    for (std::size_t i = 0; i < m; ++i) {
+      const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
+      keys[i] = static_cast<std::uint8_t>(bits >> 23);
+      chunk_subnormals += static_cast<std::uint32_t>(bits - 1u < 0x7fffffu);  // 0 < bits < 2^23
     }
-    for (; i < end; ++i) ++field[0][key(i)];
-    for (int e = 0; e < 257; ++e) {
-      total[e] += std::uint64_t{field[0][e]} + field[1][e] + field[2][e] + field[3][e];
-      field[0][e] = field[1][e] = field[2][e] = field[3][e] = 0;
+    subnormals += chunk_subnormals;
+    std::size_t i = 0;
+    for (; i + tables <= m; i += tables)
+      for (int t = 0; t < tables; ++t) ++field[t][keys[i + t]];
+    for (; i < m; ++i) ++field[0][keys[i]];
+    since_flush += m;
+    if (since_flush > (std::size_t{1} << 31) || start + m == n) {  // 32-bit counters stay exact
+      for (int e = 0; e < 256; ++e) {
+        for (int t = 0; t < tables; ++t) total[e] += field[t][e], field[t][e] = 0;
+      }
+      since_flush = 0;
     }
   }
+  std::array<std::uint64_t, 257> slots{};
+  for (int e = 1; e < 256; ++e) slots[e] = total[e];
+  slots[256] = total[0] - subnormals;  // zeros
+  total[0] = subnormals;
 
   std::array<std::uint64_t, Binades::bin_count> local{};
-  for (int e = 1; e < 255; ++e) local[Binades::bin_of_exponent(e - 127)] = total[e];
-  local[Binades::zero_bin] = total[256];
+  for (int e = 1; e < 255; ++e) local[Binades::bin_of_exponent(e - 127)] = slots[e];
+  local[Binades::zero_bin] = slots[256];
   if (total[0] != 0 || total[255] != 0) {
     for (const float v : values) {
       const std::uint32_t bits = std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
