@@ -186,8 +186,6 @@ void apply_override(toml::table& root, const std::string& text) {
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("override '" + text + "' is not key=value (example: train.epochs=2)");
   const std::string key = text.substr(0, eq), value = text.substr(eq + 1);
-  toml::node_view<toml::node> unused{};
-  (void)unused;
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + value);

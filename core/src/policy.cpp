@@ -6,23 +6,6 @@
 namespace mpsim::core {
 namespace {
 
-std::string format_name(const Format& f) {
-  if (f == formats::binary16) return "binary16";
-  if (f == formats::bfloat16) return "bfloat16";
-  if (f == formats::binary32) return "binary32";
-  if (f == formats::tf32) return "tf32";
-  if (f == formats::e4m3) return "e4m3";
-  if (f == formats::e5m2) return "e5m2";
-  std::string s = "e";
-  s += std::to_string(f.exponent_bits);
-  s += 'm';
-  s += std::to_string(f.mantissa_bits);
-  if (f.subnormals == Subnormals::flush_to_zero) s += ":ftz";
-  if (f.overflow == Overflow::saturate) s += ":sat";
-  if (f.specials == Specials::nan_only) s += ":fn";
-  return s;
-}
-
 RoundingPoint point(const Format& f, bool scaled = false) {
   RoundingPoint p;
   p.format = f;
@@ -70,7 +53,7 @@ std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::st
 }
 
 std::string to_string(const RoundingPoint& p) {
-  std::string s = format_name(p.format);
+  std::string s = p.format.name();
   if (p.rounding.mode != RoundingMode::nearest_even) s += "/" + std::string(to_string(p.rounding.mode));
   if (p.delayed_scaling) s += "/scaled";
   return s;
