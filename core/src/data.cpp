@@ -1,4 +1,5 @@
 #include "mpsim/core/data.hpp"
+#include "splitmix.hpp"
 
 #include <zlib.h>
 
@@ -16,42 +17,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ---------------------------------------------------------------- randomness
-//
-// SplitMix64 (Steele, Lea and Flood 2014, as in Vigna's reference code),
-// written out so that a seed gives the same bits with every compiler and
-// standard library; <random>'s distributions are not specified that tightly.
-
-constexpr std::uint64_t golden_gamma = 0x9e3779b97f4a7c15u;
-
-constexpr std::uint64_t splitmix_finalize(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-  return z ^ (z >> 31);
-}
-
 // One seed per (seed, stream) pair: nearby pairs give unrelated streams.
 constexpr std::uint64_t mix(std::uint64_t seed, std::uint64_t stream) {
-  return splitmix_finalize(seed ^ splitmix_finalize(stream + golden_gamma));
+  return splitmix_finalize(seed ^ splitmix_finalize(stream + splitmix_gamma));
 }
-
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() { return splitmix_finalize(state_ += golden_gamma); }
-  // Uniform in [0, n), n > 0, without modulo bias: draws below 2^64 mod n are
-  // rejected so that every residue is equally likely.
-  std::uint64_t below(std::uint64_t n) {
-    const std::uint64_t threshold = (0 - n) % n;
-    for (;;) {
-      const std::uint64_t x = next();
-      if (x >= threshold) return x % n;
-    }
-  }
-
- private:
-  std::uint64_t state_;
-};
 
 // ------------------------------------------------------------------ IDX files
 

@@ -5,29 +5,21 @@
 #include <stdexcept>
 
 #include "mpsim/core/model.hpp"
+#include "splitmix.hpp"
 
 namespace mpsim::core {
 namespace {
 
-// SplitMix64 (Steele, Lea and Flood 2014): a specified generator, so the
-// same seed gives the same initial weights with any standard library.
-struct SplitMix64 {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller
-    const double u1 = 1.0 - uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
-  }
-};
+// Box-Muller on the specified generator: the same seed gives the same
+// initial weights with any standard library.
+double normal(SplitMix64& rng) {
+  const double u1 = 1.0 - rng.uniform(), u2 = rng.uniform();
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
 
-std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
-  SplitMix64 g{a ^ (b * 0xd1342543de82ef95ull)};
+// The generator seed of parameter `index` of a model drawn from `seed`.
+std::uint64_t mix(std::uint64_t seed, std::uint64_t index) {
+  SplitMix64 g(seed ^ (index * 0xd1342543de82ef95ull));
   return g.next();
 }
 
@@ -132,7 +124,7 @@ std::int64_t Model::parameter_count() {
 void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed) {
   std::uint64_t index = 0;
   for (Parameter* p : parameters) {
-    SplitMix64 rng{mix(seed, ++index)};
+    SplitMix64 rng(mix(seed, ++index));
     const std::int64_t n = element_count(p->shape);
     p->initial.assign(static_cast<std::size_t>(n), 0.0f);
     const bool is_bias = p->name.ends_with(".bias");
@@ -144,13 +136,13 @@ void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double sc
     for (auto& v : p->initial) {
       double x = 0.0;
       switch (scheme) {
-        case InitScheme::he: x = rng.normal() * std::sqrt(2.0 / static_cast<double>(fan_in)); break;
+        case InitScheme::he: x = normal(rng) * std::sqrt(2.0 / static_cast<double>(fan_in)); break;
         case InitScheme::xavier: {
           const double limit = std::sqrt(6.0 / static_cast<double>(fan_in + fan_out * receptive));
           x = (2.0 * rng.uniform() - 1.0) * limit;
           break;
         }
-        case InitScheme::normal: x = rng.normal(); break;
+        case InitScheme::normal: x = normal(rng); break;
       }
       v = static_cast<float>(x * scale);
     }
