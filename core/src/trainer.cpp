@@ -5,6 +5,7 @@
 #include <limits>
 #include <numbers>
 #include <stdexcept>
+#include <utility>
 
 #include "mpsim/core/loss_scaler.hpp"
 
@@ -97,7 +98,7 @@ class Arm {
       ctx_.training = true;
 
       const double scale = scaler_.scale();
-      const double loss = forward_backward(images, labels, static_cast<float>(scale), nullptr);
+      const double loss = forward_backward(images, labels, static_cast<float>(scale));
       if (setup_.inspect_gradients) setup_.inspect_gradients(step, model_.parameters(), backend_);
       double sum_squares = 0.0;
       for (auto& lp : parameters_) sum_squares += backend_.sum_squares(lp.parameter->grad);
@@ -172,24 +173,27 @@ class Arm {
   }
 
  private:
-  // Rounds the working copies, runs forward and backward; returns the mean loss.
-  double forward_backward(const std::vector<float>& images, const std::vector<float>& labels, float loss_scale,
-                          std::int64_t* correct) {
-    refresh_working_copies();
+  // The forward pass of a batch of images; returns the logits.
+  Tensor forward(const std::vector<float>& images, std::int64_t n, const Dataset& shape) {
     auto& layers = model_.layers();
-    const auto n = static_cast<std::int64_t>(labels.size());
-    const InputShape in{data_.train.channels, data_.train.height, data_.train.width, data_.train.classes};
-    Tensor h = backend_.from_host(images, {n, in.channels, in.height, in.width});
+    Tensor h = backend_.from_host(images, {n, shape.channels, shape.height, shape.width});
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
       ctx_.layer = i;
       h = layers[i]->forward(ctx_, h);
     }
-    const Tensor label_tensor = backend_.from_host(labels, {n});
-    Tensor d_logits = backend_.empty(h.shape());
+    return h;
+  }
+
+  // Rounds the working copies, runs forward and backward; returns the mean loss.
+  double forward_backward(const std::vector<float>& images, const std::vector<float>& labels, float loss_scale) {
+    refresh_working_copies();
+    auto& layers = model_.layers();
+    const auto n = static_cast<std::int64_t>(labels.size());
+    const Tensor logits = forward(images, n, data_.train);
+    Tensor d_logits = backend_.empty(logits.shape());
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.
-    const LossResult loss = backend_.softmax_cross_entropy(h, label_tensor, loss_scale, d_logits);
-    if (correct) *correct = loss.correct;
+    const LossResult loss = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}), loss_scale, d_logits);
     train_correct_ += loss.correct;
     train_seen_ += n;
     ctx_.layer = static_cast<int>(layers.size());
@@ -223,55 +227,42 @@ class Arm {
       if (o.kind == "sgd") {
         backend_.sgd_update(p.master, p.grad, p.state1, lr, static_cast<float>(o.momentum),
                             static_cast<float>(o.weight_decay), optimizer_steps_ == 1, update);
-        const auto saved = ctx_.stats;
-        ctx_.stats = nullptr;  // optimiser state is not one of the instrumented kinds
-        ctx_.round(p.state1, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
-        ctx_.stats = saved;
       } else {
         AdamParams a{lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
                      static_cast<float>(o.weight_decay), o.kind == "adamw", optimizer_steps_};
         backend_.adam_update(p.master, p.grad, p.state1, p.state2, a, update);
-        const auto no_stats = ctx_.stats;
-        ctx_.stats = nullptr;  // optimiser state is not one of the instrumented kinds
-        ctx_.round(p.state1, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
-        ctx_.round(p.state2, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
-        ctx_.stats = no_stats;
       }
+      // Optimiser state is not one of the instrumented kinds: rounded, not counted.
+      LayerStats* const counted = std::exchange(ctx_.stats, nullptr);
+      ctx_.round(p.state1, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
+      if (!p.state2.empty()) ctx_.round(p.state2, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
+      ctx_.stats = counted;
       backend_.apply_update(p.master, update, storage_, ctx_.stream(lp.site), ctx_.stats_for(TensorKind::updates));
     }
   }
 
   std::pair<double, double> evaluate(const Dataset& test) {
-    const auto saved_stats = ctx_.stats;
-    ctx_.stats = nullptr;
+    LayerStats* const counted = std::exchange(ctx_.stats, nullptr);
     ctx_.training = false;
-    const std::int64_t saved_correct = train_correct_, saved_seen = train_seen_;
+    refresh_working_copies();
     Batcher batcher(test, setup_.train.eval_batch, 0, false);
     double loss_sum = 0.0;
     std::int64_t correct = 0;
     std::vector<float> images, labels;
     std::vector<std::int64_t> indices;
-    auto& layers = model_.layers();
-    refresh_working_copies();
     for (std::int64_t start = 0; start < test.count; start += setup_.train.eval_batch) {
       indices.clear();
       for (std::int64_t i = start; i < std::min(test.count, start + setup_.train.eval_batch); ++i) indices.push_back(i);
       batcher.gather(indices, images, labels);
       const auto n = static_cast<std::int64_t>(labels.size());
-      Tensor h = backend_.from_host(images, {n, test.channels, test.height, test.width});
-      for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
-        ctx_.layer = i;
-        h = layers[i]->forward(ctx_, h);
-      }
-      Tensor d = backend_.empty(h.shape());
-      const LossResult r = backend_.softmax_cross_entropy(h, backend_.from_host(labels, {n}), 1.0f, d);
+      const Tensor logits = forward(images, n, test);
+      Tensor unused_gradient = backend_.empty(logits.shape());
+      const LossResult r = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}), 1.0f, unused_gradient);
       loss_sum += r.loss_sum;
       correct += r.correct;
     }
-    ctx_.stats = saved_stats;
+    ctx_.stats = counted;
     ctx_.training = true;
-    train_correct_ = saved_correct;
-    train_seen_ = saved_seen;
     const double count = static_cast<double>(std::max<std::int64_t>(1, test.count));
     return {loss_sum / count, static_cast<double>(correct) / count};
   }
