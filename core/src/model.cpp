@@ -63,41 +63,50 @@ void StepContext::round(Tensor& t, const RoundingPoint& point, TensorKind kind, 
   }
 }
 
-Model::Model(const ModelSpec& spec, const InputShape& in, std::uint64_t seed) {
+namespace {
+
+std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const InputShape& in) {
+  std::vector<std::unique_ptr<Layer>> layers;
   const auto activation = [&](const std::string& name) {
     return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
   };
   if (spec.kind == "mlp") {
-    layers_.push_back(make_flatten("flatten"));
+    layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;
     int i = 1;
     for (const std::int64_t h : spec.hidden) {
-      layers_.push_back(make_linear("fc" + std::to_string(i), width, h));
-      if (spec.layer_norm) layers_.push_back(make_layer_norm("ln" + std::to_string(i), h));
-      layers_.push_back(activation((spec.activation == Activation::relu ? "relu" : "gelu") + std::to_string(i)));
+      layers.push_back(make_linear("fc" + std::to_string(i), width, h));
+      if (spec.layer_norm) layers.push_back(make_layer_norm("ln" + std::to_string(i), h));
+      layers.push_back(activation((spec.activation == Activation::relu ? "relu" : "gelu") + std::to_string(i)));
       width = h;
       ++i;
     }
-    layers_.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
+    layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
   } else if (spec.kind == "cnn") {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     const std::string act = spec.activation == Activation::relu ? "relu" : "gelu";
-    layers_.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));
-    layers_.push_back(activation(act + "1"));
-    layers_.push_back(make_max_pool2d("pool1", 2, 2));
-    layers_.push_back(make_conv2d("conv2", 6, 16, 5, 1, 0));
-    layers_.push_back(activation(act + "2"));
-    layers_.push_back(make_max_pool2d("pool2", 2, 2));
-    layers_.push_back(make_flatten("flatten"));
+    layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));
+    layers.push_back(activation(act + "1"));
+    layers.push_back(make_max_pool2d("pool1", 2, 2));
+    layers.push_back(make_conv2d("conv2", 6, 16, 5, 1, 0));
+    layers.push_back(activation(act + "2"));
+    layers.push_back(make_max_pool2d("pool2", 2, 2));
+    layers.push_back(make_flatten("flatten"));
     const std::int64_t h = ((in.height + 4 - 4) / 2 - 4) / 2, w = ((in.width + 4 - 4) / 2 - 4) / 2;
-    layers_.push_back(make_linear("fc1", 16 * h * w, 120));
-    layers_.push_back(activation(act + "3"));
-    layers_.push_back(make_linear("fc2", 120, 84));
-    layers_.push_back(activation(act + "4"));
-    layers_.push_back(make_linear("fc3", 84, in.classes));
+    layers.push_back(make_linear("fc1", 16 * h * w, 120));
+    layers.push_back(activation(act + "3"));
+    layers.push_back(make_linear("fc2", 120, 84));
+    layers.push_back(activation(act + "4"));
+    layers.push_back(make_linear("fc3", 84, in.classes));
   } else {
     throw std::invalid_argument("unknown model kind '" + spec.kind + "'; expected mlp or cnn");
   }
+  return layers;
+}
+
+}  // namespace
+
+Model::Model(const ModelSpec& spec, const InputShape& in, std::uint64_t seed) : layers_(build_layers(spec, in)) {
   initialize(parameters(), spec.init, spec.init_scale, seed);
 }
 
@@ -111,6 +120,13 @@ std::vector<Parameter*> Model::parameters() {
 std::vector<std::string> Model::stat_names() const {
   std::vector<std::string> names;
   for (const auto& layer : layers_) names.push_back(layer->name());
+  names.push_back("loss");
+  return names;
+}
+
+std::vector<std::string> Model::stat_names(const ModelSpec& spec, const InputShape& input) {
+  std::vector<std::string> names;
+  for (const auto& layer : build_layers(spec, input)) names.push_back(layer->name());
   names.push_back("loss");
   return names;
 }

@@ -135,13 +135,13 @@ int run(const RunOptions& o) {
     fs::remove(output);
     fs::remove(config_path_for(output));
   }
-  {
-    std::ofstream toml(config_path_for(output));
-    toml << "# resolved config of " << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << c.to_toml();
-  }
-
   ExperimentInfo info;
   info.config_toml = c.to_toml();
+  {
+    std::ofstream toml(config_path_for(output));
+    toml << "# resolved config of " << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << info.config_toml;
+  }
+
   info.mpsim_version = MPSIM_VERSION;
   info.git_revision = MPSIM_GIT_REVISION;
   info.start_time = now_utc();
@@ -180,9 +180,8 @@ int run(const RunOptions& o) {
         setup.train.threads = threads;
         setup.seed = seed;
         const std::string name = arm_name(c, backend_name, policy_name, seed);
-        Model probe(c.model, InputShape{data.train.channels, data.train.height, data.train.width, data.train.classes},
-                    seed);
-        ArmInfo arm{name, backend_name, policy_name, describe(policy), seed, probe.stat_names()};
+        const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
+        ArmInfo arm{name, backend_name, policy_name, describe(policy), seed, Model::stat_names(c.model, input)};
         ArmLog& arm_log = log->add_arm(arm);
         ArmResult r = train_arm(*backend, setup, data, &arm_log,
                                 [&](const Progress& p) { progress.update(name, p); });

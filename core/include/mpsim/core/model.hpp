@@ -95,6 +95,8 @@ class Model {
   std::vector<Parameter*> parameters();
   // Layer names, then "loss" (where the gradient of the logits is counted).
   std::vector<std::string> stat_names() const;
+  // The same names without building and initialising a model's weights.
+  static std::vector<std::string> stat_names(const ModelSpec& spec, const InputShape& input);
   std::int64_t parameter_count();
 
  private:
