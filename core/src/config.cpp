@@ -133,17 +133,8 @@ Policy read_policy(const std::string& name, const toml::table* table) {
                       join(preset_policy_names()));
   Policy p = *policy;
   p.name = name;
-  p.weights = read_point(s, "weights", p.weights);
-  p.activations = read_point(s, "activations", p.activations);
-  p.accumulation = read_point(s, "accumulation", p.accumulation);
-  p.gemm_output = read_point(s, "gemm_output", p.gemm_output);
-  p.elementwise = read_point(s, "elementwise", p.elementwise);
-  p.gradient_operands = read_point(s, "gradient_operands", p.gradient_operands);
-  p.activation_grads = read_point(s, "activation_grads", p.activation_grads);
-  p.weight_grads = read_point(s, "weight_grads", p.weight_grads);
+  for (const auto& [key, point] : rounding_points) p.*point = read_point(s, key, p.*point);
   s.read("master_weights", p.master_weights);
-  p.weight_storage = read_point(s, "weight_storage", p.weight_storage);
-  p.optimizer_state = read_point(s, "optimizer_state", p.optimizer_state);
   s.read_array("fp32_ops", p.fp32_ops);
   for (const auto& op : p.fp32_ops)
     if (op != "layer_norm" && op != "gelu" && op != "softmax_cross_entropy")
@@ -154,7 +145,7 @@ Policy read_policy(const std::string& name, const toml::table* table) {
 
   Section ls(s.subtable("loss_scale"), "policies." + name + ".loss_scale");
   auto& l = p.loss_scaling;
-  std::string mode = l.mode == LossScaleMode::none ? "none" : l.mode == LossScaleMode::fixed ? "static" : "dynamic";
+  std::string mode(to_string(l.mode));
   ls.read_choice("mode", mode, {"none", "static", "dynamic"});
   l.mode = mode == "none" ? LossScaleMode::none : mode == "static" ? LossScaleMode::fixed : LossScaleMode::dynamic;
   ls.read("initial", l.initial_scale);
@@ -382,31 +373,20 @@ std::string ExperimentConfig::to_toml() const {
     toml::array ops;
     for (const auto& op : p.fp32_ops) ops.push_back(op);
     const auto& l = p.loss_scaling;
-    ps.insert(pname,
-              toml::table{{"weights", to_string(p.weights)},
-                          {"activations", to_string(p.activations)},
-                          {"accumulation", to_string(p.accumulation)},
-                          {"gemm_output", to_string(p.gemm_output)},
-                          {"elementwise", to_string(p.elementwise)},
-                          {"gradient_operands", to_string(p.gradient_operands)},
-                          {"activation_grads", to_string(p.activation_grads)},
-                          {"weight_grads", to_string(p.weight_grads)},
-                          {"master_weights", p.master_weights},
-                          {"weight_storage", to_string(p.weight_storage)},
-                          {"optimizer_state", to_string(p.optimizer_state)},
-                          {"fp32_ops", ops},
-                          {"loss_scale", toml::table{{"mode", l.mode == LossScaleMode::none    ? "none"
-                                                              : l.mode == LossScaleMode::fixed ? "static"
-                                                                                               : "dynamic"},
-                                                     {"initial", l.initial_scale},
-                                                     {"growth_factor", l.growth_factor},
-                                                     {"backoff_factor", l.backoff_factor},
-                                                     {"growth_interval", l.growth_interval},
-                                                     {"hysteresis", l.hysteresis},
-                                                     {"min", l.min_scale},
-                                                     {"max", l.max_scale}}},
-                          {"delayed_scaling", toml::table{{"history", p.delayed_scaling.history},
-                                                          {"margin", p.delayed_scaling.margin}}}});
+    toml::table table{{"master_weights", p.master_weights},
+                      {"fp32_ops", ops},
+                      {"loss_scale", toml::table{{"mode", to_string(l.mode)},
+                                                 {"initial", l.initial_scale},
+                                                 {"growth_factor", l.growth_factor},
+                                                 {"backoff_factor", l.backoff_factor},
+                                                 {"growth_interval", l.growth_interval},
+                                                 {"hysteresis", l.hysteresis},
+                                                 {"min", l.min_scale},
+                                                 {"max", l.max_scale}}},
+                      {"delayed_scaling", toml::table{{"history", p.delayed_scaling.history},
+                                                      {"margin", p.delayed_scaling.margin}}}};
+    for (const auto& [key, point] : rounding_points) table.insert(key, to_string(p.*point));
+    ps.insert(pname, std::move(table));
   }
   t.insert("policies", ps);
   std::ostringstream out;

@@ -59,6 +59,15 @@ std::string to_string(const RoundingPoint& p) {
   return s;
 }
 
+std::string_view to_string(LossScaleMode mode) {
+  switch (mode) {
+    case LossScaleMode::none: return "none";
+    case LossScaleMode::fixed: return "static";
+    case LossScaleMode::dynamic: return "dynamic";
+  }
+  return "?";
+}
+
 bool Policy::runs_in_fp32(std::string_view op) const {
   return std::find(fp32_ops.begin(), fp32_ops.end(), op) != fp32_ops.end();
 }
@@ -114,25 +123,16 @@ std::optional<Policy> preset_policy(std::string_view name) {
 
 std::string describe(const Policy& p) {
   std::ostringstream out;
-  const auto line = [&](const char* name, const RoundingPoint& r) { out << name << " = " << to_string(r) << "\n"; };
   out << "policy " << p.name << "\n";
-  line("weights", p.weights);
-  line("activations", p.activations);
-  line("accumulation", p.accumulation);
-  line("gemm_output", p.gemm_output);
-  line("elementwise", p.elementwise);
-  line("gradient_operands", p.gradient_operands);
-  line("activation_grads", p.activation_grads);
-  line("weight_grads", p.weight_grads);
-  out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
-  line("weight_storage", p.weight_storage);
-  line("optimizer_state", p.optimizer_state);
+  for (const auto& [name, point] : rounding_points) {
+    if (name == "weight_storage") out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
+    out << name << " = " << to_string(p.*point) << "\n";
+  }
   out << "fp32_ops = [";
   for (std::size_t i = 0; i < p.fp32_ops.size(); ++i) out << (i ? ", " : "") << '"' << p.fp32_ops[i] << '"';
   out << "]\n";
   const auto& s = p.loss_scaling;
-  out << "loss_scale.mode = "
-      << (s.mode == LossScaleMode::none ? "none" : s.mode == LossScaleMode::fixed ? "static" : "dynamic") << "\n";
+  out << "loss_scale.mode = " << to_string(s.mode) << "\n";
   if (s.mode != LossScaleMode::none) out << "loss_scale.initial = " << s.initial_scale << "\n";
   if (s.mode == LossScaleMode::dynamic)
     out << "loss_scale.growth_factor = " << s.growth_factor << "\nloss_scale.backoff_factor = " << s.backoff_factor

@@ -3,6 +3,7 @@
 // docs/policies.md lists every rounding point and what each preset puts there;
 // the GPU backend reproduces exactly these points.
 
+#include <array>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,6 +42,7 @@ std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::st
 std::string to_string(const RoundingPoint& point);
 
 enum class LossScaleMode : std::uint8_t { none, fixed, dynamic };
+std::string_view to_string(LossScaleMode mode);  // "none", "static", "dynamic" (the config's names)
 
 // PyTorch GradScaler semantics by default; hysteresis, min and max as in
 // Megatron-LM's DynamicGradScaler (hysteresis = 1 is GradScaler).
@@ -80,6 +82,24 @@ struct Policy {
 
   bool runs_in_fp32(std::string_view op) const;
 };
+
+// Every rounding point with its config key, in the order a step meets them.
+struct NamedPoint {
+  std::string_view name;
+  RoundingPoint Policy::*point;
+};
+inline constexpr std::array<NamedPoint, 10> rounding_points{{
+    {"weights", &Policy::weights},
+    {"activations", &Policy::activations},
+    {"accumulation", &Policy::accumulation},
+    {"gemm_output", &Policy::gemm_output},
+    {"elementwise", &Policy::elementwise},
+    {"gradient_operands", &Policy::gradient_operands},
+    {"activation_grads", &Policy::activation_grads},
+    {"weight_grads", &Policy::weight_grads},
+    {"weight_storage", &Policy::weight_storage},
+    {"optimizer_state", &Policy::optimizer_state},
+}};
 
 // The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8.
 std::optional<Policy> preset_policy(std::string_view name);
