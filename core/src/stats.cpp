@@ -2,8 +2,127 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstring>
+#include <vector>
 
 namespace mpsim::core {
+namespace {
+
+// Counts of the biased exponent field of binary32 values (0: zero or
+// subnormal; 255: infinity or NaN; otherwise the binade of a normal value).
+struct FieldCounts {
+  std::array<std::uint64_t, 256> field{};
+  std::uint64_t subnormal = 0;  // how many of field[0] are subnormal rather than zero
+};
+
+constexpr std::size_t chunk = 4096;
+
+// The vectorisable pass over one chunk: the exponent field of each value into
+// `keys`, the subnormal count, and the range of fields 1..254 seen, kept as
+// min(field - 1) and max(field + 1) in 8-bit arithmetic so that fields 0 and
+// 255 fall outside it. Compiled twice, for AVX-512 and for baseline x86-64,
+// and chosen at load time: AVX-512 makes this pass about 4x faster.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+std::uint32_t extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint8_t& low_minus_1,
+                             std::uint8_t& high_plus_1) {
+  std::uint32_t subnormals = 0;
+  std::uint8_t lo = low_minus_1, hi = high_plus_1;
+  for (std::size_t i = 0; i < m; ++i) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
+    const auto key = static_cast<std::uint8_t>(bits >> 23);
+    keys[i] = key;
+    subnormals += static_cast<std::uint32_t>(bits - 1u < 0x7fffffu);  // 0 < bits < 2^23
+    lo = std::min<std::uint8_t>(lo, static_cast<std::uint8_t>(key - 1));
+    hi = std::max<std::uint8_t>(hi, static_cast<std::uint8_t>(key + 1));
+  }
+  low_minus_1 = lo;
+  high_plus_1 = hi;
+  return subnormals;
+}
+
+// Few values: eight interleaved tables of 256 counters, so that repeated keys
+// rarely wait on each other's increments.
+void count_fields_small(std::span<const float> values, FieldCounts& out) {
+  constexpr int tables = 8;
+  std::array<std::array<std::uint32_t, 256>, tables> field{};
+  alignas(8) std::array<std::uint8_t, chunk> keys;
+  std::uint8_t lo = 255, hi = 0;
+  for (std::size_t start = 0; start < values.size(); start += chunk) {  // fewer than 2^32 values here
+    const std::size_t m = std::min(chunk, values.size() - start);
+    out.subnormal += extract_fields(values.data() + start, m, keys.data(), lo, hi);
+    std::size_t i = 0;
+    for (; i + tables <= m; i += tables)
+      for (int t = 0; t < tables; ++t) ++field[t][keys[i + t]];
+    for (; i < m; ++i) ++field[0][keys[i]];
+  }
+  for (int e = 0; e < 256; ++e)
+    for (int t = 0; t < tables; ++t) out.field[e] += field[t][e];
+}
+
+// Many values: count PAIRS of consecutive fields, one increment per two values
+// (two key bytes read as one 16-bit index), alternating between two tables of
+// 2^16 16-bit counters. A scalar histogram is bound by its memory operations,
+// and pairs halve them; 16-bit counters halve the cache lines touched when
+// the values span many binades. 2.0x to 1.6x faster than count_fields_small
+// on 200K weights, post-ReLU activations and gradients (2026-11-21).
+// Tables stay zero between calls: only the pairs of fields that occurred,
+// within {0} u [lo, hi] u {255}, are read back and cleared.
+void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
+  constexpr std::size_t pair_count = std::size_t{1} << 16;
+  // A table gets a quarter of the values' pairs: draining every 2^17 values
+  // keeps every counter below 2^16.
+  constexpr std::size_t drain_interval = std::size_t{1} << 17;
+  static_assert(drain_interval % chunk == 0);
+  thread_local std::vector<std::uint16_t> pairs(2 * pair_count, 0);
+  std::uint16_t* const even = pairs.data();
+  std::uint16_t* const odd = pairs.data() + pair_count;
+  alignas(8) std::array<std::uint8_t, chunk> keys;
+  std::uint8_t lo_m1 = 255, hi_p1 = 0;
+  auto drain = [&] {
+    const int lo = std::max(1, lo_m1 + 1), hi = std::min(254, hi_p1 - 1);
+    // A row holds the pairs with one second field; its columns are the first fields.
+    auto drain_row = [&](std::uint16_t* row) {
+      std::uint64_t sum = 0;
+      for (const int first : {0, 255}) out.field[first] += row[first], sum += row[first], row[first] = 0;
+      for (int first = lo; first <= hi; ++first) out.field[first] += row[first], sum += row[first];
+      if (lo <= hi) std::memset(row + lo, 0, sizeof(std::uint16_t) * static_cast<std::size_t>(hi - lo + 1));
+      return sum;
+    };
+    for (std::uint16_t* table : {even, odd}) {
+      for (const int second : {0, 255}) out.field[second] += drain_row(table + (second << 8));
+      for (int second = lo; second <= hi; ++second) out.field[second] += drain_row(table + (second << 8));
+    }
+    lo_m1 = 255;
+    hi_p1 = 0;
+  };
+  for (std::size_t start = 0; start < values.size(); start += chunk) {
+    const std::size_t m = std::min(chunk, values.size() - start);
+    out.subnormal += extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1);
+    std::size_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, keys.data() + i, sizeof w);  // little-endian: the first field is the low byte
+      ++even[w & 0xffff];
+      ++odd[(w >> 16) & 0xffff];
+      ++even[(w >> 32) & 0xffff];
+      ++odd[w >> 48];
+    }
+    for (; i < m; ++i) ++out.field[keys[i]];
+    if ((start + m) % drain_interval == 0) drain();
+  }
+  if (values.size() % drain_interval != 0) drain();
+}
+
+void count_fields(std::span<const float> values, FieldCounts& out) {
+  if (values.size() >= 8192)
+    count_fields_pairs(values, out);
+  else
+    count_fields_small(values, out);
+}
+
+}  // namespace
 
 std::string_view to_string(TensorKind kind) {
   switch (kind) {
@@ -40,45 +159,14 @@ TensorStats& TensorStats::operator+=(const TensorStats& other) {
 }
 
 TensorStats::Classes TensorStats::add_values(std::span<const float> values) {
-  // First pass: count the biased exponent field (the binade of every normal
-  // value) in four interleaved tables, so consecutive increments rarely hit
-  // the same counter. Fields 0 (zero, subnormal) and 255 (inf, NaN) are
-  // resolved by a second pass over only those values.
-  // Two passes per chunk: a vectorisable one extracts the biased exponent
-  // bytes and counts subnormals; a scalar one increments eight interleaved
-  // tables (so repeated keys rarely wait on each other). Field 0 holds zeros
-  // and subnormals: zeros = field 0 - subnormals. A final pass over the data
-  // resolves subnormal binades, infinities and NaNs, only when there are any.
-  constexpr std::size_t chunk = 2048;
-  constexpr int tables = 8;
-  std::array<std::array<std::uint32_t, 256>, tables> field{};
-  std::array<std::uint8_t, chunk> keys;
+  // Count the biased exponent field of every value (the binade of a normal
+  // value), then resolve field 0 (zeros = field 0 - subnormals) and, only when
+  // there are any, subnormal binades, infinities and NaNs in a second pass.
+  FieldCounts counts;
+  count_fields(values, counts);
   const std::size_t n = values.size();
-  std::array<std::uint64_t, 256> total{};
-  std::uint64_t subnormals = 0;
-  std::size_t since_flush = 0;
-  for (std::size_t start = 0; start < n; start += chunk) {
-    const std::size_t m = std::min(chunk, n - start);
-    const float* v = values.data() + start;
-    std::uint32_t chunk_subnormals = 0;
-    for (std::size_t i = 0; i < m; ++i) {
-      const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
-      keys[i] = static_cast<std::uint8_t>(bits >> 23);
-      chunk_subnormals += static_cast<std::uint32_t>(bits - 1u < 0x7fffffu);  // 0 < bits < 2^23
-    }
-    subnormals += chunk_subnormals;
-    std::size_t i = 0;
-    for (; i + tables <= m; i += tables)
-      for (int t = 0; t < tables; ++t) ++field[t][keys[i + t]];
-    for (; i < m; ++i) ++field[0][keys[i]];
-    since_flush += m;
-    if (since_flush > (std::size_t{1} << 31) || start + m == n) {  // 32-bit counters stay exact
-      for (int e = 0; e < 256; ++e) {
-        for (int t = 0; t < tables; ++t) total[e] += field[t][e], field[t][e] = 0;
-      }
-      since_flush = 0;
-    }
-  }
+  std::array<std::uint64_t, 256>& total = counts.field;
+  const std::uint64_t subnormals = counts.subnormal;
   std::array<std::uint64_t, 257> slots{};
   for (int e = 1; e < 256; ++e) slots[e] = total[e];
   slots[256] = total[0] - subnormals;  // zeros

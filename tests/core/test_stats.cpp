@@ -57,3 +57,62 @@ TEST_CASE("exponent histogram bins every binary32 class and binade", "[stats]") 
   twice.add_values(values);
   for (int b = 0; b < Binades::bin_count; ++b) CHECK(twice.histogram[b] == 2 * expected[b]);
 }
+
+namespace {
+
+// The histogram by std::fpclassify and std::frexp, one value at a time.
+std::array<std::uint64_t, Binades::bin_count> oracle_histogram(const std::vector<float>& values) {
+  std::array<std::uint64_t, Binades::bin_count> h{};
+  for (const float v : values) {
+    switch (std::fpclassify(v)) {
+      case FP_ZERO: ++h[Binades::zero_bin]; continue;
+      case FP_INFINITE: ++h[Binades::infinity_bin]; continue;
+      case FP_NAN: ++h[Binades::nan_bin]; continue;
+      default: break;
+    }
+    int exponent;
+    std::frexp(static_cast<double>(v), &exponent);
+    ++h[Binades::bin_of_exponent(exponent - 1)];
+  }
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time oracle", "[stats]") {
+  // Sizes around the switch to pair counting (8192), the chunk (4096) and the
+  // pair-table drain (2^17); data concentrated in a few binades, post-ReLU
+  // (half zeros), spread over 40 binades, and with rare subnormals, infinities
+  // and NaNs in the middle of a chunk.
+  std::mt19937_64 rng(20261121);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
+  for (const std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{8191}, std::size_t{8192},
+                              std::size_t{8193}, std::size_t{100003}, (std::size_t{1} << 17) + 5,
+                              std::size_t{3} << 17}) {
+    for (const char* shape : {"weights", "relu", "wide", "special", "zeros"}) {
+      std::vector<float> values(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::string_view s = shape;
+        if (s == "weights") values[i] = normal(rng);
+        else if (s == "relu") values[i] = std::max(0.0f, normal(rng));
+        else if (s == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
+        else if (s == "zeros") values[i] = (i % 2) ? 0.0f : -0.0f;
+        else {
+          const std::uint64_t r = rng() % 1000;
+          values[i] = r == 0 ? std::numeric_limits<float>::infinity()
+                    : r == 1 ? -std::numeric_limits<float>::quiet_NaN()
+                    : r < 10 ? std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 12))
+                             : normal(rng);
+        }
+      }
+      INFO("n = " << n << ", " << shape);
+      TensorStats stats;
+      stats.add_values(values);
+      const auto expected = oracle_histogram(values);
+      CHECK(stats.histogram == expected);
+      CHECK(stats[Counter::elements] == n);
+      CHECK(stats[Counter::nonzero] == n - expected[Binades::zero_bin]);
+    }
+  }
+}
