@@ -12,14 +12,13 @@ namespace {
 
 Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
 
-// The activation operand of a GEMM: a copy rounded at policy.activations
-// (or the tensor itself when that rounding changes nothing and counts nothing).
+// A GEMM operand: a copy of x rounded at `point` (policy.activations or
+// policy.gradient_operands), or x itself when that rounding would change no
+// value: at the identity, or when x already passed the same format unscaled.
+// Such operands are not counted as gemm_inputs either: their values were
+// counted where they were made.
 Tensor operand(StepContext& ctx, const Tensor& x, const RoundingPoint& point, Site site) {
-  if (point.is_identity()) {  // changes no value: count the operand as it is
-    Tensor alias = x;
-    if (ctx.stats) ctx.round(alias, point, TensorKind::gemm_inputs, site);
-    return x;
-  }
+  if (point.is_identity() || (ctx.incoming && point.keeps_values_of(*ctx.incoming))) return x;
   Tensor q = ctx.backend.empty(x.shape());
   ctx.backend.copy(x, q);
   ctx.round(q, point, TensorKind::gemm_inputs, site);
@@ -36,6 +35,12 @@ class Linear final : public Layer {
   }
   Shape output_shape(const Shape& input) const override { return with_rows(input[0], out_); }
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.gemm_output;
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.activation_grads;
+  }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     const Policy& p = ctx.policy;
@@ -95,6 +100,12 @@ class Conv2d final : public Layer {
     return {in[0], cout_, g.out_height(), g.out_width()};
   }
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.gemm_output;
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.activation_grads;
+  }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     const Policy& p = ctx.policy;
@@ -161,6 +172,12 @@ class MaxPool2d final : public Layer {
     g.width = in[3];
     return {in[0], in[1], g.out_height(), g.out_width()};
   }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.elementwise;
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.activation_grads;
+  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     geometry_.batch = x.shape()[0];
     geometry_.channels = x.shape()[1];
@@ -194,6 +211,14 @@ class Flatten final : public Layer {
  public:
   using Layer::Layer;
   Shape output_shape(const Shape& in) const override { return with_rows(in[0], element_count(in) / in[0]); }
+  // A reshape: values pass through unchanged, in both directions.
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>& in) const override {
+    return in;
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy&,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return grad;
+  }
   Tensor forward(StepContext&, const Tensor& x) override {
     input_shape_ = x.shape();
     return x.reshaped(output_shape(x.shape()));
@@ -211,12 +236,18 @@ class Pointwise final : public Layer {
  public:
   Pointwise(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
   Shape output_shape(const Shape& in) const override { return in; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return output_point(p);
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.activation_grads;
+  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     input_ = x;
     Tensor y = ctx.backend.empty(x.shape());
     if (kind_ == Activation::relu) ctx.backend.relu_forward(x, y);
     else ctx.backend.gelu_forward(x, y);
-    ctx.round(y, output_point(ctx), TensorKind::activations, Site::output);
+    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
@@ -232,8 +263,8 @@ class Pointwise final : public Layer {
   }
 
  private:
-  RoundingPoint output_point(const StepContext& ctx) const {
-    return kind_ == Activation::gelu && ctx.policy.runs_in_fp32("gelu") ? RoundingPoint{} : ctx.policy.elementwise;
+  RoundingPoint output_point(const Policy& p) const {
+    return kind_ == Activation::gelu && p.runs_in_fp32("gelu") ? RoundingPoint{} : p.elementwise;
   }
   Activation kind_;
   Tensor input_;
@@ -250,6 +281,12 @@ class LayerNorm final : public Layer {
   }
   Shape output_shape(const Shape& in) const override { return in; }
   std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return output_point(p);
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.activation_grads;
+  }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     Backend& b = ctx.backend;
@@ -259,8 +296,7 @@ class LayerNorm final : public Layer {
     Tensor y = b.empty(input_.shape());
     // Statistics in binary32 always (autocast runs layer_norm in FP32).
     b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_);
-    const RoundingPoint out = ctx.policy.runs_in_fp32("layer_norm") ? RoundingPoint{} : ctx.policy.elementwise;
-    ctx.round(y, out, TensorKind::activations, Site::output);
+    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y.reshaped(x.shape());
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
@@ -277,6 +313,9 @@ class LayerNorm final : public Layer {
   }
 
  private:
+  static RoundingPoint output_point(const Policy& p) {
+    return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
+  }
   std::int64_t features_;
   float eps_;
   Parameter gamma_, beta_;

@@ -19,6 +19,10 @@ bool RoundingPoint::is_identity() const {
   return format == formats::binary32 && !delayed_scaling && rounding.mode == RoundingMode::nearest_even;
 }
 
+bool RoundingPoint::keeps_values_of(const RoundingPoint& earlier) const {
+  return is_identity() || (!delayed_scaling && !earlier.delayed_scaling && format == earlier.format);
+}
+
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error) {
   RoundingPoint p;
   std::vector<std::string_view> parts;

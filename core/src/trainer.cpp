@@ -177,10 +177,14 @@ class Arm {
   Tensor forward(const std::vector<float>& images, std::int64_t n, const Dataset& shape) {
     auto& layers = model_.layers();
     Tensor h = backend_.from_host(images, {n, shape.channels, shape.height, shape.width});
+    std::optional<RoundingPoint> incoming;  // the images: binary32, not rounded
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
       ctx_.layer = i;
+      ctx_.incoming = incoming;
       h = layers[i]->forward(ctx_, h);
+      incoming = layers[i]->output_rounding(policy_, incoming);
     }
+    ctx_.incoming.reset();
     return h;
   }
 
@@ -199,10 +203,14 @@ class Arm {
     ctx_.layer = static_cast<int>(layers.size());
     ctx_.round(d_logits, policy_.activation_grads, TensorKind::activation_grads, Site::input_grad);
     Tensor g = d_logits;
+    std::optional<RoundingPoint> incoming = policy_.activation_grads;
     for (int i = static_cast<int>(layers.size()) - 1; i >= 0; --i) {
       ctx_.layer = i;
+      ctx_.incoming = incoming;
       g = layers[i]->backward(ctx_, g, needs_input_grad_[static_cast<std::size_t>(i)]);
+      incoming = layers[i]->input_grad_rounding(policy_, incoming);
     }
+    ctx_.incoming.reset();
     return loss.loss_sum / static_cast<double>(n);
   }
 

@@ -33,6 +33,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -745,6 +746,73 @@ TEST_CASE("Linear under fp16-mixed rounds its outputs and gradients to binary16"
   std::size_t differ = 0;
   for (std::size_t i = 0; i < y.size(); ++i) differ += y[i] != static_cast<float>(y32[i]);
   CHECK(differ > y.size() / 2);
+}
+
+// The binary32 encodings of v: compares values bit for bit (NaN and -0 included).
+std::vector<std::uint32_t> bits_of(const FVec& v) {
+  std::vector<std::uint32_t> out(v.size());
+  std::memcpy(out.data(), v.data(), v.size() * sizeof(float));
+  return out;
+}
+
+TEST_CASE("a GEMM operand already in the operand's format is used as it is, with the same bits", "[layers]") {
+  // The trainer tells a layer which rounding its input passed last. Under
+  // fp16-mixed, an input that passed binary16 skips the operand copy and
+  // rounding (and is not counted again as gemm_inputs), and the layer's
+  // results are bit for bit those of the rounding it skipped.
+  const Index batch = 4, in = 24, out = 5;
+  Rng rng{7};
+  FVec x = uniform(rng, batch * in, -2.0, 2.0);
+  for (float& v : x)  // values that passed binary16
+    v = mpsim::to_float(mpsim::formats::binary16, mpsim::round_to_format(mpsim::formats::binary16, {}, v).bits);
+  const FVec w = uniform(rng, out * in, -0.5, 0.5), b = uniform(rng, out, -0.5, 0.5);
+  const FVec dy16 = [&] {
+    FVec d = uniform(rng, batch * out, -1.0, 1.0);
+    for (float& v : d)
+      v = mpsim::to_float(mpsim::formats::binary16, mpsim::round_to_format(mpsim::formats::binary16, {}, v).bits);
+    return d;
+  }();
+  struct Results {
+    FVec y, dx, dw;
+    std::uint64_t gemm_inputs_counted;
+  };
+  const auto run = [&](bool told) {
+    Fixture f("fp16-mixed");
+    LayerStats stats(1);
+    f.ctx.stats = &stats;
+    auto layer = make_linear("fc", in, out);
+    std::vector<Parameter*> ps = layer->parameters();
+    f.set_parameter(*ps[0], w);
+    f.set_parameter(*ps[1], b);
+    if (told) f.ctx.incoming = layer->output_rounding(f.policy, std::nullopt);  // binary16, like a Linear before it
+    Results r;
+    r.y = f.host(layer->forward(f.ctx, f.tensor(x, {batch, in})));
+    if (told) f.ctx.incoming = f.policy.activation_grads;
+    r.dx = f.host(layer->backward(f.ctx, f.tensor(dy16, {batch, out}), true));
+    r.dw = f.host(ps[0]->grad);
+    r.gemm_inputs_counted = stats[0][static_cast<int>(TensorKind::gemm_inputs)][Counter::elements];
+    return r;
+  };
+  const Results rounded = run(false), skipped = run(true);
+  CHECK(bits_of(skipped.y) == bits_of(rounded.y));
+  CHECK(bits_of(skipped.dx) == bits_of(rounded.dx));
+  CHECK(bits_of(skipped.dw) == bits_of(rounded.dw));
+  CHECK(rounded.gemm_inputs_counted == static_cast<std::uint64_t>(batch * (in + out)));
+  CHECK(skipped.gemm_inputs_counted == 0);
+
+  // Which roundings keep earlier values: same format unscaled, or the identity.
+  const auto point = [](const char* text) {
+    const auto p = parse_rounding_point(text, nullptr);
+    REQUIRE(p);
+    return *p;
+  };
+  CHECK(point("binary16").keeps_values_of(point("binary16/stochastic")));
+  CHECK(point("binary16/toward-zero").keeps_values_of(point("binary16")));
+  CHECK(point("binary32").keeps_values_of(point("e4m3/scaled")));
+  CHECK_FALSE(point("binary16").keeps_values_of(point("bfloat16")));
+  CHECK_FALSE(point("binary16").keeps_values_of(point("binary32")));
+  CHECK_FALSE(point("e4m3/scaled").keeps_values_of(point("e4m3/scaled")));
+  CHECK_FALSE(point("e4m3").keeps_values_of(point("e4m3/scaled")));
 }
 
 // --- Whole models ------------------------------------------------------------------

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,10 @@ class StepContext {
   bool training = true;
   LayerStats* stats = nullptr;  // null: no instrumentation this step
   int layer = 0;
+  // The rounding point that the values entering the current layer passed
+  // last (forward: its input; backward: its output gradient), when the loop
+  // knows it. A GEMM operand rounding that keeps those values is skipped.
+  std::optional<RoundingPoint> incoming;
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
   // counting into stats[layer][kind].
@@ -66,6 +71,12 @@ class Layer {
   // need_input_grad is false for the first layer: its input gradient is never used.
   virtual Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() { return {}; }
+  // The rounding point the forward output passes last, given the input's
+  // (nullopt: unknown); the same for the gradient backward returns.
+  virtual std::optional<RoundingPoint> output_rounding(const Policy& policy,
+                                                       const std::optional<RoundingPoint>& input) const = 0;
+  virtual std::optional<RoundingPoint> input_grad_rounding(const Policy& policy,
+                                                           const std::optional<RoundingPoint>& output_grad) const = 0;
 
  private:
   std::string name_;

@@ -31,6 +31,10 @@ struct RoundingPoint {
 
   // binary32 with round-to-nearest and no scaling changes no binary32 value.
   bool is_identity() const;
+  // True when every value that has passed `earlier` passes this point
+  // unchanged: the identity, or the same format with neither point scaled (a
+  // value already in a format rounds to itself in every mode, stochastic too).
+  bool keeps_values_of(const RoundingPoint& earlier) const;
   friend bool operator==(const RoundingPoint& a, const RoundingPoint& b) {
     return a.format == b.format && a.rounding.mode == b.rounding.mode &&
            a.rounding.random_bits == b.rounding.random_bits && a.delayed_scaling == b.delayed_scaling;

@@ -19,7 +19,8 @@ enum class TensorKind : std::uint8_t {
   activation_grads,  // gradients with respect to a layer's input, as its backward produces them
   weight_grads,      // gradients with respect to the layer's parameters (loss-scaled, as stored)
   updates,           // the optimiser's update of each weight, before it is added to the weight
-  gemm_inputs,       // activations and output gradients as rounded for a GEMM operand (FP8 scaling happens here)
+  gemm_inputs,       // activations and output gradients rounded for a GEMM operand (FP8 scaling happens here);
+                     // only where that rounding can change a value (docs/policies.md)
 };
 inline constexpr int tensor_kind_count = 6;
 std::string_view to_string(TensorKind kind);
