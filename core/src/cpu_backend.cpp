@@ -92,6 +92,18 @@ std::uint64_t count_infinite(std::span<const float> v) {
   return n;
 }
 
+// The largest |x|, NaN ignored. Compares the magnitudes' encodings as
+// integers (ordered like the values for non-NaN binary32), so it vectorises;
+// a float max chain ran at one element per few cycles.
+float amax_of(std::span<const float> v) {
+  std::int32_t largest = 0;
+  for (const float x : v) {
+    const auto magnitude = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(x) & 0x7fffffffu);
+    largest = std::max(largest, magnitude > 0x7f800000 ? 0 : magnitude);
+  }
+  return std::bit_cast<float>(largest);
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() { set_threads(1); }
@@ -129,11 +141,7 @@ class CpuBackend final : public Backend {
                     TensorStats* stats) override {
     std::span<float> v = values(t);
     RoundResult result;
-    if (point.delayed_scaling) {
-      float amax = 0.0f;
-      for (const float x : v) amax = std::max(amax, std::fabs(x));  // std::max drops NaN here
-      result.amax = amax;
-    }
+    if (point.delayed_scaling) result.amax = amax_of(v);
     const bool scaled = scale != 1.0f;
     if (scaled)
       for (float& x : v) x *= scale;

@@ -173,21 +173,18 @@ TensorStats& TensorStats::operator+=(const TensorStats& other) {
 TensorStats::Classes TensorStats::add_values(std::span<const float> values) {
   FieldCounts c;
   count_fields(values, c);
+  Histogram h{};
+  for (int e = 1; e < 255; ++e) h[Binades::bin_of_exponent(e - 127)] = c.field[e];  // field e: binade 2^(e - 127)
   Classes classes;
-  for (const std::uint64_t k : c.subnormal) classes.subnormal += k;
-  classes.infinite = c.infinite;
-  classes.nan = c.nan;
-  const std::uint64_t zeros = c.field[0] - classes.subnormal;
-  // Field e holds the normal binade 2^(e - 127); below 2^-24 are fields 1..102.
-  std::uint64_t below = classes.subnormal;
-  for (int e = 1; e < 127 - 24; ++e) below += c.field[e];
-  for (int e = 1; e < 255; ++e) histogram[Binades::bin_of_exponent(e - 127)] += c.field[e];
-  for (int k = 0; k < 23; ++k) histogram[Binades::bin_of_exponent(k - 149)] += c.subnormal[k];
-  histogram[Binades::zero_bin] += zeros;
-  histogram[Binades::infinity_bin] += c.infinite;
-  histogram[Binades::nan_bin] += c.nan;
+  for (int k = 0; k < 23; ++k) h[Binades::bin_of_exponent(k - 149)] = c.subnormal[k], classes.subnormal += c.subnormal[k];
+  h[Binades::zero_bin] = c.field[0] - classes.subnormal;
+  h[Binades::infinity_bin] = classes.infinite = c.infinite;
+  h[Binades::nan_bin] = classes.nan = c.nan;
+  std::uint64_t below = 0;
+  for (int e = Binades::min_exponent; e < -24; ++e) below += h[Binades::bin_of_exponent(e)];
+  for (int b = 0; b < Binades::bin_count; ++b) histogram[b] += h[b];
   (*this)[Counter::elements] += values.size();
-  (*this)[Counter::nonzero] += values.size() - zeros;
+  (*this)[Counter::nonzero] += values.size() - h[Binades::zero_bin];
   (*this)[Counter::below_2_24] += below;
   return classes;
 }

@@ -36,6 +36,7 @@ struct Binades {
   static constexpr int bin_count = finite_bins + 3;
   static constexpr int bin_of_exponent(int e) { return e - min_exponent; }
 };
+using Histogram = std::array<std::uint64_t, Binades::bin_count>;
 
 // Scalar counters, in this order in the HDF5 log ("counters" attribute names them).
 enum class Counter : std::uint8_t {
@@ -54,7 +55,7 @@ inline constexpr int counter_count = 10;
 std::string_view to_string(Counter counter);
 
 struct TensorStats {
-  std::array<std::uint64_t, Binades::bin_count> histogram{};
+  Histogram histogram{};
   std::array<std::uint64_t, counter_count> counters{};
 
   std::uint64_t& operator[](Counter c) { return counters[static_cast<int>(c)]; }
