@@ -71,6 +71,20 @@ void count_fields_small(std::span<const float> values, FieldCounts& out) {
   for (int e = 0; e < 256; ++e) out.field[e] += std::uint64_t{field[0][e]} + field[1][e] + field[2][e] + field[3][e];
 }
 
+// Adds counts[0..n) to field[0..n), clears them and returns their sum.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+std::uint64_t drain_range(std::uint16_t* counts, std::uint64_t* field, int n) {
+  std::uint64_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    field[i] += counts[i];
+    sum += counts[i];
+    counts[i] = 0;
+  }
+  return sum;
+}
+
 // Many values: count PAIRS of consecutive fields, one increment per two values
 // (two key bytes read as one 16-bit index), alternating between two tables of
 // 2^16 16-bit counters. A scalar histogram is bound by its memory operations,
@@ -97,8 +111,7 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
     auto drain_row = [&](std::uint16_t* row) {
       std::uint64_t sum = 0;
       for (const int first : {0, 255}) out.field[first] += row[first], sum += row[first], row[first] = 0;
-      for (int first = lo; first <= hi; ++first) out.field[first] += row[first], sum += row[first];
-      if (lo <= hi) std::memset(row + lo, 0, sizeof(std::uint16_t) * static_cast<std::size_t>(hi - lo + 1));
+      if (lo <= hi) sum += drain_range(row + lo, out.field.data() + lo, hi - lo + 1);
       return sum;
     };
     for (std::uint16_t* table : {even, odd}) {
