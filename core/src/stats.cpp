@@ -128,7 +128,7 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
     std::size_t i = 0;
     for (; i + 8 <= m; i += 8) {
       std::uint64_t w;
-      std::memcpy(&w, keys.data() + i, sizeof w);  // little-endian: the first field is the low byte
+      std::memcpy(&w, keys.data() + i, sizeof w);  // a pair counts both its fields, so byte order does not matter
       ++even[w & 0xffff];
       ++odd[(w >> 16) & 0xffff];
       ++even[(w >> 32) & 0xffff];
