@@ -38,9 +38,6 @@ class Linear final : public Layer {
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
   }
-  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return p.activation_grads;
-  }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     const Policy& p = ctx.policy;
@@ -102,9 +99,6 @@ class Conv2d final : public Layer {
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
-  }
-  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return p.activation_grads;
   }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
@@ -175,9 +169,6 @@ class MaxPool2d final : public Layer {
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.elementwise;
   }
-  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return p.activation_grads;
-  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     geometry_.batch = x.shape()[0];
     geometry_.channels = x.shape()[1];
@@ -239,9 +230,6 @@ class Pointwise final : public Layer {
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
   }
-  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return p.activation_grads;
-  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     input_ = x;
     Tensor y = ctx.backend.empty(x.shape());
@@ -283,9 +271,6 @@ class LayerNorm final : public Layer {
   std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
-  }
-  std::optional<RoundingPoint> input_grad_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return p.activation_grads;
   }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {

@@ -72,11 +72,16 @@ class Layer {
   virtual Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) = 0;
   virtual std::vector<Parameter*> parameters() { return {}; }
   // The rounding point the forward output passes last, given the input's
-  // (nullopt: unknown); the same for the gradient backward returns.
+  // (nullopt: unknown).
   virtual std::optional<RoundingPoint> output_rounding(const Policy& policy,
                                                        const std::optional<RoundingPoint>& input) const = 0;
+  // The same for the gradient backward returns. Every layer that computes
+  // its input gradient rounds it last at policy.activation_grads; a layer
+  // that passes the gradient through (Flatten) overrides this.
   virtual std::optional<RoundingPoint> input_grad_rounding(const Policy& policy,
-                                                           const std::optional<RoundingPoint>& output_grad) const = 0;
+                                                           const std::optional<RoundingPoint>& /*output_grad*/) const {
+    return policy.activation_grads;
+  }
 
  private:
   std::string name_;
