@@ -5,6 +5,11 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define MPSIM_HISTOGRAM_AVX512 1
+#endif
+
 namespace mpsim::core {
 namespace {
 
@@ -140,7 +145,196 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
   if (values.size() % drain_interval != 0) drain();
 }
 
+#if MPSIM_HISTOGRAM_AVX512
+// Many values on a CPU with AVX-512 VBMI2: no per-value memory increments for
+// almost all values. Each block of 64 values is reduced to 64 exponent bytes
+// and compared with field 0 (zeros) and a window of 12 adjacent fields, each
+// match adding 1 to an 8-bit counter per lane and field (a masked byte add).
+// Fields outside the window are compressed into a list, which a second pass
+// compares with a second window of 12; what is left is counted one by one.
+// Weights, activations and gradients mostly span fewer than 24 binades, with
+// two modes at times (a layer's inputs that are often exactly zero make
+// gradients in two clusters). The windows are placed by the first 256
+// values and moved when a chunk has many values outside both. About 2x faster
+// than pair counting on such data (bench_stats, 2026-11-21).
+constexpr int window_width = 12, second_width = 24;
+#define MPSIM_TARGET_AVX512_VBMI2 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt")))
+
+// Adds 1 to counts[j] in the lanes where offset == j, j < width.
+template <int width>
+MPSIM_TARGET_AVX512_VBMI2 inline void count_offsets(__m512i offset, __m512i* counts) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int j = 0; j < width; ++j) {
+    const __mmask64 hit = _mm512_cmpeq_epi8_mask(offset, _mm512_set1_epi8(static_cast<char>(j)));
+    counts[j] = _mm512_mask_add_epi8(counts[j], hit, counts[j], ones);
+  }
+}
+
+// Sum of the 64 8-bit counters of a vector.
+MPSIM_TARGET_AVX512_VBMI2 std::uint32_t byte_total(__m512i counts) {
+  return static_cast<std::uint32_t>(_mm512_reduce_add_epi64(_mm512_sad_epu8(counts, _mm512_setzero_si512())));
+}
+
+struct FirstPass {
+  std::size_t outliers = 0;  // fields outside {0} u window, stored in the list
+  bool maybe_subnormal = false;
+};
+
+// Counts blocks * 64 values of v (at most 64 blocks, so that no 8-bit
+// counter wraps): fields in {0} u [base, base + window_width) into `field`,
+// the others into `outliers`.
+MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size_t blocks, int base,
+                                                       std::uint32_t* field, std::uint8_t* outliers) {
+  // Byte 3 of each 32-bit lane of (bits + bits) is the exponent field. One
+  // permutation gathers those of two vectors into bytes 0..31, another those
+  // of the next two, kept in bytes 32..63.
+  alignas(64) std::uint8_t gather[64];
+  for (int i = 0; i < 64; ++i) gather[i] = static_cast<std::uint8_t>((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + 3);
+  const __m512i gather_index = _mm512_load_si512(gather);
+  const __m512i ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512(), two = _mm512_set1_epi32(2);
+  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), width = _mm512_set1_epi8(window_width);
+  __m512i zeros = zero, in_window[window_width];
+  for (auto& c : in_window) c = zero;
+  __m512i min_nonzero = _mm512_set1_epi32(-1);  // min of 2|x| - 2 as unsigned bits
+  std::size_t n_out = 0;
+  for (std::size_t b = 0; b < blocks; ++b) {
+    const float* p = v + 64 * b;
+    const __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 16);
+    const __m512i x2 = _mm512_loadu_si512(p + 32), x3 = _mm512_loadu_si512(p + 48);
+    const __m512i y0 = _mm512_add_epi32(x0, x0), y1 = _mm512_add_epi32(x1, x1);
+    const __m512i y2 = _mm512_add_epi32(x2, x2), y3 = _mm512_add_epi32(x3, x3);
+    const __m512i m01 = _mm512_min_epu32(_mm512_sub_epi32(y0, two), _mm512_sub_epi32(y1, two));
+    const __m512i m23 = _mm512_min_epu32(_mm512_sub_epi32(y2, two), _mm512_sub_epi32(y3, two));
+    min_nonzero = _mm512_min_epu32(min_nonzero, _mm512_min_epu32(m01, m23));
+    const __m512i fields = _mm512_mask_blend_epi8(0xffffffff00000000ull, _mm512_permutex2var_epi8(y0, gather_index, y1),
+                                                  _mm512_permutex2var_epi8(y2, gather_index, y3));
+    const __mmask64 is_zero = _mm512_cmpeq_epi8_mask(fields, zero);
+    zeros = _mm512_mask_add_epi8(zeros, is_zero, zeros, ones);
+    const __m512i offset = _mm512_sub_epi8(fields, base_vec);
+    count_offsets<window_width>(offset, in_window);
+    const __mmask64 outside = ~(_mm512_cmplt_epu8_mask(offset, width) | is_zero);
+    _mm512_storeu_si512(outliers + n_out, _mm512_maskz_compress_epi8(outside, fields));
+    n_out += static_cast<std::size_t>(__builtin_popcountll(outside));
+  }
+  field[0] += byte_total(zeros);
+  for (int j = 0; j < window_width; ++j) field[base + j] += byte_total(in_window[j]);
+  alignas(64) std::uint32_t mins[16];
+  _mm512_store_si512(mins, min_nonzero);
+  FirstPass result;
+  result.outliers = n_out;
+  // Subnormal: 0 < |x| < 2^23 as bits, so 2|x| - 2 <= 2^24 - 4; zero wraps around, normals are larger.
+  for (const std::uint32_t m : mins) result.maybe_subnormal |= m < 0xfffffdu;
+  return result;
+}
+
+// The second pass: counts the fields of list[0..n) (n <= 4096) in
+// [base, base + window_width) into `field` and moves the others to the front
+// of the list; returns how many there are.
+MPSIM_TARGET_AVX512_VBMI2 std::size_t count_second_window(std::uint8_t* list, std::size_t n, int base,
+                                                          std::uint32_t* field) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), width = _mm512_set1_epi8(second_width);
+  __m512i in_window[second_width];
+  for (auto& c : in_window) c = zero;
+  std::size_t n_out = 0;
+  for (std::size_t i = 0; i < n; i += 64) {
+    const __mmask64 valid = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
+    const __m512i offset = _mm512_sub_epi8(_mm512_maskz_loadu_epi8(valid, list + i), base_vec);
+    // Lanes past n hold 0 - base, never in the window (base >= 1).
+    count_offsets<second_width>(offset, in_window);
+    const __mmask64 outside = _mm512_mask_cmpge_epu8_mask(valid, offset, width);
+    // In place: the 64 bytes stored at n_out <= i end within the block just read.
+    _mm512_storeu_si512(list + n_out, _mm512_add_epi8(_mm512_maskz_compress_epi8(outside, offset), base_vec));
+    n_out += static_cast<std::size_t>(__builtin_popcountll(outside));
+  }
+  for (int j = 0; j < second_width; ++j) field[base + j] += byte_total(in_window[j]);
+  return n_out;
+}
+
+// Base of the window_width adjacent fields in 1..254 that hold the most values.
+int best_window(const std::uint32_t* field, int width) {
+  std::uint64_t sum = 0;
+  for (int e = 1; e < 1 + width; ++e) sum += field[e];
+  std::uint64_t best = sum;
+  int best_base = 1;
+  for (int base = 2; base + width - 1 <= 254; ++base) {
+    sum += field[base + width - 1];
+    sum -= field[base - 1];
+    if (sum > best) best = sum, best_base = base;
+  }
+  return best_base;
+}
+
+// The two windows for values with these field counts.
+std::pair<int, int> place_windows(std::array<std::uint32_t, 256> counts) {
+  const int first = best_window(counts.data(), window_width);
+  std::fill_n(counts.begin() + first, window_width, 0);
+  return {first, best_window(counts.data(), second_width)};
+}
+
+void count_fields_pairs(std::span<const float> values, FieldCounts& out);
+
+void count_fields_window(std::span<const float> values, FieldCounts& out) {
+  static_assert(chunk % 64 == 0 && chunk / 64 <= 255);
+  alignas(64) std::array<std::uint8_t, chunk + 64> outliers;
+  std::array<std::uint32_t, 256> counts;  // of one chunk
+  std::pair<int, int> windows{0, 0};
+  bool moved = false;  // the windows were moved after the last chunk
+  std::size_t start = 0;
+  for (; start < values.size(); start += chunk) {
+    const float* v = values.data() + start;
+    const std::size_t m = std::min(chunk, values.size() - start);
+    counts.fill(0);
+    bool special = false;
+    auto count_one_by_one = [&](std::size_t from, std::size_t to) {
+      for (std::size_t i = from; i < to; ++i) {
+        const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
+        ++counts[bits >> 23];
+        special |= bits - 1u < 0x7fffffu || bits >= 0x7f800000u;
+      }
+    };
+    // No windows yet: place them by the first 256 values.
+    std::size_t head = 0;
+    if (windows.first == 0) {
+      head = std::min<std::size_t>(m, 256);
+      count_one_by_one(0, head);
+      windows = place_windows(counts);
+    }
+    const std::size_t blocks = (m - head) / 64;
+    const auto first = count_first_window(v + head, blocks, windows.first, counts.data(), outliers.data());
+    const std::size_t left = count_second_window(outliers.data(), first.outliers, windows.second, counts.data());
+    for (std::size_t k = 0; k < left; ++k) ++counts[outliers[k]];
+    count_one_by_one(head + 64 * blocks, m);
+    if (special || first.maybe_subnormal || counts[255] != 0) resolve_special(v, m, out);
+    for (int e = 0; e < 256; ++e) out.field[e] += counts[e];
+    if (left > m / 16) {
+      // Many values outside both windows: move them to where this chunk's
+      // values are, or, when the values span too many binades for any two
+      // windows, count pairs.
+      if (moved && left > m / 4) {
+        start += chunk;
+        break;
+      }
+      windows = place_windows(counts);
+      moved = true;
+    } else {
+      moved = false;
+    }
+  }
+  if (start < values.size()) count_fields_pairs(values.subspan(start), out);
+}
+
+bool has_avx512_vbmi2() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
+  return has;
+}
+#endif
+
 void count_fields(std::span<const float> values, FieldCounts& out) {
+#if MPSIM_HISTOGRAM_AVX512
+  if (values.size() >= 2048 && has_avx512_vbmi2()) return count_fields_window(values, out);
+#endif
   if (values.size() >= 2048)
     count_fields_pairs(values, out);
   else

@@ -80,17 +80,18 @@ std::array<std::uint64_t, Binades::bin_count> oracle_histogram(const std::vector
 }  // namespace
 
 TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time oracle", "[stats]") {
-  // Sizes around the switch to pair counting (8192), the chunk (4096) and the
-  // pair-table drain (2^17); data concentrated in a few binades, post-ReLU
-  // (half zeros), spread over 40 binades, and with rare subnormals, infinities
-  // and NaNs in the middle of a chunk.
+  // Sizes around the switch to vector or pair counting (2048), the chunk
+  // (4096) and the pair-table drain (2^17); data concentrated in a few
+  // binades, post-ReLU (half zeros), spread over 40 binades (more than the
+  // AVX-512 windows cover: pair counting), with rare subnormals, infinities
+  // and NaNs in the middle of a chunk, in two clusters, and moving.
   std::mt19937_64 rng(20261121);
   std::normal_distribution<float> normal(0.0f, 0.05f);
   std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
-  for (const std::size_t n : {std::size_t{1}, std::size_t{4095}, std::size_t{8191}, std::size_t{8192},
+  for (const std::size_t n : {std::size_t{1}, std::size_t{2047}, std::size_t{2048}, std::size_t{4095}, std::size_t{8192},
                               std::size_t{8193}, std::size_t{100003}, (std::size_t{1} << 17) + 5,
                               std::size_t{3} << 17}) {
-    for (const char* shape : {"weights", "relu", "wide", "special", "zeros"}) {
+    for (const char* shape : {"weights", "relu", "wide", "special", "zeros", "two modes", "shifting"}) {
       std::vector<float> values(n);
       for (std::size_t i = 0; i < n; ++i) {
         const std::string_view s = shape;
@@ -98,6 +99,10 @@ TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time or
         else if (s == "relu") values[i] = std::max(0.0f, normal(rng));
         else if (s == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
         else if (s == "zeros") values[i] = (i % 2) ? 0.0f : -0.0f;
+        // Two clusters 2^16 apart (the second AVX-512 window), and one
+        // whose binades move by 2^20 every 10000 values (windows moved).
+        else if (s == "two modes") values[i] = normal(rng) * (rng() % 3 == 0 ? 1.0f : 0x1p-16f);
+        else if (s == "shifting") values[i] = normal(rng) * std::exp2(-20.0f * static_cast<float>(i / 10000 % 2));
         else {
           const std::uint64_t r = rng() % 1000;
           values[i] = r == 0 ? std::numeric_limits<float>::infinity()
