@@ -16,6 +16,12 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 90 CACHE STRING "CUDA architectures")
 endif()
 enable_language(CUDA)
+# CMake 3.25 predates nvcc's C++20 support (nvcc 12+): give it the flag, so
+# that CUDA sources get the project's C++20 like the C++ sources.
+if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+endif()
 find_package(CUDAToolkit)
 if(CUDAToolkit_FOUND)
   set(MPSIM_HAVE_CUDA ON)

@@ -8,19 +8,16 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define MPSIM_HISTOGRAM_AVX512 1
+// GCC 12's AVX-512 intrinsics pass _mm512_undefined_epi32() as the unused
+// merge operand, which its own flow analysis then reports as uninitialised.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace mpsim::core {
 namespace {
 
-// Counts of the biased exponent field of binary32 values: the binade of a
-// normal value; 0 for zeros and subnormals, 255 for infinities and NaNs, which
-// are told apart only in the chunks that hold any.
-struct FieldCounts {
-  std::array<std::uint64_t, 256> field{};
-  std::array<std::uint64_t, 23> subnormal{};  // by binade, 2^-149 .. 2^-127: part of field[0]
-  std::uint64_t infinite = 0, nan = 0;         // together field[255]
-};
+using FieldCounts = TensorStats::FieldCounts;
 
 constexpr std::size_t chunk = 4096;
 
@@ -172,7 +169,11 @@ MPSIM_TARGET_AVX512_VBMI2 inline void count_offsets(__m512i offset, __m512i* cou
 
 // Sum of the 64 8-bit counters of a vector.
 MPSIM_TARGET_AVX512_VBMI2 std::uint32_t byte_total(__m512i counts) {
-  return static_cast<std::uint32_t>(_mm512_reduce_add_epi64(_mm512_sad_epu8(counts, _mm512_setzero_si512())));
+  alignas(64) std::uint64_t sums[8];  // GCC 12's _mm512_reduce_add_epi64 warns of an uninitialised temporary
+  _mm512_store_si512(sums, _mm512_sad_epu8(counts, _mm512_setzero_si512()));
+  std::uint64_t total = 0;
+  for (const std::uint64_t s : sums) total += s;
+  return static_cast<std::uint32_t>(total);
 }
 
 struct FirstPass {
@@ -380,6 +381,10 @@ TensorStats& TensorStats::operator+=(const TensorStats& other) {
 TensorStats::Classes TensorStats::add_values(std::span<const float> values) {
   FieldCounts c;
   count_fields(values, c);
+  return add_field_counts(c);
+}
+
+TensorStats::Classes TensorStats::add_field_counts(const FieldCounts& c) {
   Histogram h{};
   for (int e = 1; e < 255; ++e) h[Binades::bin_of_exponent(e - 127)] = c.field[e];  // field e: binade 2^(e - 127)
   Classes classes;
@@ -387,11 +392,11 @@ TensorStats::Classes TensorStats::add_values(std::span<const float> values) {
   h[Binades::zero_bin] = c.field[0] - classes.subnormal;
   h[Binades::infinity_bin] = classes.infinite = c.infinite;
   h[Binades::nan_bin] = classes.nan = c.nan;
-  std::uint64_t below = 0;
+  std::uint64_t below = 0, elements = 0;
   for (int e = Binades::min_exponent; e < -24; ++e) below += h[Binades::bin_of_exponent(e)];
-  for (int b = 0; b < Binades::bin_count; ++b) histogram[b] += h[b];
-  (*this)[Counter::elements] += values.size();
-  (*this)[Counter::nonzero] += values.size() - h[Binades::zero_bin];
+  for (int b = 0; b < Binades::bin_count; ++b) histogram[b] += h[b], elements += h[b];
+  (*this)[Counter::elements] += elements;
+  (*this)[Counter::nonzero] += elements - h[Binades::zero_bin];
   (*this)[Counter::below_2_24] += below;
   return classes;
 }

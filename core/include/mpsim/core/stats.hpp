@@ -69,6 +69,17 @@ struct TensorStats {
     std::uint64_t subnormal = 0, infinite = 0, nan = 0;  // as binary32 values
   };
   Classes add_values(std::span<const float> values);
+
+  // What a backend counts to get the same: the biased exponent field of each
+  // binary32 value (the binade of a normal value; 0 for zeros and subnormals,
+  // 255 for infinities and NaNs), the subnormals by binade (2^-149 .. 2^-127;
+  // also in field[0]), infinities and NaNs (together field[255]).
+  struct FieldCounts {
+    std::array<std::uint64_t, 256> field{};
+    std::array<std::uint64_t, 23> subnormal{};
+    std::uint64_t infinite = 0, nan = 0;
+  };
+  Classes add_field_counts(const FieldCounts& counts);
   // Adds the counters that the emulator's rounding reports.
   void add_rounding(const QuantizeCounts& counts);
 };

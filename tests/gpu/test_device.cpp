@@ -1,0 +1,142 @@
+// The GPU pieces against the CPU: the rounding kernel against the emulator
+// (bits and counters), the device histogram against TensorStats::add_values,
+// and cuBLAS GEMMs against exact and bounded references. Every test case skips
+// (exit 77, CTest "Skipped") when no CUDA device is present.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "mpsim/gpu/device.hpp"
+#include "support/test_support.hpp"
+
+using namespace mpsim;
+
+namespace {
+
+void require_device() {
+  static const gpu::DeviceInfo info = gpu::query_device();
+  if (!info.available) mpsim::test::skip("needs a CUDA device: " + info.description);
+}
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// Gradient-like magnitudes over 2^-150 .. 2^20 with both signs, and every
+// special class, so that every format sees subnormals, flushes and overflow.
+std::vector<float> mixed_values(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> exponent(-150.0f, 20.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = (rng() & 1 ? -1.0f : 1.0f) * std::exp2(exponent(rng));
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, 65504.0f, 65520.0f, 448.0f,
+                            464.0f, 57344.0f, 61440.0f, 3.4028235e38f};
+  for (std::size_t i = 0; i < std::size(specials) && i < n; ++i) v[i * 7 % n] = specials[i];
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("the rounding kernel matches the emulator bit for bit, counters included", "[gpu]") {
+  require_device();
+  const auto input = mixed_values(1 << 20, 20261121);
+  for (const Format& format : {formats::binary16, formats::bfloat16, formats::tf32, formats::e4m3, formats::e5m2,
+                               *parse_format("e5m2:ftz"), *parse_format("e4m3:sat")}) {
+    for (int m = 0; m <= static_cast<int>(RoundingMode::stochastic); ++m) {
+      for (const int random_bits : {32, 8}) {
+        if (random_bits != 32 && static_cast<RoundingMode>(m) != RoundingMode::stochastic) continue;
+        QuantizeOptions options;
+        options.rounding = {static_cast<RoundingMode>(m), random_bits};
+        options.stochastic = {{7, 11}, std::uint64_t{5} << 32};
+        options.path = Path::scalar;
+        std::vector<float> expected(input.size());
+        const QuantizeCounts expected_counts = quantize(format, input, expected, options);
+        gpu::DeviceBuffer buffer(input.size());
+        buffer.upload(input);
+        const QuantizeCounts counts = gpu::quantize(format, buffer.data(), buffer.size(), options);
+        std::vector<float> got(input.size());
+        buffer.download(got);
+        INFO(format.name() << ", " << to_string(options.rounding.mode) << ", random bits " << random_bits);
+        std::size_t mismatches = 0, first = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          if (bits_of(got[i]) != bits_of(expected[i]) && mismatches++ == 0) first = i;
+        INFO("first mismatch at " << first << ": input " << input[first] << " gpu " << got[first] << " emulator "
+                                  << expected[first]);
+        CHECK(mismatches == 0);
+        CHECK(counts == expected_counts);
+      }
+    }
+  }
+}
+
+TEST_CASE("the device exponent histogram matches TensorStats::add_values", "[gpu]") {
+  require_device();
+  for (const std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{1} << 20}) {
+    const auto values = mixed_values(n, n);
+    core::TensorStats expected, got;
+    const auto expected_classes = expected.add_values(values);
+    gpu::DeviceBuffer buffer(n);
+    buffer.upload(values);
+    const auto classes = gpu::add_values(got, buffer.data(), n);
+    INFO("n = " << n);
+    CHECK(got == expected);
+    CHECK(classes.subnormal == expected_classes.subnormal);
+    CHECK(classes.infinite == expected_classes.infinite);
+    CHECK(classes.nan == expected_classes.nan);
+  }
+}
+
+TEST_CASE("cuBLAS GEMMs: exact on small integers, within the binary32 accumulation bound otherwise", "[gpu]") {
+  require_device();
+  const int m = 96, n = 80, k = 512;
+  std::mt19937_64 rng(3);
+  for (const auto input : {gpu::GemmInput::binary32, gpu::GemmInput::tf32, gpu::GemmInput::binary16,
+                           gpu::GemmInput::bfloat16}) {
+    const Format format = input == gpu::GemmInput::binary32   ? formats::binary32
+                          : input == gpu::GemmInput::tf32     ? formats::tf32
+                          : input == gpu::GemmInput::binary16 ? formats::binary16
+                                                              : formats::bfloat16;
+    INFO("inputs " << format.name());
+    for (const bool integers : {true, false}) {
+      std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(k) * n);
+      std::uniform_int_distribution<int> small(-8, 8);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (auto& x : a) x = integers ? static_cast<float>(small(rng)) : normal(rng);
+      for (auto& x : b) x = integers ? static_cast<float>(small(rng)) : normal(rng);
+      // The reference sees the inputs as the GEMM does: rounded to nearest-even into the input format.
+      std::vector<float> ar(a.size()), br(b.size());
+      quantize(format, a, ar);
+      quantize(format, b, br);
+      gpu::DeviceBuffer da(a.size()), db(b.size()), dc(static_cast<std::size_t>(m) * n);
+      da.upload(a);
+      db.upload(b);
+      gpu::gemm(input, da.data(), db.data(), dc.data(), m, n, k);
+      std::vector<float> c(dc.size());
+      dc.download(c);
+      // Small integers: every product and partial sum is an integer below 2^24: exact in any order.
+      // Otherwise |c - exact| <= gamma_k * sum |a||b| with gamma_k = k u / (1 - k u) (Higham, Accuracy and
+      // Stability of Numerical Algorithms, 2002, eq. 3.5), for any order of summation: u = 2^-24 for
+      // binary32 FMAs; u = 2^-23 on Tensor Cores, whose accumulation truncates (Fasi et al. 2021).
+      const double u = std::ldexp(1.0, input == gpu::GemmInput::binary32 ? -24 : -23), gamma = k * u / (1 - k * u);
+      std::size_t bad = 0;
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          double exact = 0, absolute = 0;
+          for (int p = 0; p < k; ++p) {
+            const double prod = static_cast<double>(ar[i * k + p]) * br[p * n + j];
+            exact += prod;
+            absolute += std::fabs(prod);
+          }
+          const double got = c[i * n + j];
+          if (integers ? got != exact : std::fabs(got - exact) > gamma * absolute) ++bad;
+        }
+      INFO((integers ? "small integers" : "normal inputs"));
+      CHECK(bad == 0);
+    }
+  }
+}
