@@ -337,9 +337,8 @@ TEST_CASE("stochastic round_float matches the emulator at chosen draws", "[gpu][
   require_no_mismatch(tally);
 }
 
-// All 2^32 binary32 patterns, every mode, one format per test case (CTest
-// runs them in parallel); threads split the patterns.
-void compare_all_patterns(const Format& f) {
+// All 2^32 binary32 patterns in the given roundings; threads split the patterns.
+void compare_all_patterns(const Format& f, std::span<const Rounding> roundings) {
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   constexpr std::uint64_t chunk = std::uint64_t{1} << 22;
   std::vector<Tally> tallies(threads);
@@ -349,7 +348,7 @@ void compare_all_patterns(const Format& f) {
       std::vector<float> in(chunk);
       for (std::uint64_t begin = t * chunk; begin < (std::uint64_t{1} << 32); begin += threads * chunk) {
         for (std::uint64_t i = 0; i < chunk; ++i) in[i] = float_of(static_cast<std::uint32_t>(begin + i));
-        for (const Rounding& r : kRoundings) compare(f, r, in, begin, {5, 5}, tallies[t]);
+        for (const Rounding& r : roundings) compare(f, r, in, begin, {5, 5}, tallies[t]);
       }
     });
   Tally total;
@@ -362,20 +361,34 @@ void compare_all_patterns(const Format& f) {
   require_no_mismatch(total);
 }
 
-TEST_CASE("round_float matches quantize on every binary32 pattern: binary16", "[.exhaustive]") {
-  compare_all_patterns(formats::binary16);
+// CI runs every binary32 pattern in nearest-even (every preset policy's mode)
+// for binary16 and E4M3, about 2 minutes each on 2 cores. Every mode for every
+// format takes about 16 minutes per format on 2 cores, too long for CI: the
+// hidden tag [.full-sweep] is not given to CTest; run it by hand with
+//   build/default/tests/gpu/test_gpu_host "[.full-sweep]"
+// (E4M3 passed all 9 roundings on 2026-11-21.)
+constexpr Rounding nearest_even[] = {Rounding{RoundingMode::nearest_even, 32}};
+
+TEST_CASE("round_float matches quantize on every binary32 pattern, nearest-even: binary16", "[.exhaustive]") {
+  compare_all_patterns(formats::binary16, nearest_even);
 }
-TEST_CASE("round_float matches quantize on every binary32 pattern: bfloat16", "[.exhaustive]") {
-  compare_all_patterns(formats::bfloat16);
+TEST_CASE("round_float matches quantize on every binary32 pattern, nearest-even: e4m3", "[.exhaustive]") {
+  compare_all_patterns(formats::e4m3, nearest_even);
 }
-TEST_CASE("round_float matches quantize on every binary32 pattern: tf32", "[.exhaustive]") {
-  compare_all_patterns(formats::tf32);
+TEST_CASE("round_float matches quantize on every binary32 pattern, every mode: binary16", "[.full-sweep]") {
+  compare_all_patterns(formats::binary16, kRoundings);
 }
-TEST_CASE("round_float matches quantize on every binary32 pattern: e4m3", "[.exhaustive]") {
-  compare_all_patterns(formats::e4m3);
+TEST_CASE("round_float matches quantize on every binary32 pattern, every mode: bfloat16", "[.full-sweep]") {
+  compare_all_patterns(formats::bfloat16, kRoundings);
 }
-TEST_CASE("round_float matches quantize on every binary32 pattern: e5m2", "[.exhaustive]") {
-  compare_all_patterns(formats::e5m2);
+TEST_CASE("round_float matches quantize on every binary32 pattern, every mode: tf32", "[.full-sweep]") {
+  compare_all_patterns(formats::tf32, kRoundings);
+}
+TEST_CASE("round_float matches quantize on every binary32 pattern, every mode: e4m3", "[.full-sweep]") {
+  compare_all_patterns(formats::e4m3, kRoundings);
+}
+TEST_CASE("round_float matches quantize on every binary32 pattern, every mode: e5m2", "[.full-sweep]") {
+  compare_all_patterns(formats::e5m2, kRoundings);
 }
 
 }  // namespace
