@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
@@ -20,6 +21,23 @@ inline void check_cublas(cublasStatus_t status, const char* call, const char* fi
     throw std::runtime_error(std::string(call) + " failed at " + file + ":" + std::to_string(line) + ": " +
                              cublasGetStatusName(status) + ": " + cublasGetStatusString(status));
 }
+
+// n elements of T in device memory, freed on scope exit (also when a checked
+// call throws): scratch and counters of one call.
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(std::size_t n) {
+    if (n > 0) check_cuda(cudaMalloc(&data_, n * sizeof(T)), "cudaMalloc", __FILE__, __LINE__);
+  }
+  ~DeviceArray() { cudaFree(data_); }  // no throw from a destructor; errors surface at the next checked call
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  T* data() { return data_; }
+
+ private:
+  T* data_ = nullptr;
+};
 
 // Grid size for a grid-stride loop over n elements.
 inline unsigned blocks_for(std::size_t n, unsigned threads_per_block) {

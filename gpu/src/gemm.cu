@@ -31,28 +31,18 @@ cublasHandle_t handle() {
   return handle.h;
 }
 
-// Device scratch of n elements of T, freed on scope exit.
-template <typename T>
-struct Scratch {
-  T* data = nullptr;
-  explicit Scratch(std::size_t n) { MPSIM_CUDA_CHECK(cudaMalloc(&data, n * sizeof(T))); }
-  ~Scratch() { cudaFree(data); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
-
 template <typename T>
 void gemm_16bit(cudaDataType_t type, const float* a, const float* b, float* c, int m, int n, int k) {
   const auto size_a = static_cast<std::size_t>(m) * k, size_b = static_cast<std::size_t>(k) * n;
-  Scratch<T> a16(size_a), b16(size_b);
+  detail::DeviceArray<T> a16(size_a), b16(size_b);
   constexpr unsigned threads = 256;
-  convert<T><<<detail::blocks_for(size_a, threads), threads>>>(a, a16.data, size_a);
+  convert<T><<<detail::blocks_for(size_a, threads), threads>>>(a, a16.data(), size_a);
   MPSIM_CUDA_CHECK_LAUNCH();
-  convert<T><<<detail::blocks_for(size_b, threads), threads>>>(b, b16.data, size_b);
+  convert<T><<<detail::blocks_for(size_b, threads), threads>>>(b, b16.data(), size_b);
   MPSIM_CUDA_CHECK_LAUNCH();
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major C = A B is column-major C^T = B^T A^T.
-  MPSIM_CUBLAS_CHECK(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b16.data, type, n, a16.data,
+  MPSIM_CUBLAS_CHECK(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b16.data(), type, n, a16.data(),
                                   type, k, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   MPSIM_CUDA_CHECK(cudaDeviceSynchronize());  // the scratch buffers are freed on return
 }
@@ -76,13 +66,13 @@ void gemm(GemmInput input, const float* a, const float* b, float* c, int m, int 
       // nearest-even: round copies first (the emulator's rounding), so that its
       // conversion is exact and the result does not depend on it.
       const auto size_a = static_cast<std::size_t>(m) * k, size_b = static_cast<std::size_t>(k) * n;
-      Scratch<float> a32(size_a), b32(size_b);
-      MPSIM_CUDA_CHECK(cudaMemcpy(a32.data, a, size_a * sizeof(float), cudaMemcpyDeviceToDevice));
-      MPSIM_CUDA_CHECK(cudaMemcpy(b32.data, b, size_b * sizeof(float), cudaMemcpyDeviceToDevice));
-      quantize(formats::tf32, a32.data, size_a, {});
-      quantize(formats::tf32, b32.data, size_b, {});
-      MPSIM_CUBLAS_CHECK(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b32.data, CUDA_R_32F, n,
-                                      a32.data, CUDA_R_32F, k, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32,
+      detail::DeviceArray<float> a32(size_a), b32(size_b);
+      MPSIM_CUDA_CHECK(cudaMemcpy(a32.data(), a, size_a * sizeof(float), cudaMemcpyDeviceToDevice));
+      MPSIM_CUDA_CHECK(cudaMemcpy(b32.data(), b, size_b * sizeof(float), cudaMemcpyDeviceToDevice));
+      quantize(formats::tf32, a32.data(), size_a, {});
+      quantize(formats::tf32, b32.data(), size_b, {});
+      MPSIM_CUBLAS_CHECK(cublasGemmEx(handle(), CUBLAS_OP_N, CUBLAS_OP_N, n, m, k, &alpha, b32.data(), CUDA_R_32F, n,
+                                      a32.data(), CUDA_R_32F, k, &beta, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_FAST_TF32,
                                       CUBLAS_GEMM_DEFAULT));
       MPSIM_CUDA_CHECK(cudaDeviceSynchronize());  // the scratch buffers are freed on return
       return;

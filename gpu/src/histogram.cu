@@ -33,20 +33,13 @@ __global__ void count_fields(const float* values, std::size_t n, unsigned long l
 core::TensorStats::Classes add_values(core::TensorStats& stats, const float* device_values, std::size_t n) {
   core::TensorStats::FieldCounts c;
   if (n > 0) {
-    unsigned long long* counts = nullptr;
-    MPSIM_CUDA_CHECK(cudaMalloc(&counts, bins * sizeof(unsigned long long)));
+    detail::DeviceArray<unsigned long long> counts(bins);
     std::array<unsigned long long, bins> host{};
-    try {
-      MPSIM_CUDA_CHECK(cudaMemset(counts, 0, bins * sizeof(unsigned long long)));
-      constexpr unsigned threads = 256;
-      count_fields<<<detail::blocks_for(n, threads), threads>>>(device_values, n, counts);
-      MPSIM_CUDA_CHECK_LAUNCH();
-      MPSIM_CUDA_CHECK(cudaMemcpy(host.data(), counts, sizeof host, cudaMemcpyDeviceToHost));
-    } catch (...) {
-      cudaFree(counts);
-      throw;
-    }
-    MPSIM_CUDA_CHECK(cudaFree(counts));
+    MPSIM_CUDA_CHECK(cudaMemset(counts.data(), 0, sizeof host));
+    constexpr unsigned threads = 256;
+    count_fields<<<detail::blocks_for(n, threads), threads>>>(device_values, n, counts.data());
+    MPSIM_CUDA_CHECK_LAUNCH();
+    MPSIM_CUDA_CHECK(cudaMemcpy(host.data(), counts.data(), sizeof host, cudaMemcpyDeviceToHost));
     for (int e = 0; e < field_bins; ++e) c.field[e] = host[e];
     for (int k = 0; k < subnormal_bins; ++k) c.subnormal[k] = host[field_bins + k];
     c.infinite = host[field_bins + subnormal_bins];

@@ -37,31 +37,20 @@ __global__ void round_in_place(float* values, std::size_t n, DeviceFormat format
 }  // namespace
 
 QuantizeCounts quantize(const Format& format, float* device_values, std::size_t n, const QuantizeOptions& options) {
-  const DeviceFormat device_format = make_device_format(format);  // throws unless fits_in_float(format)
-  if (options.rounding.random_bits < 1 || options.rounding.random_bits > 32)
-    throw std::invalid_argument("gpu::quantize: random_bits must be in 1..32, got " +
-                                std::to_string(options.rounding.random_bits));
+  const DeviceFormat device_format = make_device_format(format);       // throws unless fits_in_float(format)
+  const DeviceRounding rounding = make_device_rounding(options.rounding);  // throws unless random_bits in 1..32
   QuantizeCounts counts;
   counts.elements = n;
   if (n == 0) return counts;
-  const DeviceRounding rounding{static_cast<std::uint8_t>(options.rounding.mode),
-                                static_cast<std::uint8_t>(options.rounding.random_bits)};
   const DrawKey key = make_draw_key(options.stochastic.key);
-  unsigned long long* counters = nullptr;
-  MPSIM_CUDA_CHECK(cudaMalloc(&counters, counter_count * sizeof(unsigned long long)));
+  detail::DeviceArray<unsigned long long> counters(counter_count);
   unsigned long long host[counter_count] = {};
-  try {
-    MPSIM_CUDA_CHECK(cudaMemset(counters, 0, counter_count * sizeof(unsigned long long)));
-    constexpr unsigned threads = 256;  // a multiple of the warp size: every warp is full for the reduction
-    round_in_place<<<detail::blocks_for(n, threads), threads>>>(device_values, n, device_format, rounding, key.low,
-                                                                key.high, options.stochastic.first_index, counters);
-    MPSIM_CUDA_CHECK_LAUNCH();
-    MPSIM_CUDA_CHECK(cudaMemcpy(host, counters, sizeof host, cudaMemcpyDeviceToHost));
-  } catch (...) {
-    cudaFree(counters);
-    throw;
-  }
-  MPSIM_CUDA_CHECK(cudaFree(counters));
+  MPSIM_CUDA_CHECK(cudaMemset(counters.data(), 0, sizeof host));
+  constexpr unsigned threads = 256;  // a multiple of the warp size: every warp is full for the reduction
+  round_in_place<<<detail::blocks_for(n, threads), threads>>>(device_values, n, device_format, rounding, key.low, key.high,
+                                                              options.stochastic.first_index, counters.data());
+  MPSIM_CUDA_CHECK_LAUNCH();
+  MPSIM_CUDA_CHECK(cudaMemcpy(host, counters.data(), sizeof host, cudaMemcpyDeviceToHost));
   counts.inexact = host[0];
   counts.flushed_to_zero = host[1];
   counts.subnormal = host[2];
