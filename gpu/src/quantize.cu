@@ -47,8 +47,9 @@ QuantizeCounts quantize(const Format& format, float* device_values, std::size_t 
   unsigned long long host[counter_count] = {};
   MPSIM_CUDA_CHECK(cudaMemset(counters.data(), 0, sizeof host));
   constexpr unsigned threads = 256;  // a multiple of the warp size: every warp is full for the reduction
-  round_in_place<<<detail::blocks_for(n, threads), threads>>>(device_values, n, device_format, rounding, key.low, key.high,
-                                                              options.stochastic.first_index, counters.data());
+  const unsigned blocks = detail::blocks_for(n, threads);
+  round_in_place<<<blocks, threads>>>(device_values, n, device_format, rounding, key.low, key.high,
+                                      options.stochastic.first_index, counters.data());
   MPSIM_CUDA_CHECK_LAUNCH();
   MPSIM_CUDA_CHECK(cudaMemcpy(host, counters.data(), sizeof host, cudaMemcpyDeviceToHost));
   counts.inexact = host[0];
