@@ -48,15 +48,6 @@ QuantizeCounts expected_counts(const Format& f, const Exact& exact, const Rounde
   return c;
 }
 
-void add_counts(QuantizeCounts& total, const QuantizeCounts& c) {
-  total.elements += c.elements;
-  total.inexact += c.inexact;
-  total.flushed_to_zero += c.flushed_to_zero;
-  total.subnormal += c.subnormal;
-  total.overflow += c.overflow;
-  total.nan += c.nan;
-}
-
 template <class T>
 void check_array(const Format& f, RoundingMode mode, const std::vector<T>& in, MismatchLog& log) {
   std::vector<Rounded> want(in.size());
@@ -65,7 +56,7 @@ void check_array(const Format& f, RoundingMode mode, const std::vector<T>& in, M
     const Exact exact = std::is_same_v<T, float> ? exact_from_float(static_cast<float>(in[i]))
                                                  : exact_from_double(static_cast<double>(in[i]));
     want[i] = oracle::round(f, mode, exact);
-    add_counts(want_counts, expected_counts(f, exact, want[i]));
+    want_counts += expected_counts(f, exact, want[i]);
   }
   // The automatic path twice: on the calling thread, and with its own choice of threads.
   for (int run = 0; run < 4; ++run) {

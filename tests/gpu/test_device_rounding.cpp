@@ -100,6 +100,12 @@ struct Tally {
   void add(const std::string& what) {
     if (++mismatched <= 8) first += "\n  " + what;
   }
+  Tally& operator+=(const Tally& other) {
+    compared += other.compared;
+    mismatched += other.mismatched;
+    first += other.first;
+    return *this;
+  }
 };
 
 // Compares one case on `in`; element i is stream index first_index + i.
@@ -314,6 +320,7 @@ TEST_CASE("stochastic round_float matches the emulator at chosen draws", "[gpu][
     const DeviceFormat df = make_device_format(f);
     for (int bits : {1, 2, 3, 8, 24, 31, 32}) {
       const Rounding r{RoundingMode::stochastic, bits};
+      const DeviceRounding dr = make_device_rounding(r);
       for (float x : in)
         for (std::uint32_t draw : draws) {
           const Rounded ref = round_to_format(f, r, x, draw);
@@ -325,7 +332,7 @@ TEST_CASE("stochastic round_float matches the emulator at chosen draws", "[gpu][
                                         c == FloatClass::subnormal,
                                         ref.flags.has(Flags::overflow),
                                         c == FloatClass::nan};
-          const RoundedFloat got = round_float(x, df, make_device_rounding(r), draw);
+          const RoundedFloat got = round_float(x, df, dr, draw);
           ++tally.compared;
           if (bits_of(got.value) != bits_of(value) || counts_of(got) != expected)
             tally.add(case_name(f, r) + ": input " + describe(x) + " draw " + hex_bits(draw) + ": device " +
@@ -354,9 +361,7 @@ void compare_all_patterns(const Format& f, std::span<const Rounding> roundings) 
   Tally total;
   for (unsigned t = 0; t < threads; ++t) {
     workers[t].join();
-    total.compared += tallies[t].compared;
-    total.mismatched += tallies[t].mismatched;
-    total.first += tallies[t].first;
+    total += tallies[t];
   }
   require_no_mismatch(total);
 }
