@@ -445,8 +445,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  std::uint64_t apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
-                             StochasticStream stream, TensorStats* stats) override {
+  void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
+                    StochasticStream stream, TensorStats* stats) override {
     float* w = data(weight);
     const float* u = data(update);
     const std::int64_t n = weight.numel();
@@ -472,7 +472,6 @@ class CpuBackend final : public Backend {
       }
     }
     if (stats) (*stats)[Counter::swallowed] += swallowed;
-    return swallowed;
   }
 
  private:

@@ -211,14 +211,6 @@ Handle create_file(const std::filesystem::path& path) {
   return Handle(file);
 }
 
-Handle open_file(const std::filesystem::path& path, bool writable) {
-  quiet_errors();
-  const std::string name = path.string();
-  const hid_t file = H5Fopen(name.c_str(), writable ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
-  if (file < 0) fail("cannot open HDF5 file " + name);
-  return Handle(file);
-}
-
 void flush_file(hid_t file) {
   quiet_errors();
   check_at(H5Fflush(file, H5F_SCOPE_GLOBAL), "cannot flush", file, "");
@@ -230,11 +222,6 @@ Handle create_group(hid_t parent, const std::string& name) {
   quiet_errors();
   return make_handle(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
                      "cannot create group", parent, name);
-}
-
-Handle open_group(hid_t parent, const std::string& name) {
-  quiet_errors();
-  return make_handle(H5Gopen2(parent, name.c_str(), H5P_DEFAULT), "cannot open group", parent, name);
 }
 
 void write_attribute(hid_t object, const std::string& name, std::string_view value) {

@@ -83,13 +83,11 @@ Handle take(hid_t id, const std::string& what);
 // while it is written. Throws Error naming the path; when the file exists the
 // message is "<path> exists; pass --force to overwrite".
 Handle create_file(const std::filesystem::path& path);
-Handle open_file(const std::filesystem::path& path, bool writable);
 // H5Fflush(file, H5F_SCOPE_GLOBAL).
 void flush_file(hid_t file);
 
 // --- Groups and attributes ------------------------------------------------------
 Handle create_group(hid_t parent, const std::string& name);
-Handle open_group(hid_t parent, const std::string& name);
 
 // Scalar attributes; an existing attribute of the same name is replaced.
 // Strings are variable-length UTF-8.
@@ -113,7 +111,7 @@ Handle create_array(hid_t parent, const std::string& name, hid_t file_type, hid_
 // An extendible dataset of rank 1 + row_dims.size(): the first (step) axis
 // starts at 0 and is unlimited, the others are row_dims. Chunked by `chunk`
 // (same rank; each entry at least 1 and at most its axis's size, except on
-// the first axis) and compressed with shuffle + deflate level 4.
+// the first axis) and compressed with shuffle + deflate level 1.
 Handle create_extendible(hid_t parent, const std::string& name, hid_t file_type,
                          const std::vector<hsize_t>& row_dims, const std::vector<hsize_t>& chunk);
 

@@ -40,8 +40,9 @@ TensorStats* StepContext::stats_for(TensorKind kind) const {
   return stats ? &(*stats)[static_cast<std::size_t>(layer)][static_cast<int>(kind)] : nullptr;
 }
 
-void StepContext::round(Tensor& t, const RoundingPoint& point, TensorKind kind, Site site) {
-  if (point.is_identity() && stats == nullptr) return;
+void StepContext::round(Tensor& t, const RoundingPoint& point, std::optional<TensorKind> kind, Site site) {
+  TensorStats* const counted = kind ? stats_for(*kind) : nullptr;
+  if (point.is_identity() && counted == nullptr) return;
   float scale = 1.0f;
   std::vector<float>* history = nullptr;
   if (point.delayed_scaling) {
@@ -51,12 +52,12 @@ void StepContext::round(Tensor& t, const RoundingPoint& point, TensorKind kind, 
     float amax = 0.0f;
     for (const float a : *history) amax = std::max(amax, a);
     if (amax > 0.0f && std::isfinite(amax)) {
-      const double fmax = to_double(point.format, largest_finite_bits(point.format, false));
+      const double fmax = point.format.largest_finite();
       const int e = static_cast<int>(std::floor(std::log2(fmax / amax))) - policy.delayed_scaling.margin;
       scale = std::ldexp(1.0f, std::clamp(e, -126, 127));
     }
   }
-  const RoundResult r = backend.round(t, point, scale, stream(site), stats_for(kind));
+  const RoundResult r = backend.round(t, point, scale, stream(site), counted);
   if (history && training) {
     history->push_back(r.amax);
     if (static_cast<int>(history->size()) > policy.delayed_scaling.history) history->erase(history->begin());
@@ -67,6 +68,7 @@ namespace {
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const InputShape& in) {
   std::vector<std::unique_ptr<Layer>> layers;
+  const std::string act = spec.activation == Activation::relu ? "relu" : "gelu";
   const auto activation = [&](const std::string& name) {
     return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
   };
@@ -77,14 +79,13 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
     for (const std::int64_t h : spec.hidden) {
       layers.push_back(make_linear("fc" + std::to_string(i), width, h));
       if (spec.layer_norm) layers.push_back(make_layer_norm("ln" + std::to_string(i), h));
-      layers.push_back(activation((spec.activation == Activation::relu ? "relu" : "gelu") + std::to_string(i)));
+      layers.push_back(activation(act + std::to_string(i)));
       width = h;
       ++i;
     }
     layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
   } else if (spec.kind == "cnn") {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
-    const std::string act = spec.activation == Activation::relu ? "relu" : "gelu";
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));
     layers.push_back(activation(act + "1"));
     layers.push_back(make_max_pool2d("pool1", 2, 2));
@@ -92,8 +93,10 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
     layers.push_back(activation(act + "2"));
     layers.push_back(make_max_pool2d("pool2", 2, 2));
     layers.push_back(make_flatten("flatten"));
-    const std::int64_t h = ((in.height + 4 - 4) / 2 - 4) / 2, w = ((in.width + 4 - 4) / 2 - 4) / 2;
-    layers.push_back(make_linear("fc1", 16 * h * w, 120));
+    // fc1's width: what the layers so far make of one image.
+    Shape shape{1, in.channels, in.height, in.width};
+    for (const auto& layer : layers) shape = layer->output_shape(shape);
+    layers.push_back(make_linear("fc1", shape[1], 120));
     layers.push_back(activation(act + "3"));
     layers.push_back(make_linear("fc2", 120, 84));
     layers.push_back(activation(act + "4"));
@@ -117,24 +120,11 @@ std::vector<Parameter*> Model::parameters() {
   return all;
 }
 
-std::vector<std::string> Model::stat_names() const {
-  std::vector<std::string> names;
-  for (const auto& layer : layers_) names.push_back(layer->name());
-  names.push_back("loss");
-  return names;
-}
-
 std::vector<std::string> Model::stat_names(const ModelSpec& spec, const InputShape& input) {
   std::vector<std::string> names;
   for (const auto& layer : build_layers(spec, input)) names.push_back(layer->name());
   names.push_back("loss");
   return names;
-}
-
-std::int64_t Model::parameter_count() {
-  std::int64_t n = 0;
-  for (Parameter* p : parameters()) n += element_count(p->shape);
-  return n;
 }
 
 void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed) {

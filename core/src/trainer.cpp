@@ -110,17 +110,9 @@ class Arm {
       result.losses.push_back(loss);
       result.loss_scales.push_back(scale);
       result.steps = step + 1;
-      if (found_inf && policy_.loss_scaling.mode == LossScaleMode::none) {
-        if (log) {
-          log->step(record);
-          if (instrument) log->stats(step, stats);
-        }
-        result.skipped_steps += 1;
-        result.status = "stopped: non-finite " + std::string(std::isfinite(loss) ? "gradient" : "loss") +
-                        " at step " + std::to_string(step) + " and the policy has no loss scaler";
-        break;
-      }
-      if (skip) {
+      // Without a loss scaler a non-finite step ends the arm (logged, counted as skipped).
+      const bool stop = found_inf && policy_.loss_scaling.mode == LossScaleMode::none;
+      if (skip || stop) {
         result.skipped_steps += 1;
       } else {
         optimizer_step(static_cast<float>(lr), scale);
@@ -128,6 +120,11 @@ class Arm {
       if (log) {
         log->step(record);
         if (instrument) log->stats(step, stats);
+      }
+      if (stop) {
+        result.status = "stopped: non-finite " + std::string(std::isfinite(loss) ? "gradient" : "loss") +
+                        " at step " + std::to_string(step) + " and the policy has no loss scaler";
+        break;
       }
       if (instrument) {
         for (const auto& layer : stats) {
@@ -241,10 +238,8 @@ class Arm {
         backend_.adam_update(p.master, p.grad, p.state1, p.state2, a, update);
       }
       // Optimiser state is not one of the instrumented kinds: rounded, not counted.
-      LayerStats* const counted = std::exchange(ctx_.stats, nullptr);
-      ctx_.round(p.state1, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
-      if (!p.state2.empty()) ctx_.round(p.state2, policy_.optimizer_state, TensorKind::weights, Site::extra_grad);
-      ctx_.stats = counted;
+      ctx_.round(p.state1, policy_.optimizer_state, std::nullopt, Site::extra_grad);
+      if (!p.state2.empty()) ctx_.round(p.state2, policy_.optimizer_state, std::nullopt, Site::extra_grad);
       backend_.apply_update(p.master, update, storage_, ctx_.stream(lp.site), ctx_.stats_for(TensorKind::updates));
     }
   }

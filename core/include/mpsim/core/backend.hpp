@@ -107,9 +107,9 @@ class Backend {
                            Tensor& update) = 0;
   // weight <- weight + update, rounded to `storage` (binary32 addition when
   // storage is binary32). Counts into stats the updates' histogram and the
-  // swallowed updates (nonzero update, unchanged weight). Returns swallowed.
-  virtual std::uint64_t apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
-                                     StochasticStream stream, TensorStats* stats) = 0;
+  // swallowed updates (nonzero update, unchanged weight).
+  virtual void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
+                            StochasticStream stream, TensorStats* stats) = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

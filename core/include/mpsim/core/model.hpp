@@ -51,8 +51,9 @@ class StepContext {
   std::optional<RoundingPoint> incoming;
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
-  // counting into stats[layer][kind].
-  void round(Tensor& t, const RoundingPoint& point, TensorKind kind, Site site);
+  // counting into stats[layer][kind]; nothing is counted without a kind
+  // (optimiser state is not one of the instrumented kinds).
+  void round(Tensor& t, const RoundingPoint& point, std::optional<TensorKind> kind, Site site);
   // A stochastic stream unique to (seed, layer, site, step).
   StochasticStream stream(Site site) const;
   TensorStats* stats_for(TensorKind kind) const;
@@ -109,11 +110,9 @@ class Model {
   Model(const ModelSpec& spec, const InputShape& input, std::uint64_t seed);
   std::vector<std::unique_ptr<Layer>>& layers() { return layers_; }
   std::vector<Parameter*> parameters();
-  // Layer names, then "loss" (where the gradient of the logits is counted).
-  std::vector<std::string> stat_names() const;
-  // The same names without building and initialising a model's weights.
+  // Layer names, then "loss" (where the gradient of the logits is counted),
+  // without building and initialising a model's weights.
   static std::vector<std::string> stat_names(const ModelSpec& spec, const InputShape& input);
-  std::int64_t parameter_count();
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
