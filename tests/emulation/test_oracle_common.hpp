@@ -349,8 +349,10 @@ inline std::vector<double> edge_doubles(const Format& f) {
   return v;
 }
 
-// One random conversion input from one of several regions.
-inline double conversion_sample(const Format& f, Rng& rng, const std::vector<double>& edges) {
+// One random conversion input from one of several regions; `edges` and
+// `boundaries` are edge_doubles(f) and edge_bits(f), made once by the caller.
+inline double conversion_sample(const Format& f, Rng& rng, const std::vector<double>& edges,
+                                const std::vector<Bits>& boundaries) {
   const Facts& k = facts(f);
   const double sign = (rng() & 1) ? -1.0 : 1.0;
   switch (rng() % 8) {
@@ -375,7 +377,6 @@ inline double conversion_sample(const Format& f, Rng& rng, const std::vector<dou
     }
     case 6: return edges[rng() % edges.size()];
     default: {  // near a boundary encoding of the format
-      const std::vector<Bits> boundaries = edge_bits(f);
       const Bits v = boundaries[rng() % boundaries.size()];
       const FloatClass kind = oracle::classify(f, v);
       if (kind == FloatClass::nan || kind == FloatClass::infinite) return edges[rng() % edges.size()];

@@ -75,10 +75,11 @@ void check_float(const Format& f, float x, MismatchLog& log) {
 // the source type a third of the time in each direction.
 void check_samples(const Format& f, std::uint64_t seed, std::uint64_t begin, std::uint64_t end, MismatchLog& log) {
   const std::vector<double> edges = edge_doubles(f);
+  const std::vector<Bits> boundaries = edge_bits(f);
   Rng rng(seed ^ (begin * 0x9E3779B97F4A7C15ull));
   const double inf = std::numeric_limits<double>::infinity();
   for (std::uint64_t i = begin; i < end && !log.full(); ++i) {
-    const double x = i < edges.size() ? edges[i] : conversion_sample(f, rng, edges);
+    const double x = i < edges.size() ? edges[i] : conversion_sample(f, rng, edges, boundaries);
     const std::uint64_t nudge = i < edges.size() ? 0 : rng() % 3;
     const double xd = nudge == 0 ? x : std::nextafter(x, nudge == 1 ? inf : -inf);
     check_double(f, xd, log);

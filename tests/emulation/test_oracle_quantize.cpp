@@ -98,10 +98,11 @@ void check_quantize(const Format& f, std::uint64_t seed, std::size_t length) {
   INFO("format " << format_name(f) << ", seed " << seed);
   REQUIRE_FALSE(f.invalid_reason().has_value());
   const std::vector<double> edges = edge_doubles(f);
+  const std::vector<Bits> boundaries = edge_bits(f);
   Rng rng(seed);
   std::vector<double> doubles(edges);
   while (doubles.size() < length) {
-    const double x = conversion_sample(f, rng, edges);
+    const double x = conversion_sample(f, rng, edges, boundaries);
     const std::uint64_t nudge = rng() % 3;
     doubles.push_back(nudge == 0 ? x : std::nextafter(x, nudge == 1 ? HUGE_VAL : -HUGE_VAL));
   }
