@@ -51,7 +51,6 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 FP16_MAX_LOG2 = math.log2(65504.0)  # 15.9998: FP16's largest finite value
 FP16_NORMAL_MIN_LOG2 = -14          # smallest normal
 FP16_SUBNORMAL_MIN_LOG2 = -24       # smallest subnormal; smaller magnitudes flush to zero
-BF16_MAX_LOG2 = math.log2(3.3895313892515355e38)  # ~128
 BF16_NORMAL_MIN_LOG2 = -126
 BF16_SUBNORMAL_MIN_LOG2 = -133
 

@@ -245,11 +245,11 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
   Section model(top.subtable("model"), "model");
   model.read_choice("kind", c.model.kind, {"mlp", "cnn"});
   model.read_array("hidden", c.model.hidden);
-  std::string activation = c.model.activation == Activation::relu ? "relu" : "gelu";
+  std::string activation(to_string(c.model.activation));
   model.read_choice("activation", activation, {"relu", "gelu"});
   c.model.activation = activation == "relu" ? Activation::relu : Activation::gelu;
   model.read("layer_norm", c.model.layer_norm);
-  std::string init = "he";
+  std::string init(to_string(c.model.init));
   model.read_choice("init", init, {"he", "xavier", "normal"});
   c.model.init = init == "he" ? InitScheme::he : init == "xavier" ? InitScheme::xavier : InitScheme::normal;
   model.read("init_scale", c.model.init_scale);
@@ -343,11 +343,9 @@ std::string ExperimentConfig::to_toml() const {
                            {"synthetic_test", data.synthetic_test}}},
       {"model", toml::table{{"kind", model.kind},
                             {"hidden", hidden},
-                            {"activation", model.activation == Activation::relu ? "relu" : "gelu"},
+                            {"activation", to_string(model.activation)},
                             {"layer_norm", model.layer_norm},
-                            {"init", model.init == InitScheme::he       ? "he"
-                                     : model.init == InitScheme::xavier ? "xavier"
-                                                                        : "normal"},
+                            {"init", to_string(model.init)},
                             {"init_scale", model.init_scale}}},
       {"train", toml::table{{"epochs", train.epochs},
                             {"max_steps", train.max_steps},

@@ -25,6 +25,17 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t index) {
 
 }  // namespace
 
+std::string_view to_string(Activation activation) { return activation == Activation::relu ? "relu" : "gelu"; }
+
+std::string_view to_string(InitScheme scheme) {
+  switch (scheme) {
+    case InitScheme::he: return "he";
+    case InitScheme::xavier: return "xavier";
+    case InitScheme::normal: return "normal";
+  }
+  return "?";
+}
+
 StepContext::StepContext(Backend& b, const Policy& p, std::uint64_t s) : backend(b), policy(p), seed(s) {}
 
 StochasticStream StepContext::stream(Site site) const {
@@ -68,7 +79,7 @@ namespace {
 
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const InputShape& in) {
   std::vector<std::unique_ptr<Layer>> layers;
-  const std::string act = spec.activation == Activation::relu ? "relu" : "gelu";
+  const std::string act(to_string(spec.activation));
   const auto activation = [&](const std::string& name) {
     return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
   };

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <string_view>
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
@@ -90,6 +91,8 @@ class Layer {
 
 enum class Activation : std::uint8_t { relu, gelu };
 enum class InitScheme : std::uint8_t { he, xavier, normal };
+std::string_view to_string(Activation activation);  // "relu", "gelu" (the config's names)
+std::string_view to_string(InitScheme scheme);      // "he", "xavier", "normal"
 
 struct ModelSpec {
   std::string kind = "mlp";           // "mlp" or "cnn" (LeNet-5 style)
