@@ -302,19 +302,12 @@ void Hdf5Arm::finish(const std::string& status) {
   log_.flush_locked();
 }
 
-template <typename T, typename F>
-std::vector<T> column(const std::vector<StepRecord>& records, F field) {
+// One field of each record, as the dataset's element type.
+template <typename T, typename Record, typename F>
+std::vector<T> column(const std::vector<Record>& records, F field) {
   std::vector<T> values;
   values.reserve(records.size());
   for (const auto& r : records) values.push_back(static_cast<T>(field(r)));
-  return values;
-}
-
-template <typename F>
-std::vector<double> eval_column(const std::vector<EvalRecord>& records, F field) {
-  std::vector<double> values;
-  values.reserve(records.size());
-  for (const auto& r : records) values.push_back(field(r));
   return values;
 }
 
@@ -353,19 +346,18 @@ void Hdf5Arm::append_pending() {
     const auto& r = evals_;
     const std::size_t n = r.size();
     auto& d = eval_ds_;
-    std::vector<std::int64_t> steps;
-    for (const auto& e : r) steps.push_back(e.step);
-    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n, steps.data());
+    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n,
+                    column<std::int64_t>(r, [](const EvalRecord& e) { return e.step; }).data());
     h5::append_rows(d.epoch.get(), H5T_NATIVE_DOUBLE, n,
-                    eval_column(r, [](const EvalRecord& e) { return e.epoch; }).data());
+                    column<double>(r, [](const EvalRecord& e) { return e.epoch; }).data());
     h5::append_rows(d.train_loss.get(), H5T_NATIVE_DOUBLE, n,
-                    eval_column(r, [](const EvalRecord& e) { return e.train_loss; }).data());
+                    column<double>(r, [](const EvalRecord& e) { return e.train_loss; }).data());
     h5::append_rows(d.train_accuracy.get(), H5T_NATIVE_DOUBLE, n,
-                    eval_column(r, [](const EvalRecord& e) { return e.train_accuracy; }).data());
+                    column<double>(r, [](const EvalRecord& e) { return e.train_accuracy; }).data());
     h5::append_rows(d.test_loss.get(), H5T_NATIVE_DOUBLE, n,
-                    eval_column(r, [](const EvalRecord& e) { return e.test_loss; }).data());
+                    column<double>(r, [](const EvalRecord& e) { return e.test_loss; }).data());
     h5::append_rows(d.test_accuracy.get(), H5T_NATIVE_DOUBLE, n,
-                    eval_column(r, [](const EvalRecord& e) { return e.test_accuracy; }).data());
+                    column<double>(r, [](const EvalRecord& e) { return e.test_accuracy; }).data());
     evals_.clear();
   }
 }
