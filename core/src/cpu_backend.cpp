@@ -146,7 +146,7 @@ class CpuBackend final : public Backend {
     if (scaled)
       for (float& x : v) x *= scale;
     TensorStats::Classes classes;
-    if (stats) classes = stats->add_values(v);
+    if (stats) classes = stats->add_values(v, threads_);
     if (!point.is_identity()) {
       const QuantizeCounts counts = quantize(point.format, v, v, options_for(point, stream, threads_));
       if (stats) {
@@ -450,7 +450,7 @@ class CpuBackend final : public Backend {
     float* w = data(weight);
     const float* u = data(update);
     const std::int64_t n = weight.numel();
-    if (stats) stats->add_values(values(update));
+    if (stats) stats->add_values(values(update), threads_);
     std::uint64_t swallowed = 0;
     if (storage.is_identity()) {
       for (std::int64_t i = 0; i < n; ++i) {

@@ -103,13 +103,16 @@ TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time or
                              : normal(rng);
         }
       }
-      INFO("n = " << n << ", " << shape);
-      TensorStats stats;
-      stats.add_values(values);
       const auto expected = oracle_histogram(values);
-      CHECK(stats.histogram == expected);
-      CHECK(stats[Counter::elements] == n);
-      CHECK(stats[Counter::nonzero] == n - expected[Binades::zero_bin]);
+      // Split over 1, 2 and 3 OpenMP threads (pieces meet mid-chunk).
+      for (const int threads : {1, 2, 3}) {
+        INFO("n = " << n << ", " << shape << ", " << threads << " threads");
+        TensorStats stats;
+        stats.add_values(values, threads);
+        CHECK(stats.histogram == expected);
+        CHECK(stats[Counter::elements] == n);
+        CHECK(stats[Counter::nonzero] == n - expected[Binades::zero_bin]);
+      }
     }
   }
 }

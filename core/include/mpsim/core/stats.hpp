@@ -65,10 +65,11 @@ struct TensorStats {
 
   // Adds the histogram of `values` and the counters that follow from it
   // (elements, nonzero, below_2_24). Returns the classes of these values alone.
+  // Large arrays are split over up to `threads` OpenMP threads.
   struct Classes {
     std::uint64_t subnormal = 0, infinite = 0, nan = 0;  // as binary32 values
   };
-  Classes add_values(std::span<const float> values);
+  Classes add_values(std::span<const float> values, int threads = 1);
 
   // What a backend counts to get the same: the biased exponent field of each
   // binary32 value (the binade of a normal value; 0 for zeros and subnormals,
