@@ -167,8 +167,9 @@ class CpuBackend final : public Backend {
     return result;
   }
 
-  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const RoundingPoint& accumulation,
+  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
             StochasticStream stream) override {
+    const RoundingPoint& accumulation = numerics.accumulation;
     const ConstMatrixMap am(data(a), a.rows(), a.cols());
     const ConstMatrixMap bm(data(b), b.rows(), b.cols());
     const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();

@@ -28,6 +28,18 @@ struct ConvGeometry {
   std::int64_t out_width() const { return (width + 2 * padding - kernel) / stride + 1; }
 };
 
+// How a GEMM computes. The operands' values are exact in their formats (a
+// scaled point's values are its format's values times a power of two), so a
+// GPU backend can pick its Tensor Core input type from them without changing
+// a value. The sum over k runs in binary32, or, when accumulation's format is
+// not binary32, rounds after every multiply-add (products exact, k in
+// increasing order).
+struct GemmNumerics {
+  Format a_format = formats::binary32;
+  Format b_format = formats::binary32;
+  RoundingPoint accumulation;
+};
+
 struct RoundResult {
   float amax = 0.0f;  // largest |x| before rounding and scaling (NaN ignored), for delayed scaling
 };
@@ -62,11 +74,9 @@ class Backend {
   virtual RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
                             TensorStats* stats) = 0;
 
-  // c = op(a) * op(b), op = transpose when asked. The sum over k runs in
-  // binary32, or, when accumulation's format is not binary32, rounds after
-  // every multiply-add (products exact, k in increasing order).
+  // c = op(a) * op(b), op = transpose when asked, as `numerics` says.
   virtual void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
-                    const RoundingPoint& accumulation, StochasticStream stream) = 0;
+                    const GemmNumerics& numerics, StochasticStream stream) = 0;
   virtual void add_row_vector(Tensor& x, const Tensor& row) = 0;    // x[i, :] += row
   virtual void column_sums(const Tensor& x, Tensor& sums) = 0;      // sums[j] = sum_i x[i, j]
   virtual void scale(Tensor& x, float factor) = 0;                  // x *= factor
