@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "h5.hpp"
+#include "mpsim/core/agreement.hpp"
 #include "mpsim/core/run_log.hpp"
 
 namespace mpsim::core {
@@ -120,6 +121,7 @@ class Hdf5Log final : public ExperimentLog {
   ~Hdf5Log() override;
 
   ArmLog& add_arm(const ArmInfo& info) override;
+  void add_agreement(const Agreement& agreement) override;
   void flush() override;
 
   // Both locks, in order; throws if an earlier write failed.
@@ -148,6 +150,7 @@ class Hdf5Log final : public ExperimentLog {
   // Destroyed in reverse order: arms' datasets, then the group, then the file.
   h5::Handle file_;
   h5::Handle arms_group_;
+  h5::Handle agreement_group_;  // made by the first add_agreement
   std::vector<std::unique_ptr<Hdf5Arm>> arms_;
 };
 
@@ -405,6 +408,7 @@ Hdf5Log::~Hdf5Log() {
     }
   }
   arms_.clear();
+  agreement_group_.reset();
   arms_group_.reset();
   try {
     file_.close("cannot close HDF5 log " + path_.string());
@@ -437,6 +441,29 @@ ArmLog& Hdf5Log::add_arm(const ArmInfo& info) {
   dirty_ = true;
   flush_locked();
   return *arms_.back();
+}
+
+void Hdf5Log::add_agreement(const Agreement& a) {
+  auto guard = lock();
+  if (!agreement_group_) agreement_group_ = h5::create_group(file_.get(), "agreement");
+  h5::Handle group = h5::create_group(agreement_group_.get(), a.other);
+  const hid_t g = group.get();
+  h5::write_attribute(g, "reference", a.reference);
+  h5::write_attribute(g, "other", a.other);
+  h5::write_attribute(g, "max_loss_relative_difference", a.max_loss_relative_difference);
+  h5::write_attribute(g, "test_accuracy_difference", a.test_accuracy_difference);
+  h5::Handle layer = h5::create_string_array(g, "layer", a.layers);
+  h5::make_scale(layer.get(), "layer");
+  h5::Handle kind = h5::create_string_array(g, "kind", kind_names());
+  h5::make_scale(kind.get(), "kind");
+  std::vector<double> distance;
+  for (const auto& row : a.histogram_distance) distance.insert(distance.end(), row.begin(), row.end());
+  h5::Handle d = h5::create_array(g, "histogram_distance", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                                  {a.histogram_distance.size(), std::size_t{tensor_kind_count}}, distance.data());
+  h5::attach_scale(d.get(), layer.get(), 0);
+  h5::attach_scale(d.get(), kind.get(), 1);
+  dirty_ = true;
+  flush_locked();
 }
 
 void Hdf5Log::flush() {

@@ -127,6 +127,9 @@ class Arm {
         break;
       }
       if (instrument) {
+        result.stat_totals.resize(stats.size());
+        for (std::size_t l = 0; l < stats.size(); ++l)
+          for (int k = 0; k < tensor_kind_count; ++k) result.stat_totals[l][k] += stats[l][k];
         for (const auto& layer : stats) {
           act_grads += layer[static_cast<int>(TensorKind::activation_grads)];
           weight_grads += layer[static_cast<int>(TensorKind::weight_grads)];

@@ -13,6 +13,7 @@
 #include <memory>
 #include <thread>
 
+#include "mpsim/core/agreement.hpp"
 #include "mpsim/core/config.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/run_log.hpp"
@@ -162,7 +163,9 @@ int run(const RunOptions& o) {
                output.string());
 
   struct Row {
-    std::string name;
+    std::string name, backend, policy;
+    std::uint64_t seed;
+    std::vector<std::string> layers;
     ArmResult result;
   };
   std::vector<Row> rows;
@@ -187,18 +190,43 @@ int run(const RunOptions& o) {
                                 [&](const Progress& p) { progress.update(name, p); });
         log->flush();
         if (r.status != "completed" && !o.quiet) fmt::print(stderr, "\n{}: {}\n", name, r.status);
-        rows.push_back({name, std::move(r)});
+        rows.push_back({name, backend_name, policy_name, seed, arm.layers, std::move(r)});
       }
+  // Side by side: every arm on another backend against the same policy and
+  // seed on the first backend (the same initial weights and batches).
+  std::vector<Agreement> agreements;
+  const auto trace = [](const Row& row) {
+    return ArmTrace{row.name, row.layers, row.result.losses, row.result.test_accuracy, row.result.stat_totals};
+  };
+  for (const Row& other : rows) {
+    if (other.backend == c.backends.front()) continue;
+    for (const Row& reference : rows)
+      if (reference.backend == c.backends.front() && reference.policy == other.policy && reference.seed == other.seed)
+        agreements.push_back(compare_arms(trace(reference), trace(other)));
+  }
+  for (const Agreement& a : agreements) log->add_agreement(a);
   log.reset();  // closes the file
 
   fmt::print("\n{:<16} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", "test acc",
              "test loss", "act-g flush", "act-g<2^-24", "w-g flush", "w-g<2^-24", "skipped", "loss scale", "wall s",
              "status");
-  for (const auto& [name, r] : rows)
+  for (const Row& row : rows) {
+    const ArmResult& r = row.result;
     fmt::print("{:<16} {:>8.2f}% {:>9.4f} {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>8} {:>10g} {:>8.1f}  {}\n",
-               name, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
+               row.name, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
                100 * r.activation_grad_below_2_24, 100 * r.weight_grad_flushed, 100 * r.weight_grad_below_2_24,
                r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
+  }
+  if (!agreements.empty()) {
+    fmt::print("\n{:<28} {:<20} {:>16} {:>13} {:>13} {:>13}\n", "agreement of arm", "with", "max loss rel diff",
+               "test acc diff", "act-g hist TV", "w-g hist TV");
+    for (const Agreement& a : agreements)
+      fmt::print("{:<28} {:<20} {:>16.3e} {:>12.2f}% {:>13.4f} {:>13.4f}\n", a.other, a.reference,
+                 a.max_loss_relative_difference, 100 * a.test_accuracy_difference,
+                 a.largest_histogram_distance(TensorKind::activation_grads),
+                 a.largest_histogram_distance(TensorKind::weight_grads));
+    fmt::print("(hist TV: the largest total-variation distance over layers between the arms' binade histograms)\n");
+  }
   fmt::print("\nlog: {}\nconfig: {}\n", output.string(), config_path_for(output).string());
   return 0;
 }

@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "mpsim/core/agreement.hpp"
 #include "mpsim/core/run_log.hpp"
 #include "mpsim/core/stats.hpp"
 
@@ -492,6 +493,42 @@ TEST_CASE("hdf5 log: round trip of two arms", "[hdf5]") {
   }
   check_arm(file, 0, expected[0]);
   check_arm(file, 1, expected[1]);
+}
+
+TEST_CASE("hdf5 log: an agreement is kept under /agreement", "[hdf5][agreement]") {
+  TempDir dir;
+  const fs::path path = dir.path() / "run.h5";
+  Agreement a;
+  a.reference = "cpu.fp16-mixed";
+  a.other = "cuda.fp16-mixed";
+  a.layers = {"fc1", "fc2"};
+  a.max_loss_relative_difference = 3.5e-7;
+  a.test_accuracy_difference = -0.0025;
+  a.histogram_distance.resize(2);
+  for (int l = 0; l < 2; ++l)
+    for (int k = 0; k < tensor_kind_count; ++k) a.histogram_distance[l][k] = l * 10 + k + 0.25;
+  a.histogram_distance[1][3] = std::numeric_limits<double>::quiet_NaN();
+  {
+    auto log = create_hdf5_log(path, experiment_info(), 10);
+    log->add_arm(arm_info(0));
+    log->add_agreement(a);
+  }
+  Id file = open_file(path);
+  Id group = open_group(file, "agreement/cuda.fp16-mixed");
+  CHECK(string_attribute(group, "reference") == "cpu.fp16-mixed");
+  CHECK(string_attribute(group, "other") == "cuda.fp16-mixed");
+  CHECK(scalar_attribute<double>(group, "max_loss_relative_difference", H5T_NATIVE_DOUBLE, H5T_FLOAT, 8) == 3.5e-7);
+  CHECK(scalar_attribute<double>(group, "test_accuracy_difference", H5T_NATIVE_DOUBLE, H5T_FLOAT, 8) == -0.0025);
+  CHECK(read_strings(group, "layer") == a.layers);
+  const auto d = read<double>(group, "histogram_distance", H5T_NATIVE_DOUBLE, {2, tensor_kind_count});
+  for (int l = 0; l < 2; ++l)
+    for (int k = 0; k < tensor_kind_count; ++k) {
+      INFO("layer " << l << " kind " << k);
+      if (l == 1 && k == 3) CHECK(std::isnan(d[l * tensor_kind_count + k]));
+      else CHECK(d[l * tensor_kind_count + k] == l * 10 + k + 0.25);
+    }
+  CHECK(attached(group, "histogram_distance", "layer", 0));
+  CHECK(attached(group, "histogram_distance", "kind", 1));
 }
 
 TEST_CASE("hdf5 log: every dataset exists before training, empty", "[hdf5]") {

@@ -57,10 +57,14 @@ struct ExperimentInfo {
   std::uint64_t seed = 0;
 };
 
+struct Agreement;  // agreement.hpp
+
 class ExperimentLog {
  public:
   virtual ~ExperimentLog() = default;
   virtual ArmLog& add_arm(const ArmInfo& info) = 0;  // creates every dataset of the arm up front
+  // Keeps the comparison of two finished arms under /agreement (written at once).
+  virtual void add_agreement(const Agreement& agreement) = 0;
   virtual void flush() = 0;
 };
 

@@ -55,6 +55,7 @@ struct ArmResult {
   double wall_seconds = 0.0;
   std::vector<double> losses;       // per step (for tests and golden trajectories)
   std::vector<double> loss_scales;  // per step, the scale used
+  LayerStats stat_totals;           // per layer and kind, summed over the instrumented steps
 };
 
 struct Progress {
