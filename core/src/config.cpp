@@ -135,6 +135,15 @@ Policy read_policy(const std::string& name, const toml::table* table) {
   p.name = name;
   for (const auto& [key, point] : rounding_points) p.*point = read_point(s, key, p.*point);
   s.read("master_weights", p.master_weights);
+  s.read("gemm", p.gemm);
+  // Every GEMM's operand pair, as the layers form them.
+  try {
+    gemm_model(p, p.activations, p.weights);
+    gemm_model(p, p.gradient_operands, p.activations);
+    gemm_model(p, p.gradient_operands, p.weights);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError("policies." + name + ": " + e.what());
+  }
   s.read_array("fp32_ops", p.fp32_ops);
   for (const auto& op : p.fp32_ops)
     if (op != "layer_norm" && op != "gelu" && op != "softmax_cross_entropy")
@@ -372,6 +381,7 @@ std::string ExperimentConfig::to_toml() const {
     for (const auto& op : p.fp32_ops) ops.push_back(op);
     const auto& l = p.loss_scaling;
     toml::table table{{"master_weights", p.master_weights},
+                      {"gemm", p.gemm},
                       {"fp32_ops", ops},
                       {"loss_scale", toml::table{{"mode", to_string(l.mode)},
                                                  {"initial", l.initial_scale},

@@ -176,6 +176,14 @@ class CpuBackend final : public Backend {
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
     MatrixMap cm = matrix(c);
+    if (numerics.model) {
+      // Row-major copies of op(a) [m x k] and op(b) [k x n], as the model's GEMM takes them.
+      const RowMatrix a_rows = ta ? RowMatrix(am.transpose()) : RowMatrix(am);
+      const RowMatrix b_rows = tb ? RowMatrix(bm.transpose()) : RowMatrix(bm);
+      mpsim::gemm(*numerics.model, a_rows.data(), b_rows.data(), cm.data(), static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), false, threads_);
+      return;
+    }
     if (accumulation.is_identity()) {
       if (!ta && !tb) cm.noalias() = am * bm;
       else if (ta && !tb) cm.noalias() = am.transpose() * bm;

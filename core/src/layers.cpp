@@ -12,6 +12,11 @@ namespace {
 
 Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
 
+// A GEMM of operands rounded at points a and b, as the policy sums it.
+GemmNumerics numerics(const Policy& p, const RoundingPoint& a, const RoundingPoint& b) {
+  return {a.format, b.format, p.accumulation, gemm_model(p, a, b)};
+}
+
 // A GEMM operand: a copy of x rounded at `point` (policy.activations or
 // policy.gradient_operands), or x itself when that rounding would change no
 // value: at the identity, or when x already passed the same format unscaled.
@@ -44,7 +49,7 @@ class Linear final : public Layer {
     input_shape_ = x.shape();
     input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
     Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
-    ctx.backend.gemm(input_, false, weight_.working, true, y, {p.activations.format, p.weights.format, p.accumulation},
+    ctx.backend.gemm(input_, false, weight_.working, true, y, numerics(p, p.activations, p.weights),
                      ctx.stream(Site::output));
     ctx.backend.add_row_vector(y, bias_.working);
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
@@ -55,7 +60,7 @@ class Linear final : public Layer {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
     const Tensor dyq = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
-    b.gemm(dyq, true, input_, false, weight_.grad, {p.gradient_operands.format, p.activations.format, p.accumulation},
+    b.gemm(dyq, true, input_, false, weight_.grad, numerics(p, p.gradient_operands, p.activations),
            ctx.stream(Site::weight_grad));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     b.column_sums(dy, bias_.grad);
@@ -63,7 +68,7 @@ class Linear final : public Layer {
     Tensor dx;
     if (need_input_grad) {
       dx = b.empty(input_.shape());
-      b.gemm(dyq, false, weight_.working, false, dx, {p.gradient_operands.format, p.weights.format, p.accumulation},
+      b.gemm(dyq, false, weight_.working, false, dx, numerics(p, p.gradient_operands, p.weights),
              ctx.stream(Site::input_grad));
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
       dx = dx.reshaped(input_shape_);
@@ -117,7 +122,7 @@ class Conv2d final : public Layer {
     b.im2col(xq, geometry_, columns_);
     Tensor rows = b.empty(with_rows(patches, cout_));
     b.gemm(columns_, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), true, rows,
-           {p.activations.format, p.weights.format, p.accumulation}, ctx.stream(Site::output));
+           numerics(p, p.activations, p.weights), ctx.stream(Site::output));
     b.add_row_vector(rows, bias_.working);
     Tensor y = b.empty(output_shape(x.shape()));
     b.rows_to_nchw(rows, geometry_.batch, geometry_.out_height(), geometry_.out_width(), y);
@@ -135,14 +140,14 @@ class Conv2d final : public Layer {
     ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
     const Tensor dyq = operand(ctx, dy_rows, p.gradient_operands, Site::output_grad_operand);
     Tensor dw = weight_.grad.reshaped(with_rows(cout_, columns_.cols()));
-    b.gemm(dyq, true, columns_, false, dw, {p.gradient_operands.format, p.activations.format, p.accumulation},
+    b.gemm(dyq, true, columns_, false, dw, numerics(p, p.gradient_operands, p.activations),
            ctx.stream(Site::weight_grad));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     Tensor dx;
     if (need_input_grad) {
       Tensor dcols = b.empty(columns_.shape());
       b.gemm(dyq, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), false, dcols,
-             {p.gradient_operands.format, p.weights.format, p.accumulation}, ctx.stream(Site::input_grad));
+             numerics(p, p.gradient_operands, p.weights), ctx.stream(Site::input_grad));
       dx = b.zeros({geometry_.batch, cin_, geometry_.height, geometry_.width});
       b.col2im(dcols, geometry_, dx);  // overlapping patches add in binary32
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);

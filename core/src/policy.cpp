@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
 namespace mpsim::core {
 namespace {
@@ -72,6 +73,22 @@ std::string_view to_string(LossScaleMode mode) {
   return "?";
 }
 
+std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b) {
+  if (p.gemm == "ieee") return std::nullopt;
+  if (!p.accumulation.is_identity())
+    throw std::invalid_argument("gemm = \"" + p.gemm + "\" replaces the accumulation rounding; set accumulation = "
+                                "\"binary32\" or gemm = \"ieee\"");
+  auto model = parse_accumulation_model(p.gemm, a.format);
+  if (!model)
+    throw std::invalid_argument("gemm = \"" + p.gemm + "\" is not an accumulation model for " + a.format.name() +
+                                " operands; accepted: ieee, " + std::string(accumulation_model_names()));
+  if (model->kind == AccumulationKind::tensor_core && (a.format != b.format || a.delayed_scaling || b.delayed_scaling))
+    throw std::invalid_argument("gemm = \"" + p.gemm + "\" models one tensor-core input format, but a GEMM multiplies " +
+                                to_string(a) + " by " + to_string(b) +
+                                " operands; give activations, weights and gradient_operands one unscaled format");
+  return model;
+}
+
 bool Policy::runs_in_fp32(std::string_view op) const {
   return std::find(fp32_ops.begin(), fp32_ops.end(), op) != fp32_ops.end();
 }
@@ -132,6 +149,7 @@ std::string describe(const Policy& p) {
     if (name == "weight_storage") out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
     out << name << " = " << to_string(p.*point) << "\n";
   }
+  out << "gemm = " << p.gemm << "\n";
   out << "fp32_ops = [";
   for (std::size_t i = 0; i < p.fp32_ops.size(); ++i) out << (i ? ", " : "") << '"' << p.fp32_ops[i] << '"';
   out << "]\n";

@@ -7,15 +7,23 @@
 
 #include "fp_command.hpp"
 #include "run_command.hpp"
+#include "tc_command.hpp"
 #include "usage_error.hpp"
+#ifdef MPSIM_WITH_CUDA
+#include "mpsim/gpu/backend.hpp"
+#endif
 
 int main(int argc, char** argv) {
   CLI::App app{"mpsim " MPSIM_VERSION ": numerics of mixed-precision training"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "mpsim " MPSIM_VERSION);
   std::function<int()> run;
+#ifdef MPSIM_WITH_CUDA
+  mpsim::gpu::register_cuda_backend();  // backend = "cuda" in a config
+#endif
   mpsim::cli::add_fp_command(app, run);
   mpsim::cli::add_run_command(app, run);
+  mpsim::cli::add_tc_command(app, run);
   try {
     app.parse(argc, argv);
     return run ? run() : 0;

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -38,6 +39,10 @@ struct GemmNumerics {
   Format a_format = formats::binary32;
   Format b_format = formats::binary32;
   RoundingPoint accumulation;
+  // A model of how the sum runs (Policy::gemm), replacing `accumulation`
+  // when present. An emulating backend follows it; on a GPU the hardware is
+  // the model, so the GPU backend ignores it.
+  std::optional<AccumulationModel> model;
 };
 
 struct RoundResult {

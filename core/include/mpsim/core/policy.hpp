@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"
 
@@ -68,6 +69,12 @@ struct Policy {
   RoundingPoint weights;           // working copy of the weights, rounded from the master copy once per step
   RoundingPoint activations;       // activation operand of Linear/Conv GEMMs
   RoundingPoint accumulation;      // binary32: FP32 accumulation; else every GEMM addition rounds to this
+  // How GEMMs sum, when not as `accumulation` says ("ieee"): an accumulation
+  // model name (emulation/accumulation.hpp), e.g. "h100" for the H100 tensor
+  // core's block-FMA with truncation, or "pairwise-fp32". Tensor-core models
+  // take the operands' format as input, so both operands of every GEMM must
+  // share one unscaled format (docs/policies.md).
+  std::string gemm = "ieee";
   RoundingPoint gemm_output;       // GEMM (+bias) results
   RoundingPoint elementwise;       // outputs of activations, pooling and normalisation
   // Backward.
@@ -104,6 +111,11 @@ inline constexpr std::array<NamedPoint, 10> rounding_points{{
     {"weight_storage", &Policy::weight_storage},
     {"optimizer_state", &Policy::optimizer_state},
 }};
+
+// The model a GEMM with operands in formats a and b uses under p.gemm:
+// nothing for "ieee". Throws std::invalid_argument, naming the problem, when
+// the name is unknown or the model cannot take these operands.
+std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b);
 
 // The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8.
 std::optional<Policy> preset_policy(std::string_view name);

@@ -1,0 +1,107 @@
+// How a dot product or a GEMM accumulates: recursive, pairwise and blocked
+// summation in a chosen format and rounding mode, the exact (correctly
+// rounded) reference, and bit-accurate models of NVIDIA tensor cores, all
+// behind one value type. docs/tensor_cores.md describes the models, the
+// measured vectors they reproduce bit for bit, and the GEMM's speed.
+//
+// Tensor cores (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
+// tensor cores", PeerJ Computer Science 7:e330, 2021; Khattak and Mikaitis,
+// "Accurate models of NVIDIA tensor cores" and "Generalized methodology for
+// determining numerical features of hardware floating-point matrix
+// multipliers", IEEE HPEC 2025): each product of a block is exact; the
+// products and c are aligned to the largest exponent in the block and
+// truncated toward zero (no sticky bit) to a fixed-point accumulator with
+// `fraction_bits` bits below that exponent; the exact sum of the truncated
+// terms is normalised once and rounded to the output format. A longer inner
+// product is a chain of blocks, each result being the next block's c.
+#pragma once
+
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "mpsim/emulation/quantize.hpp"  // Path
+#include "mpsim/emulation/rounding.hpp"
+
+namespace mpsim {
+
+// One tensor-core instruction, parameterised. The presets hold the measured values.
+struct TensorCoreModel {
+  Format input = formats::binary16;    // a and b (values are first rounded to it, nearest-even)
+  Format output = formats::binary32;   // c and d: binary32 or binary16 (c is rounded to it, nearest-even)
+  int block_size = 16;                 // products fused per block (1..64)
+  // Accumulator bits kept below the block's largest exponent: 23 + the
+  // "extra alignment bits" (V100 0, A100 1, H100 2; H100 FP8 -10). 1..100.
+  // The largest exponent of a product is ea + eb, the input exponents
+  // (subnormals at emin), whatever the significand product's size.
+  int fraction_bits = 25;
+  int result_precision = 0;            // 0, or the normalised sum is first truncated to this many bits
+  RoundingMode rounding = RoundingMode::toward_zero;  // block sum -> output (any deterministic mode)
+  // groups > 1: the block runs as `groups` chained sub-blocks (each a block
+  // of this model); product k goes to sub-block (k / group_run) % groups.
+  int groups = 1;
+  int group_run = 1;
+  bool c_added_last = false;  // the products start from +0; c is added by one rounded addition at the end
+  friend bool operator==(const TensorCoreModel&, const TensorCoreModel&) = default;
+};
+
+// The model of `gpu` ("V100", "A100", "H100"; any case) for these formats, or
+// nothing where the GPU has no such instruction or no model is known.
+std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu, const Format& input, const Format& output);
+std::string to_string(const TensorCoreModel& model);
+
+// d = a·b + c through chained blocks, in order of k. a and b hold values of
+// the model's input format (others are rounded to it first), c a value of any
+// format; a binary16 result is returned as its binary32 value. Sizes must
+// match. Infinities and NaNs follow IEEE 754 per block; a NaN result is
+// the GPU's canonical NaN (0x7fffffff in binary32, 0x7fff in binary16).
+float tensor_core_dot(const TensorCoreModel& model, std::span<const float> a, std::span<const float> b, float c);
+
+enum class AccumulationKind : std::uint8_t {
+  recursive,    // s = c; s = round(s + a_k*b_k) for each k, product exact (a fused multiply-add)
+  pairwise,     // p_k = round(a_k*b_k), summed by halving the range, each sum rounded; then round(c + sum)
+  blocked,      // per block of `block` products: t = round(t + a_k*b_k) from 0; then s = round(s + t), s from c
+  exact,        // a·b + c exactly, rounded once
+  tensor_core,  // `tensor_core`; `format` and `mode` are its output and rounding
+};
+
+struct AccumulationModel {
+  AccumulationKind kind = AccumulationKind::recursive;
+  Format format = formats::binary32;  // the accumulator and result (precision <= 24, binary32's range or less)
+  RoundingMode mode = RoundingMode::nearest_even;  // every mode but stochastic
+  int block = 32;                     // blocked only
+  TensorCoreModel tensor_core;        // tensor_core only
+  friend bool operator==(const AccumulationModel&, const AccumulationModel&) = default;
+};
+
+// Names: "fp32", "fp16", "bf16" (any format name: recursive), "pairwise-fp32",
+// "blocked-fp32-32", "exact" (binary32), "exact-fp16", each with an optional
+// ":MODE" suffix ("fp16:rtz"); "v100", "a100", "h100" with the input format
+// given here, or "h100:INPUT[:OUTPUT]" ("h100:e4m3:binary16"); binary32 output
+// by default. to_string() prints a name this parses back, except for a
+// tensor-core model that is no preset (printed as a description).
+std::optional<AccumulationModel> parse_accumulation_model(std::string_view text,
+                                                          const Format& tensor_core_input = formats::binary16);
+std::string to_string(const AccumulationModel& model);
+std::string_view accumulation_model_names();
+
+// a·b + c under the model; the result as a binary32 value. Throws
+// std::invalid_argument for sizes that differ or an unsupported model.
+float dot(const AccumulationModel& model, std::span<const float> a, std::span<const float> b, float c);
+
+// Row-major C[m x n] = A[m x k] * B[k x n] (+ C when accumulate_c), each
+// element the model's dot product along k in increasing k. threads <= 0: all
+// cores. Path::automatic takes the vectorised kernel where the model has one
+// (tensor cores with binary32 output and input formats whose products are
+// exact binary32 values: fp16, e4m3, e5m2) and the element-by-element dot()
+// otherwise; every path gives the same bits. The kernel is chosen at run time
+// (AVX-512, else AVX2, else portable C++); the environment variable
+// MPSIM_GEMM_TARGET=avx2 or =portable picks a lesser one (for tests).
+void gemm(const AccumulationModel& model, const float* a, const float* b, float* c, int m, int n, int k,
+          bool accumulate_c, int threads, Path path = Path::automatic);
+
+// Which kernel gemm() uses for this model here: "avx512", "avx2", "portable" or "scalar".
+std::string_view gemm_kernel_name(const AccumulationModel& model);
+
+}  // namespace mpsim

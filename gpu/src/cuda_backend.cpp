@@ -1,0 +1,667 @@
+// The CUDA training backend ("cuda"): core's Backend with device tensors and
+// every op enqueued on one CUDA stream that the backend owns (cuBLAS too).
+// Host code only (g++): the kernels live in kernels_*.cu behind kernels.hpp.
+// Its semantics are the CPU backend's (core/src/cpu_backend.cpp), op by op;
+// docs/gpu.md says which ops give the same bits and which agree within
+// stated bounds, and which calls wait for the device.
+//
+// Memory: a tensor's opaque buffer is a device allocation from a caching pool
+// (like the CPU backend's BufferPool). A tensor released on the host goes back
+// to the pool at once, while kernels that use it may still be queued: that is
+// safe because the pool only hands it out again to work enqueued later on the
+// same stream, which runs after them.
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "check.hpp"
+#include "kernels.hpp"
+#include "launch.hpp"
+#include "mpsim/gpu/backend.hpp"
+#include "mpsim/gpu/device.hpp"
+#include "mpsim/gpu/device_format.hpp"
+
+namespace mpsim::gpu {
+namespace {
+
+using core::ConvGeometry;
+using core::Counter;
+using core::RoundingPoint;
+using core::RoundResult;
+using core::Shape;
+using core::Tensor;
+using core::TensorStats;
+
+float* data(const Tensor& t) { return static_cast<float*>(t.buffer()); }
+
+void require(bool ok, const char* what) {
+  if (!ok) throw std::logic_error(std::string("cuda backend: ") + what);
+}
+
+// cuBLAS takes int dimensions.
+int as_int(std::int64_t value, const char* what) {
+  if (value < 0 || value > INT_MAX)
+    throw std::invalid_argument(std::string("cuda backend: gemm: ") + what + " = " + std::to_string(value) +
+                                " does not fit cuBLAS's int");
+  return static_cast<int>(value);
+}
+
+// Device buffers recycled by size (rounded up to 256 bytes, cudaMalloc's
+// alignment): a training step allocates the same shapes every step, and
+// cudaMalloc per op would cost more than many ops and may synchronise.
+class DevicePool {
+ public:
+  DevicePool() = default;
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+  ~DevicePool() {
+    for (auto& [size, list] : free_)
+      for (void* p : list) cudaFree(p);  // no throw from a destructor
+  }
+
+  std::shared_ptr<void> get(std::size_t bytes, const std::shared_ptr<DevicePool>& self) {
+    const std::size_t size = std::max<std::size_t>(256, (bytes + 255) / 256 * 256);
+    void* p = take(size);
+    if (!p) p = allocate(size);
+    return std::shared_ptr<void>(p, [self, size](void* q) { self->put(q, size); });
+  }
+
+ private:
+  void* take(std::size_t size) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(size);
+    if (it == free_.end() || it->second.empty()) return nullptr;
+    void* p = it->second.back();
+    it->second.pop_back();
+    return p;
+  }
+  void put(void* p, std::size_t size) {
+    std::lock_guard lock(mutex_);
+    free_[size].push_back(p);
+  }
+  void* allocate(std::size_t size) {
+    void* p = nullptr;
+    cudaError_t status = cudaMalloc(&p, size);
+    if (status == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // handled here: not to be reported by a later launch check
+      release_cached();
+      status = cudaMalloc(&p, size);
+    }
+    if (status != cudaSuccess) {
+      (void)cudaGetLastError();
+      detail::check_cuda(status, "cudaMalloc", __FILE__, __LINE__);
+    }
+    return p;
+  }
+  // Out of memory: gives the cached buffers back. Queued work may still use
+  // them, so wait for the device first.
+  void release_cached() {
+    MPSIM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::lock_guard lock(mutex_);
+    for (auto& [size, list] : free_)
+      for (void* p : list) MPSIM_CUDA_CHECK(cudaFree(p));
+    free_.clear();
+  }
+
+  std::mutex mutex_;
+  std::unordered_map<std::size_t, std::vector<void*>> free_;
+};
+
+// RAII owners of the backend's CUDA objects, so that a constructor that
+// throws half-way releases what it had made.
+struct Stream {
+  cudaStream_t stream = nullptr;
+  // Non-blocking: the legacy default stream (the one-shot functions of
+  // device.hpp) never waits for it, nor it for them.
+  Stream() { MPSIM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~Stream() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+};
+
+struct Blas {
+  cublasHandle_t handle = nullptr;
+  explicit Blas(cudaStream_t stream) {
+    MPSIM_CUBLAS_CHECK(cublasCreate(&handle));
+    const cublasStatus_t status = cublasSetStream(handle, stream);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      cublasDestroy(handle);
+      detail::check_cublas(status, "cublasSetStream(handle, stream)", __FILE__, __LINE__);
+    }
+  }
+  ~Blas() { cublasDestroy(handle); }
+  Blas(const Blas&) = delete;
+  Blas& operator=(const Blas&) = delete;
+};
+
+// Page-locked host memory: device-to-host copies into it are truly
+// asynchronous, so a result is read after one stream synchronisation.
+template <typename T>
+class Pinned {
+ public:
+  explicit Pinned(std::size_t n) { reserve(n); }
+  ~Pinned() { cudaFreeHost(data_); }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  T* data() { return data_; }
+  // Grows (contents lost) to hold n values. Only between synchronisations:
+  // no copy into it may be pending.
+  void reserve(std::size_t n) {
+    if (n <= size_ && data_) return;
+    cudaFreeHost(data_);
+    data_ = nullptr;
+    size_ = 0;
+    MPSIM_CUDA_CHECK(cudaMallocHost(&data_, std::max<std::size_t>(n, 1) * sizeof(T)));
+    size_ = std::max<std::size_t>(n, 1);
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+// Statistics of one call, in one device block copied back at once: the
+// histogram, the counters (rounding counters, then swallowed updates), the
+// amax (a binary32 pattern in the low bytes of its word).
+constexpr int bins_at = 0;
+constexpr int counters_at = detail::histogram_bins;
+constexpr int counter_words = 8;
+constexpr int amax_at = counters_at + counter_words;
+constexpr int stats_words = amax_at + 1;
+static_assert(kernels::update_counter_count <= counter_words && detail::rounding_counter_count <= counter_words);
+static_assert(kernels::swallowed_counter >= detail::rounding_counter_count);
+
+// Which Tensor Core input type holds every value of both operands. A scaled
+// rounding point's values are its format's values times a power of two
+// (docs/policies.md), so they can sit anywhere in binary32's range: only the
+// types with binary32's exponent range (bfloat16, TF32) hold them whatever
+// the scale, while binary16 holds the values of an unscaled binary16-like
+// format only. The FP8 presets scale, hence bfloat16 for every format of at
+// most 7 mantissa bits. What the range argument misses (values scaled below
+// 2^-126, or a scaled binary16 point) is caught on the device: the conversion
+// flags any value that changes, and the next synchronisation throws.
+bool narrow_enough(const Format& f, int mantissa_bits) { return fits_in_float(f) && f.mantissa_bits <= mantissa_bits; }
+
+bool binary16_holds(const Format& f) {
+  return narrow_enough(f, formats::binary16.mantissa_bits) &&
+         f.emin() - f.mantissa_bits >= formats::binary16.emin() - formats::binary16.mantissa_bits &&
+         f.largest_finite() <= formats::binary16.largest_finite();
+}
+
+GemmInput gemm_input_for(const Format& a, const Format& b) {
+  if (narrow_enough(a, formats::bfloat16.mantissa_bits) && narrow_enough(b, formats::bfloat16.mantissa_bits))
+    return GemmInput::bfloat16;
+  if (binary16_holds(a) && binary16_holds(b)) return GemmInput::binary16;
+  if (narrow_enough(a, formats::tf32.mantissa_bits) && narrow_enough(b, formats::tf32.mantissa_bits))
+    return GemmInput::tf32;
+  return GemmInput::binary32;
+}
+
+std::string inexact_operand_message(unsigned flags) {
+  std::string types;
+  const auto add = [&](unsigned bit, const char* name) {
+    if ((flags & bit) == 0) return;
+    if (!types.empty()) types += ", ";
+    types += name;
+  };
+  add(kernels::inexact_binary16, "binary16");
+  add(kernels::inexact_bfloat16, "bfloat16");
+  add(kernels::inexact_tf32, "tf32");
+  return "cuda backend: a GEMM operand held values that its Tensor Core input type (" + types +
+         ") does not represent, although GemmNumerics named formats that type holds (a scaled rounding point whose "
+         "values left the type's range?). GEMM results computed since the last synchronisation are not the exact "
+         "products the CPU backend computes.";
+}
+
+kernels::Draws draws_of(const StochasticStream& stream) {
+  const DrawKey key = make_draw_key(stream.key);
+  return {key.low, key.high, stream.first_index};
+}
+
+QuantizeCounts quantize_counts_of(const unsigned long long* counters, std::int64_t n) {
+  QuantizeCounts c;
+  c.elements = static_cast<std::uint64_t>(n);
+  c.inexact = counters[detail::counter::inexact];
+  c.flushed_to_zero = counters[detail::counter::flushed];
+  c.subnormal = counters[detail::counter::subnormal];
+  c.overflow = counters[detail::counter::overflow];
+  c.nan = counters[detail::counter::nan];
+  return c;
+}
+
+kernels::Geometry geometry_of(const ConvGeometry& g) {
+  return {g.batch, g.channels, g.height, g.width, g.kernel, g.stride, g.padding, g.out_height(), g.out_width()};
+}
+
+int select_device() {
+  const DeviceInfo info = query_device();
+  if (!info.available)
+    throw std::runtime_error("cuda backend: " + info.description + " (backend = \"cpu\" runs without one)");
+  MPSIM_CUDA_CHECK(cudaSetDevice(0));
+  return 0;
+}
+
+class CudaBackend final : public core::Backend {
+ public:
+  CudaBackend() {
+    MPSIM_CUDA_CHECK(cudaMemsetAsync(status_.data(), 0, sizeof(unsigned int), stream()));
+    *host_status_.data() = 0;
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_.stream);  // before the members free what queued work may use
+  }
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string_view name() const override { return "cuda"; }
+  void set_threads(int) override {}  // the device decides its own parallelism
+
+  // --- Memory --------------------------------------------------------------------------------------------------
+  Tensor zeros(const Shape& shape) override {
+    Tensor t = empty(shape);
+    if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(data(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
+    return t;
+  }
+  Tensor empty(const Shape& shape) override {
+    const std::int64_t n = core::element_count(shape);
+    require(n >= 0, "empty: negative size");
+    return Tensor(shape, pool_->get(static_cast<std::size_t>(n) * sizeof(float), pool_));
+  }
+  Tensor from_host(std::span<const float> values, const Shape& shape) override {
+    require(static_cast<std::int64_t>(values.size()) == core::element_count(shape),
+            "from_host: size does not match shape");
+    Tensor t = empty(shape);
+    // From pageable memory the copy is staged by the driver, so `values` may
+    // be reused on return; it may wait for the stream first (docs/gpu.md).
+    if (!values.empty())
+      MPSIM_CUDA_CHECK(cudaMemcpyAsync(data(t), values.data(), values.size_bytes(), cudaMemcpyHostToDevice, stream()));
+    return t;
+  }
+  void to_host(const Tensor& t, std::span<float> out) override {
+    require(static_cast<std::int64_t>(out.size()) == t.numel(), "to_host: size does not match");
+    if (out.empty()) return;
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), data(t), out.size_bytes(), cudaMemcpyDeviceToHost, stream()));
+    synchronize();
+  }
+  void copy(const Tensor& from, Tensor& to) override {
+    require(from.numel() == to.numel(), "copy: sizes differ");
+    if (from.numel() > 0 && from.buffer() != to.buffer())
+      MPSIM_CUDA_CHECK(cudaMemcpyAsync(data(to), data(from), bytes(from), cudaMemcpyDeviceToDevice, stream()));
+  }
+
+  // --- Rounding: one pass of the rounding kernel (quantize.cu) ------------------------------------------------------
+  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                    TensorStats* stats) override {
+    RoundResult result;
+    const std::int64_t n = t.numel();
+    const bool scaled = scale != 1.0f;
+    const bool rounds = !point.is_identity();
+    if (n == 0 || (!rounds && !scaled && stats == nullptr && !point.delayed_scaling)) return result;
+    detail::RoundLaunch launch;
+    launch.round = rounds;
+    if (rounds) {
+      launch.format = make_device_format(point.format);  // throws unless fits_in_float, as quantize does
+      launch.rounding = make_device_rounding(point.rounding);
+      const kernels::Draws draws = draws_of(stream);
+      launch.key_low = draws.key_low;
+      launch.key_high = draws.key_high;
+      launch.first_index = draws.first_index;
+    }
+    launch.scale_before = launch.scale_after = scaled;
+    launch.before = scale;
+    launch.after = 1.0f / scale;  // exact: scale is a power of two (as the CPU computes it)
+    const bool fetch = stats != nullptr || point.delayed_scaling;
+    if (fetch) {
+      clear_stats();
+      if (stats) {
+        launch.counters = device_stats_.data() + counters_at;
+        launch.bins = device_stats_.data() + bins_at;
+      }
+      if (point.delayed_scaling) launch.amax = device_amax();
+    }
+    detail::launch_round(data(t), static_cast<std::size_t>(n), launch, this->stream());
+    if (!fetch) return result;
+    fetch_stats();  // waits: the interface returns amax and counts now
+    const unsigned long long* host = host_stats_.data();
+    if (point.delayed_scaling) result.amax = host_amax();
+    if (stats) {
+      const TensorStats::Classes classes = stats->add_field_counts(detail::field_counts_of(host + bins_at));
+      const unsigned long long* counters = host + counters_at;
+      if (rounds) {
+        const QuantizeCounts counts = quantize_counts_of(counters, n);
+        stats->add_rounding(counts);
+        // Infinite results come only from infinite inputs or overflow (the CPU counts them only then).
+        if (classes.infinite != 0 || counts.overflow != 0) (*stats)[Counter::infinite] += counters[detail::counter::infinite];
+      } else {
+        (*stats)[Counter::subnormal] += classes.subnormal;
+        (*stats)[Counter::nan] += classes.nan;
+        (*stats)[Counter::infinite] += classes.infinite;
+      }
+    }
+    return result;
+  }
+
+  // --- GEMM -----------------------------------------------------------------------------------------------------------
+  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const core::GemmNumerics& numerics,
+            StochasticStream stream) override {
+    const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
+    const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
+    require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
+    if (m == 0 || n == 0) return;
+    if (!numerics.accumulation.is_identity()) {
+      const kernels::GemmShape shape{m, n, k, ta, tb, a.cols(), b.cols()};
+      kernels::gemm_rounding_every_addition(data(a), data(b), data(c), shape,
+                                            make_device_format(numerics.accumulation.format),
+                                            make_device_rounding(numerics.accumulation.rounding), draws_of(stream),
+                                            this->stream());
+      return;
+    }
+    if (k == 0) {
+      MPSIM_CUDA_CHECK(cudaMemsetAsync(data(c), 0, bytes(c), this->stream()));
+      return;
+    }
+    cublas_gemm(a, ta, b, tb, c, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"),
+                gemm_input_for(numerics.a_format, numerics.b_format));
+  }
+
+  void add_row_vector(Tensor& x, const Tensor& row) override {
+    require(row.numel() == x.cols(), "add_row_vector: sizes differ");
+    kernels::add_row_vector(data(x), data(row), x.rows(), x.cols(), stream());
+  }
+  void column_sums(const Tensor& x, Tensor& sums) override {
+    require(sums.numel() == x.cols(), "column_sums: sizes differ");
+    const std::int64_t words = kernels::column_sums_scratch(x.rows(), x.cols());
+    const auto scratch = pool_->get(static_cast<std::size_t>(words) * sizeof(float), pool_);
+    kernels::column_sums(data(x), x.rows(), x.cols(), data(sums), static_cast<float*>(scratch.get()), stream());
+  }
+  void scale(Tensor& x, float factor) override { kernels::scale(data(x), x.numel(), factor, stream()); }
+  double sum_squares(const Tensor& x) override {
+    const auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
+    double* partial = static_cast<double*>(scratch.get());
+    double* result = partial + kernels::sum_squares_blocks;
+    kernels::sum_squares(data(x), x.numel(), partial, result, stream());
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(host_double_.data(), result, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    synchronize();  // waits: the interface returns the sum now
+    return *host_double_.data();
+  }
+
+  // --- Activations and LayerNorm ----------------------------------------------------------------------------------------
+  void relu_forward(const Tensor& x, Tensor& y) override {
+    require(x.numel() == y.numel(), "relu_forward: sizes differ");
+    kernels::relu_forward(data(x), data(y), x.numel(), stream());
+  }
+  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    require(x.numel() == dy.numel() && x.numel() == dx.numel(), "relu_backward: sizes differ");
+    kernels::relu_backward(data(x), data(dy), data(dx), x.numel(), stream());
+  }
+  void gelu_forward(const Tensor& x, Tensor& y) override {
+    require(x.numel() == y.numel(), "gelu_forward: sizes differ");
+    kernels::gelu_forward(data(x), data(y), x.numel(), gelu_constants(), stream());
+  }
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    require(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes differ");
+    kernels::gelu_backward(data(x), data(dy), data(dx), x.numel(), gelu_constants(), stream());
+  }
+  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+                          Tensor& rstd) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    require(gamma.numel() == cols && beta.numel() == cols && y.numel() == x.numel() && mean.numel() == rows &&
+                rstd.numel() == rows,
+            "layer_norm_forward: sizes differ");
+    kernels::layer_norm_forward(data(x), data(gamma), data(beta), eps, rows, cols, data(y), data(mean), data(rstd),
+                                stream());
+  }
+  void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    require(gamma.numel() == cols && mean.numel() == rows && rstd.numel() == rows && dy.numel() == x.numel() &&
+                dx.numel() == x.numel() && dgamma.numel() == cols && dbeta.numel() == cols,
+            "layer_norm_backward: sizes differ");
+    const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
+    kernels::layer_norm_backward(data(x), data(gamma), data(mean), data(rstd), data(dy), rows, cols, data(dx),
+                                 data(dgamma), data(dbeta), static_cast<float*>(scratch.get()), stream());
+  }
+
+  // --- Convolution layout and pooling -------------------------------------------------------------------------------------
+  void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
+    require_geometry(g, x);
+    require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
+            "im2col: output size");
+    kernels::im2col(data(x), geometry_of(g), data(columns), stream());
+  }
+  void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
+    require_geometry(g, dx);
+    require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
+            "col2im: input size");
+    kernels::col2im(data(columns), geometry_of(g), data(dx), stream());
+  }
+  void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
+    require(rows.rows() == batch * h * w && nchw.numel() == rows.numel(), "rows_to_nchw: sizes differ");
+    kernels::rows_to_nchw(data(rows), batch, rows.cols(), h * w, data(nchw), stream());
+  }
+  void nchw_to_rows(const Tensor& nchw, Tensor& rows) override {
+    const Shape& s = nchw.shape();
+    require(s.size() == 4 && rows.numel() == nchw.numel(), "nchw_to_rows: expects NCHW of the rows' size");
+    kernels::nchw_to_rows(data(nchw), s[0], s[1], s[2] * s[3], data(rows), stream());
+  }
+  void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
+    require_geometry(g, x);
+    const std::int64_t outputs = g.batch * g.channels * g.out_height() * g.out_width();
+    require(y.numel() == outputs && argmax.numel() == outputs, "max_pool_forward: output size");
+    kernels::max_pool_forward(data(x), geometry_of(g), data(y), data(argmax), stream());
+  }
+  void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
+    const Shape& in = dx.shape();
+    const Shape& out = dy.shape();
+    require(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1] && argmax.numel() == dy.numel(),
+            "max_pool_backward: expects NCHW gradients of one batch and channel count");
+    kernels::max_pool_backward(data(dy), data(argmax), in[0] * in[1], in[2] * in[3], out[2] * out[3], data(dx),
+                               stream());
+  }
+
+  // --- Loss ----------------------------------------------------------------------------------------------------------------
+  core::LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                         Tensor& d_logits) override {
+    const std::int64_t rows = logits.rows(), cols = logits.cols();
+    require(labels.numel() == rows && d_logits.numel() == logits.numel(), "softmax_cross_entropy: sizes differ");
+    core::LossResult result;
+    if (rows == 0) return result;
+    require(cols > 0, "softmax_cross_entropy: no classes");
+    const float factor = grad_scale / static_cast<float>(rows);
+    const std::size_t words = 2 * static_cast<std::size_t>(rows);
+    const auto scratch = pool_->get(words * sizeof(float), pool_);
+    float* row_results = static_cast<float*>(scratch.get());
+    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, factor, data(d_logits), row_results,
+                                   stream());
+    host_rows_.reserve(words);  // nothing is pending into it: every copy into it is waited for
+    MPSIM_CUDA_CHECK(
+        cudaMemcpyAsync(host_rows_.data(), row_results, words * sizeof(float), cudaMemcpyDeviceToHost, stream()));
+    synchronize();  // waits: the interface returns the loss now
+    // The CPU's binary64 sum of the rows' binary32 losses, in row order.
+    const float* host = host_rows_.data();
+    for (std::int64_t r = 0; r < rows; ++r) {
+      result.loss_sum += static_cast<double>(host[r]);
+      result.correct += host[rows + r] != 0.0f;
+    }
+    return result;
+  }
+
+  // --- Optimiser ----------------------------------------------------------------------------------------------------------
+  void sgd_update(const Tensor& weight, const Tensor& grad, Tensor& momentum, float lr, float momentum_factor,
+                  float weight_decay, bool first_step, Tensor& update) override {
+    const std::int64_t n = weight.numel();
+    require(grad.numel() == n && update.numel() == n && (momentum_factor == 0.0f || momentum.numel() == n),
+            "sgd_update: sizes differ");
+    kernels::sgd_update(data(weight), data(grad), data(momentum), data(update), n, lr, momentum_factor, weight_decay,
+                        first_step, stream());
+  }
+  void adam_update(const Tensor& weight, const Tensor& grad, Tensor& m, Tensor& v, const core::AdamParams& p,
+                   Tensor& update) override {
+    const std::int64_t n = weight.numel();
+    require(grad.numel() == n && m.numel() == n && v.numel() == n && update.numel() == n, "adam_update: sizes differ");
+    // The per-call constants exactly as the CPU backend computes them (host binary64 and binary32 arithmetic).
+    const double t = static_cast<double>(p.step);
+    const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
+    kernels::AdamConstants c{};
+    c.beta1 = p.beta1;
+    c.beta2 = p.beta2;
+    c.one_minus_beta1 = 1.0f - p.beta1;
+    c.one_minus_beta2 = 1.0f - p.beta2;
+    c.eps = p.eps;
+    c.weight_decay = p.weight_decay;
+    c.neg_lr_weight_decay = -p.lr * p.weight_decay;
+    c.step_size = p.lr / bias1;
+    c.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
+    c.decoupled = p.decoupled;
+    kernels::adam_update(data(weight), data(grad), data(m), data(v), data(update), n, c, stream());
+  }
+  void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                    TensorStats* stats) override {
+    const std::int64_t n = weight.numel();
+    require(update.numel() == n, "apply_update: sizes differ");
+    if (n == 0) return;
+    const bool rounds = !storage.is_identity();
+    DeviceFormat format{};
+    DeviceRounding rounding{};
+    if (rounds) {
+      format = make_device_format(storage.format);  // throws unless fits_in_float, before anything is queued
+      rounding = make_device_rounding(storage.rounding);
+    }
+    unsigned long long* counters = nullptr;
+    if (stats) {
+      clear_stats();
+      detail::launch_histogram(data(update), static_cast<std::size_t>(n), device_stats_.data() + bins_at,
+                               this->stream());
+      counters = device_stats_.data() + counters_at;
+    }
+    if (rounds)
+      kernels::apply_update_rounded(data(weight), data(update), n, format, rounding, draws_of(stream), counters,
+                                    this->stream());
+    else
+      kernels::apply_update_binary32(data(weight), data(update), n, counters, this->stream());
+    if (!stats) return;
+    fetch_stats();  // waits: the interface adds to *stats now (only at the logging interval)
+    const unsigned long long* host = host_stats_.data();
+    stats->add_field_counts(detail::field_counts_of(host + bins_at));
+    if (rounds) stats->add_rounding(quantize_counts_of(host + counters_at, n));
+    (*stats)[Counter::swallowed] += host[counters_at + kernels::swallowed_counter];
+  }
+
+ private:
+  cudaStream_t stream() const { return stream_.stream; }
+  static std::size_t bytes(const Tensor& t) { return static_cast<std::size_t>(t.numel()) * sizeof(float); }
+
+  static void require_geometry(const ConvGeometry& g, const Tensor& image) {
+    require(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0 && g.kernel >= 1 && g.stride >= 1 &&
+                g.padding >= 0 && g.out_height() >= 0 && g.out_width() >= 0,
+            "convolution geometry out of range");
+    require(image.numel() == g.batch * g.channels * g.height * g.width, "image size does not match the geometry");
+  }
+
+  static kernels::GeluConstants gelu_constants() {
+    // As cpu_backend.cpp spells them, so that both sides use the same binary32 constants.
+    return {static_cast<float>(M_SQRT1_2), 0.3989422804014327f};
+  }
+
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS
+  // reads each row-major buffer as its column-major transpose, with the
+  // buffer's row length as leading dimension.
+  void cublas_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, int m, int n, int k,
+                   GemmInput input) {
+    const int lda = as_int(a.cols(), "a's row length"), ldb = as_int(b.cols(), "b's row length");
+    const void* a_in = data(a);
+    const void* b_in = data(b);
+    std::shared_ptr<void> a16, b16;  // converted copies, back to the pool after the GEMM is queued
+    cudaDataType_t type = CUDA_R_32F;
+    cublasComputeType_t compute = CUBLAS_COMPUTE_32F_PEDANTIC;  // binary32 products and sums, never TF32
+    switch (input) {
+      case GemmInput::binary16:
+      case GemmInput::bfloat16: {
+        const bool bf = input == GemmInput::bfloat16;
+        a16 = pool_->get(static_cast<std::size_t>(a.numel()) * 2, pool_);
+        b16 = pool_->get(static_cast<std::size_t>(b.numel()) * 2, pool_);
+        kernels::convert_for_gemm(data(a), a16.get(), a.numel(), bf, status_.data(), stream());
+        kernels::convert_for_gemm(data(b), b16.get(), b.numel(), bf, status_.data(), stream());
+        a_in = a16.get();
+        b_in = b16.get();
+        type = bf ? CUDA_R_16BF : CUDA_R_16F;
+        compute = CUBLAS_COMPUTE_32F;  // binary32 accumulation on Tensor Cores
+        break;
+      }
+      case GemmInput::tf32:
+        // The values are TF32's already (checked), so cuBLAS's own conversion cannot change them.
+        kernels::check_tf32(data(a), a.numel(), status_.data(), stream());
+        kernels::check_tf32(data(b), b.numel(), status_.data(), stream());
+        compute = CUBLAS_COMPUTE_32F_FAST_TF32;
+        break;
+      case GemmInput::binary32: break;
+    }
+    const float alpha = 1.0f, beta = 0.0f;  // read by cuBLAS when the call is made (host pointer mode)
+    MPSIM_CUBLAS_CHECK(cublasGemmEx(blas_.handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
+                                    k, &alpha, b_in, type, ldb, a_in, type, lda, &beta, data(c), CUDA_R_32F, n, compute,
+                                    CUBLAS_GEMM_DEFAULT));
+  }
+
+  // --- Synchronisation: every wait of the backend goes through here -------------------------------------------------------
+  // Waits for the stream, then reports an inexact GEMM operand flagged since the last wait.
+  void synchronize() {
+    MPSIM_CUDA_CHECK(
+        cudaMemcpyAsync(host_status_.data(), status_.data(), sizeof(unsigned int), cudaMemcpyDeviceToHost, stream()));
+    MPSIM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    const unsigned int flags = *host_status_.data();
+    if (flags != 0) {
+      *host_status_.data() = 0;
+      MPSIM_CUDA_CHECK(cudaMemsetAsync(status_.data(), 0, sizeof(unsigned int), stream()));
+      throw std::runtime_error(inexact_operand_message(flags));
+    }
+  }
+  void clear_stats() {
+    MPSIM_CUDA_CHECK(cudaMemsetAsync(device_stats_.data(), 0, stats_words * sizeof(unsigned long long), stream()));
+  }
+  void fetch_stats() {
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(host_stats_.data(), device_stats_.data(), stats_words * sizeof(unsigned long long),
+                                     cudaMemcpyDeviceToHost, stream()));
+    synchronize();
+  }
+  unsigned int* device_amax() { return reinterpret_cast<unsigned int*>(device_stats_.data() + amax_at); }
+  float host_amax() {
+    // The kernel wrote a 32-bit pattern at the start of the word: read those same bytes.
+    std::uint32_t bits;
+    std::memcpy(&bits, host_stats_.data() + amax_at, sizeof bits);
+    float amax;
+    std::memcpy(&amax, &bits, sizeof amax);
+    return amax;
+  }
+
+  // Declaration order is construction order: the device first, then what lives on it.
+  int device_ = select_device();
+  std::shared_ptr<DevicePool> pool_ = std::make_shared<DevicePool>();
+  Stream stream_;
+  Blas blas_{stream_.stream};
+  detail::DeviceArray<unsigned long long> device_stats_{stats_words};
+  detail::DeviceArray<unsigned int> status_{1};  // inexact GEMM operand flags (kernels.hpp)
+  Pinned<unsigned long long> host_stats_{stats_words};
+  Pinned<unsigned int> host_status_{1};
+  Pinned<double> host_double_{1};
+  Pinned<float> host_rows_{1024};
+};
+
+}  // namespace
+
+std::unique_ptr<core::Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+void register_cuda_backend() {
+  static std::once_flag once;
+  std::call_once(once, [] { core::register_backend("cuda", &make_cuda_backend); });
+}
+
+}  // namespace mpsim::gpu

@@ -1,0 +1,148 @@
+#pragma once
+// The CUDA backend's kernels, one launcher per op (cuda_backend.cu calls
+// them). Each enqueues its work on the given stream and checks the launch;
+// none synchronises. Pointers are device memory, sizes are element counts.
+//
+// Bits: where the CPU backend's result is reproducible, the kernels do its
+// binary32 and binary64 operations in its order, one correctly rounded
+// operation each, written with the _rn intrinsics: nvcc contracts a*b + c
+// into one FMA (one rounding instead of two) unless told not to, and the
+// intrinsics are never contracted. This needs the default -ftz=false,
+// -prec-div=true and -prec-sqrt=true (no --use_fast_math), as gpu/CMakeLists.txt
+// compiles. Sums whose CPU order is not reproducible here (Eigen's column
+// sums, OpenBLAS) and the libm functions (erf, exp, log) differ from the CPU
+// within the bounds tests/gpu/test_backend_ops.cpp states.
+#include <cstdint>
+
+#include "check.hpp"
+#include "mpsim/gpu/device_rounding.hpp"
+
+namespace mpsim::gpu::kernels {
+
+inline constexpr unsigned threads = 256;  // a multiple of the warp size
+
+// Grid size of a grid-stride loop over n elements (at most 4096 blocks).
+inline unsigned blocks(std::int64_t n) { return detail::blocks_for(static_cast<std::size_t>(n), threads); }
+
+#ifdef __CUDACC__
+// Grid-stride loops run over int64 indices: tensors may exceed 2^31 elements.
+__device__ inline std::int64_t thread_index() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t thread_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x; }
+#endif
+
+// The stochastic stream of one call: element i (or step i of the GEMM below)
+// draws device_random_draw(key_low, key_high, first_index + i).
+struct Draws {
+  std::uint32_t key_low = 0, key_high = 0;
+  std::uint64_t first_index = 0;
+};
+
+// --- Element-wise -------------------------------------------------------------
+void relu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream);
+void relu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream);
+// The constants come from the host as the CPU backend spells them, so that
+// both sides use the same binary32 values.
+struct GeluConstants {
+  float sqrt1_2;       // static_cast<float>(M_SQRT1_2)
+  float inv_sqrt_2pi;  // 0.3989422804014327f
+};
+void gelu_forward(const float* x, float* y, std::int64_t n, GeluConstants c, cudaStream_t stream);
+void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n, GeluConstants c, cudaStream_t stream);
+void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);
+void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+
+// --- Reductions ---------------------------------------------------------------
+// sums[j] = sum_i x[i, j] in binary32: partial sums over chunks of rows, then
+// the chunks' sums in order. Deterministic. scratch holds
+// column_sums_scratch(rows, cols) floats.
+std::int64_t column_sums_scratch(std::int64_t rows, std::int64_t cols);
+void column_sums(const float* x, std::int64_t rows, std::int64_t cols, float* sums, float* scratch, cudaStream_t stream);
+// *result = sum x[i]^2 in binary64 (products exact), in a fixed order for a
+// given n: deterministic. partial holds sum_squares_blocks doubles.
+inline constexpr unsigned sum_squares_blocks = 512;
+void sum_squares(const float* x, std::int64_t n, double* partial, double* result, cudaStream_t stream);
+
+// --- Layout ---------------------------------------------------------------------
+// core::ConvGeometry with its output size worked out (this header stays free
+// of core's headers: nvcc's host pass warns on one of them).
+struct Geometry {
+  std::int64_t batch, channels, height, width, kernel, stride, padding, out_height, out_width;
+};
+void im2col(const float* x, const Geometry& g, float* columns, cudaStream_t stream);
+// Adds the patches into dx, each element's contributions in the CPU's order.
+void col2im(const float* columns, const Geometry& g, float* dx, cudaStream_t stream);
+void rows_to_nchw(const float* rows, std::int64_t batch, std::int64_t channels, std::int64_t hw, float* nchw,
+                  cudaStream_t stream);
+void nchw_to_rows(const float* nchw, std::int64_t batch, std::int64_t channels, std::int64_t hw, float* rows,
+                  cudaStream_t stream);
+void max_pool_forward(const float* x, const Geometry& g, float* y, float* argmax, cudaStream_t stream);
+// dx = 0, then dy added at argmax plane by plane, in the CPU's order.
+void max_pool_backward(const float* dy, const float* argmax, std::int64_t planes, std::int64_t in_hw,
+                       std::int64_t out_hw, float* dx, cudaStream_t stream);
+
+// --- LayerNorm ------------------------------------------------------------------
+void layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, std::int64_t rows,
+                        std::int64_t cols, float* y, float* mean, float* rstd, cudaStream_t stream);
+// scratch holds 2 * rows floats.
+void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                         std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
+                         cudaStream_t stream);
+
+// --- Loss -------------------------------------------------------------------------
+// Writes d_logits and, per row, row_results[r] = the row's loss (binary32, as
+// the CPU computes it before widening) and row_results[rows + r] = 1 when the
+// argmax is the label, else 0. A label outside [0, cols) gives a NaN loss.
+void softmax_cross_entropy(const float* logits, const float* labels, std::int64_t rows, std::int64_t cols,
+                           float factor, float* d_logits, float* row_results, cudaStream_t stream);
+
+// --- Optimiser ----------------------------------------------------------------------
+void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
+                float momentum_factor, float weight_decay, bool first_step, cudaStream_t stream);
+// The per-call constants, computed on the host exactly as the CPU backend does.
+struct AdamConstants {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
+  float neg_lr_weight_decay;  // -lr * weight_decay (AdamW's decoupled decay)
+  float step_size;            // lr / (1 - beta1^t)
+  float bias2_sqrt;           // sqrt(1 - beta2^t)
+  bool decoupled;
+};
+void adam_update(const float* weight, const float* grad, float* m, float* v, float* update, std::int64_t n,
+                 const AdamConstants& c, cudaStream_t stream);
+
+// counters (when not null): the rounding counters (launch.hpp `counter`),
+// then the swallowed updates at swallowed_counter.
+inline constexpr int swallowed_counter = 6;
+inline constexpr int update_counter_count = 7;
+// weight <- weight + update in binary32.
+void apply_update_binary32(float* weight, const float* update, std::int64_t n, unsigned long long* counters,
+                           cudaStream_t stream);
+// weight <- round(weight + update): the sum exact (rounded to odd in binary64), one rounding to the format.
+void apply_update_rounded(float* weight, const float* update, std::int64_t n, DeviceFormat format,
+                          DeviceRounding rounding, Draws draws, unsigned long long* counters, cudaStream_t stream);
+
+// --- GEMM helpers ---------------------------------------------------------------------
+// Bits of the inexact-operand flag: which Tensor Core input type met a value it does not hold.
+inline constexpr unsigned inexact_binary16 = 1, inexact_bfloat16 = 2, inexact_tf32 = 4;
+// out[i] = in[i] as __half (bfloat16 = false) or __nv_bfloat16, rounded to
+// nearest-even; sets the type's bit in *flag when a non-NaN value changes.
+void convert_for_gemm(const float* in, void* out, std::int64_t n, bool bfloat16, unsigned int* flag,
+                      cudaStream_t stream);
+// Sets inexact_tf32 in *flag when a finite value has more than TF32's 11 significant bits.
+void check_tf32(const float* in, std::int64_t n, unsigned int* flag, cudaStream_t stream);
+
+// c[m x n] = op(a) op(b), row-major, op = transpose when asked; a holds
+// a_cols columns as stored, b holds b_cols.
+struct GemmShape {
+  std::int64_t m, n, k;
+  bool transpose_a, transpose_b;
+  std::int64_t a_cols, b_cols;
+};
+// acc <- round(acc + a*b) for kk = 0..k-1 (products exact, the sum rounded to
+// odd in binary64, then once to the format); step kk of output (i, j) draws
+// index first_index + (i*k + kk)*n + j, as the CPU's gemm_rounding_every_addition.
+void gemm_rounding_every_addition(const float* a, const float* b, float* c, const GemmShape& shape,
+                                  DeviceFormat format, DeviceRounding rounding, Draws draws, cudaStream_t stream);
+
+}  // namespace mpsim::gpu::kernels

@@ -1,0 +1,842 @@
+// The CUDA backend against the CPU backend, op by op on the same seeded
+// inputs (ggml's test-backend-ops idea), then whole training steps.
+//
+// Exact where the CUDA backend does the CPU's operations in the CPU's order:
+// copies, layouts, pooling, rounding (values, counters, histograms, amax),
+// the element-wise binary32 ops, LayerNorm, the optimisers and apply_update,
+// and the GEMM that rounds after every addition; NaNs are compared as a class
+// only, since CUDA arithmetic returns its canonical NaN where x86 keeps the
+// operand's payload. Bounded, with the bound derived next to each check, where
+// the CUDA backend cannot follow the CPU: cuBLAS and OpenBLAS sum in
+// different orders, the column sums and sum of squares reduce in a different
+// order, and CUDA's expf/erff/logf are not glibc's.
+//
+// Every test case skips (exit 77, CTest "Skipped") when no CUDA device is present.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+#include "mpsim/core/data.hpp"
+#include "mpsim/core/policy.hpp"
+#include "mpsim/core/trainer.hpp"
+#include "mpsim/gpu/backend.hpp"
+#include "mpsim/gpu/device.hpp"
+#include "support/test_support.hpp"
+
+using namespace mpsim;
+using core::Shape;
+using core::Tensor;
+
+namespace {
+
+using FVec = std::vector<float>;
+
+void require_device() {
+  static const gpu::DeviceInfo info = gpu::query_device();
+  if (!info.available) mpsim::test::skip("needs a CUDA device: " + info.description);
+}
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// The distance from |x| to the next binary32 value away from zero.
+double ulp_of(float x) {
+  const float a = std::fabs(x);
+  if (!std::isfinite(a)) return 0.0;
+  return static_cast<double>(std::nextafter(a, std::numeric_limits<float>::infinity())) - a;
+}
+
+// Both backends, and the same values in each.
+struct Backends {
+  std::unique_ptr<core::Backend> cpu = core::make_cpu_backend();
+  std::unique_ptr<core::Backend> gpu = gpu::make_cuda_backend();
+  struct Pair {
+    Tensor cpu, gpu;
+  };
+  Pair upload(const FVec& v, const Shape& s) { return {cpu->from_host(v, s), gpu->from_host(v, s)}; }
+  Pair zeros(const Shape& s) { return {cpu->zeros(s), gpu->zeros(s)}; }
+  Pair empty(const Shape& s) { return {cpu->empty(s), gpu->empty(s)}; }
+  FVec cpu_values(const Tensor& t) { return values_of(*cpu, t); }
+  FVec gpu_values(const Tensor& t) { return values_of(*gpu, t); }
+  static FVec values_of(core::Backend& b, const Tensor& t) {
+    FVec v(static_cast<std::size_t>(t.numel()));
+    b.to_host(t, v);
+    return v;
+  }
+};
+
+// Same bits, except that any NaN matches any NaN. One CHECK; the message names the first difference.
+void check_same(const std::string& what, const FVec& want, const FVec& got) {
+  REQUIRE(want.size() == got.size());
+  std::size_t mismatches = 0, first = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : bits_of(want[i]) == bits_of(got[i]);
+    if (!same && mismatches++ == 0) first = i;
+  }
+  INFO(what << ": " << mismatches << " of " << want.size() << " differ; first at " << first << ": cpu "
+            << (want.empty() ? 0.0f : want[first]) << " gpu " << (got.empty() ? 0.0f : got[first]));
+  CHECK(mismatches == 0);
+}
+
+void check_same(const std::string& what, Backends& b, const Backends::Pair& t) {
+  check_same(what, b.cpu_values(t.cpu), b.gpu_values(t.gpu));
+}
+
+// |got_i - want_i| <= bound_i, non-finite values of the same class. One CHECK, naming the worst element.
+template <typename Bound>
+void check_close(const std::string& what, const FVec& want, const FVec& got, Bound bound) {
+  REQUIRE(want.size() == got.size());
+  std::size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (!std::isfinite(want[i]) || !std::isfinite(got[i])) {
+      const bool same = std::isnan(want[i]) ? std::isnan(got[i]) : want[i] == got[i];
+      if (!same) ++bad, worst = i, worst_ratio = INFINITY;
+      continue;
+    }
+    const double b = bound(i), d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (d > b) ++bad;
+    const double ratio = b > 0 ? d / b : (d > 0 ? INFINITY : 0.0);
+    if (ratio > worst_ratio) worst_ratio = ratio, worst = i;
+  }
+  INFO(what << ": " << bad << " of " << want.size() << " outside the bound; worst at " << worst << ": cpu "
+            << want[worst] << " gpu " << got[worst] << ", " << worst_ratio << " times the bound");
+  CHECK(bad == 0);
+}
+
+// Gradient-like magnitudes over 2^-150 .. 2^20 with both signs, and every
+// special class (as tests/gpu/test_device.cpp), so that every format sees
+// subnormals, flushes and overflow.
+FVec mixed_values(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> exponent(-150.0f, 20.0f);
+  FVec v(n);
+  for (auto& x : v) x = (rng() & 1 ? -1.0f : 1.0f) * std::exp2(exponent(rng));
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -NAN, 0x1p-149f, 65504.0f, 65520.0f, 448.0f,
+                            464.0f, 57344.0f, 61440.0f, 3.4028235e38f};
+  for (std::size_t i = 0; i < std::size(specials) && i < n; ++i) v[i * 7 % n] = specials[i];
+  return v;
+}
+
+FVec normal_values(std::size_t n, std::uint64_t seed, float sigma = 1.0f, float mean = 0.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(mean, sigma);
+  FVec v(n);
+  for (auto& x : v) x = normal(rng);
+  return v;
+}
+
+// Integers in [lo, hi]: exact in every format below (e5m2 holds the integers up to 8).
+FVec small_integers(std::size_t n, std::uint64_t seed, int lo = -8, int hi = 8) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> pick(lo, hi);
+  FVec v(n);
+  for (auto& x : v) x = static_cast<float>(pick(rng));
+  return v;
+}
+
+FVec rounded(const Format& f, FVec v) {
+  quantize(f, v, v);
+  return v;
+}
+
+core::RoundingPoint point(const Format& f, RoundingMode mode = RoundingMode::nearest_even, int random_bits = 32,
+                          bool scaled = false) {
+  core::RoundingPoint p;
+  p.format = f;
+  p.rounding = {mode, random_bits};
+  p.delayed_scaling = scaled;
+  return p;
+}
+
+StochasticStream stream_of(std::uint64_t seed, std::uint64_t stream, std::uint64_t first_index) {
+  StochasticStream s;
+  s.key = {seed, stream};
+  s.first_index = first_index;
+  return s;
+}
+
+const std::vector<Format>& formats_to_round() {
+  static const std::vector<Format> list{formats::binary16,          formats::bfloat16, formats::tf32,
+                                        formats::e4m3,              formats::e5m2,     formats::binary32,
+                                        *parse_format("e5m2:ftz"), *parse_format("e4m3:sat")};
+  return list;
+}
+
+}  // namespace
+
+TEST_CASE("memory round trips keep every bit", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  CHECK(b.gpu->name() == "cuda");
+  const FVec v = mixed_values(10007, 1);
+  const Tensor t = b.gpu->from_host(v, {10007});
+  FVec back(v.size());
+  b.gpu->to_host(t, back);
+  CHECK(std::memcmp(back.data(), v.data(), v.size() * sizeof(float)) == 0);  // NaN payloads included: only copies
+  Tensor c = b.gpu->empty({97, 103});
+  REQUIRE(c.numel() == 9991);
+  Tensor d = b.gpu->empty({10007});
+  b.gpu->copy(t, d);
+  b.gpu->to_host(d, back);
+  CHECK(std::memcmp(back.data(), v.data(), v.size() * sizeof(float)) == 0);
+  const Tensor z = b.gpu->zeros({33, 3});
+  for (const float x : Backends::values_of(*b.gpu, z)) CHECK(bits_of(x) == 0u);
+  const Tensor none = b.gpu->zeros({0});
+  CHECK_FALSE(none.empty());
+  CHECK(none.numel() == 0);
+  FVec nothing;
+  b.gpu->to_host(none, nothing);
+}
+
+TEST_CASE("round matches the CPU bit for bit, counters, histogram and amax included", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  const std::size_t n = 100003;  // not a multiple of a block; several blocks
+  const FVec input = mixed_values(n, 20261121);
+  for (const Format& format : formats_to_round()) {
+    for (int m = 0; m <= static_cast<int>(RoundingMode::stochastic); ++m) {
+      for (const int random_bits : {32, 8}) {
+        const auto mode = static_cast<RoundingMode>(m);
+        if (random_bits != 32 && mode != RoundingMode::stochastic) continue;
+        // Unscaled, and scaled by powers of two down and up (delayed scaling's x -> round(x * s) / s).
+        for (const float scale : {1.0f, 0x1p-7f, 0x1p5f}) {
+          for (const bool with_stats : {false, true}) {
+            const core::RoundingPoint p = point(format, mode, random_bits, scale != 1.0f);
+            INFO(format.name() << ", " << to_string(mode) << ", random bits " << random_bits << ", scale " << scale
+                               << (with_stats ? ", with statistics" : ""));
+            auto t = b.upload(input, {static_cast<std::int64_t>(n)});
+            core::TensorStats cpu_stats, gpu_stats;
+            const StochasticStream s = stream_of(7, 11, std::uint64_t{5} << 32);
+            const core::RoundResult rc = b.cpu->round(t.cpu, p, scale, s, with_stats ? &cpu_stats : nullptr);
+            const core::RoundResult rg = b.gpu->round(t.gpu, p, scale, s, with_stats ? &gpu_stats : nullptr);
+            check_same("values", b, t);
+            CHECK(bits_of(rc.amax) == bits_of(rg.amax));
+            CHECK(cpu_stats == gpu_stats);
+          }
+        }
+      }
+    }
+  }
+  SECTION("binary32 storage counts without rounding") {
+    core::TensorStats cpu_stats, gpu_stats;
+    auto t = b.upload(input, {static_cast<std::int64_t>(n)});
+    b.cpu->round(t.cpu, core::RoundingPoint{}, 1.0f, {}, &cpu_stats);
+    b.gpu->round(t.gpu, core::RoundingPoint{}, 1.0f, {}, &gpu_stats);
+    CHECK(cpu_stats == gpu_stats);
+    FVec back = b.gpu_values(t.gpu);
+    CHECK(std::memcmp(back.data(), input.data(), n * sizeof(float)) == 0);  // untouched
+  }
+}
+
+TEST_CASE("element-wise ops match the CPU bit for bit", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  const std::int64_t rows = 37, cols = 129, n = rows * cols;
+  const FVec x = mixed_values(static_cast<std::size_t>(n), 3), g = mixed_values(static_cast<std::size_t>(n), 4);
+  const auto xs = b.upload(x, {rows, cols}), gs = b.upload(g, {rows, cols});
+  SECTION("relu") {
+    auto y = b.empty({rows, cols}), dx = b.empty({rows, cols});
+    b.cpu->relu_forward(xs.cpu, y.cpu);
+    b.gpu->relu_forward(xs.gpu, y.gpu);
+    check_same("relu forward", b, y);
+    b.cpu->relu_backward(xs.cpu, gs.cpu, dx.cpu);
+    b.gpu->relu_backward(xs.gpu, gs.gpu, dx.gpu);
+    check_same("relu backward", b, dx);
+  }
+  SECTION("scale") {
+    for (const float factor : {0x1p-3f, 0.7f, 65536.0f}) {
+      auto t = b.upload(x, {rows, cols});
+      b.cpu->scale(t.cpu, factor);
+      b.gpu->scale(t.gpu, factor);
+      check_same("scale by " + std::to_string(factor), b, t);
+    }
+  }
+  SECTION("add_row_vector") {
+    auto t = b.upload(normal_values(static_cast<std::size_t>(n), 5), {rows, cols});
+    const auto row = b.upload(mixed_values(static_cast<std::size_t>(cols), 6), {cols});
+    b.cpu->add_row_vector(t.cpu, row.cpu);
+    b.gpu->add_row_vector(t.gpu, row.gpu);
+    check_same("add_row_vector", b, t);
+  }
+}
+
+TEST_CASE("convolution layouts and max pooling match the CPU bit for bit", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  struct Case {
+    std::int64_t batch, channels, height, width, kernel, stride, padding;
+  };
+  // Overlapping and disjoint windows, padding, non-square images, LeNet's shapes.
+  for (const Case c : {Case{3, 2, 9, 7, 3, 1, 1}, Case{2, 3, 10, 10, 5, 2, 2}, Case{2, 1, 8, 8, 2, 2, 0},
+                       Case{1, 2, 11, 6, 3, 3, 0}, Case{4, 6, 28, 28, 5, 1, 2}, Case{2, 4, 7, 9, 3, 2, 1}}) {
+    core::ConvGeometry g;
+    g.batch = c.batch, g.channels = c.channels, g.height = c.height, g.width = c.width;
+    g.kernel = c.kernel, g.stride = c.stride, g.padding = c.padding;
+    INFO("batch " << c.batch << " channels " << c.channels << " " << c.height << "x" << c.width << " kernel " << c.kernel
+                  << " stride " << c.stride << " padding " << c.padding);
+    const std::int64_t oh = g.out_height(), ow = g.out_width(), patches = g.batch * oh * ow;
+    const std::int64_t width = g.channels * g.kernel * g.kernel;
+    const Shape image{g.batch, g.channels, g.height, g.width};
+    const auto x = b.upload(normal_values(static_cast<std::size_t>(core::element_count(image)), 7), image);
+    auto columns = b.empty({patches, width});
+    b.cpu->im2col(x.cpu, g, columns.cpu);
+    b.gpu->im2col(x.gpu, g, columns.gpu);
+    check_same("im2col", b, columns);
+
+    // col2im adds overlapping patches in binary32: the order matters, and is the CPU's.
+    const auto dcols = b.upload(normal_values(static_cast<std::size_t>(patches * width), 8), {patches, width});
+    auto dx = b.zeros(image);
+    b.cpu->col2im(dcols.cpu, g, dx.cpu);
+    b.gpu->col2im(dcols.gpu, g, dx.gpu);
+    check_same("col2im", b, dx);
+
+    const auto rows = b.upload(normal_values(static_cast<std::size_t>(patches * 5), 9), {patches, 5});
+    auto nchw = b.empty({g.batch, 5, oh, ow});
+    b.cpu->rows_to_nchw(rows.cpu, g.batch, oh, ow, nchw.cpu);
+    b.gpu->rows_to_nchw(rows.gpu, g.batch, oh, ow, nchw.gpu);
+    check_same("rows_to_nchw", b, nchw);
+    auto back = b.empty({patches, 5});
+    b.cpu->nchw_to_rows(nchw.cpu, back.cpu);
+    b.gpu->nchw_to_rows(nchw.gpu, back.gpu);
+    check_same("nchw_to_rows", b, back);
+
+    // Max pooling on small integers (ties: the first wins) with a NaN (it wins and ends the window).
+    FVec pool_in = small_integers(static_cast<std::size_t>(core::element_count(image)), 10, -3, 3);
+    pool_in[pool_in.size() / 3] = NAN;
+    const auto px = b.upload(pool_in, image);
+    const Shape pooled{g.batch, g.channels, oh, ow};
+    auto y = b.empty(pooled), argmax = b.empty(pooled);
+    b.cpu->max_pool_forward(px.cpu, g, y.cpu, argmax.cpu);
+    b.gpu->max_pool_forward(px.gpu, g, y.gpu, argmax.gpu);
+    check_same("max pool forward", b, y);
+    check_same("max pool argmax", b, argmax);
+    const auto dy = b.upload(normal_values(static_cast<std::size_t>(core::element_count(pooled)), 11), pooled);
+    auto dpool = b.empty(image);
+    b.cpu->max_pool_backward(dy.cpu, argmax.cpu, dpool.cpu);
+    b.gpu->max_pool_backward(dy.gpu, argmax.gpu, dpool.gpu);
+    check_same("max pool backward", b, dpool);
+  }
+}
+
+TEST_CASE("column sums and sums of squares, exact on integers, bounded otherwise", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  // Any order of summation of n values is within gamma_{n-1} * sum |x| of the exact sum (Higham 2002,
+  // eq. 4.4), gamma_n = n u / (1 - n u): both backends are, so they differ by at most twice that.
+  const auto gamma = [](double n, double u) { return n * u / (1 - n * u); };
+  for (const std::int64_t rows : {1, 7, 256, 257, 3001}) {
+    for (const std::int64_t cols : {1, 6, 130}) {
+      INFO(rows << " x " << cols);
+      const std::size_t n = static_cast<std::size_t>(rows * cols);
+      // Integer sums below 2^24 are exact in any order.
+      const auto ints = b.upload(small_integers(n, 12), {rows, cols});
+      auto sums = b.empty({cols});
+      b.cpu->column_sums(ints.cpu, sums.cpu);
+      b.gpu->column_sums(ints.gpu, sums.gpu);
+      check_same("column sums of integers", b, sums);
+
+      const FVec v = normal_values(n, 13);
+      const auto x = b.upload(v, {rows, cols});
+      b.cpu->column_sums(x.cpu, sums.cpu);
+      b.gpu->column_sums(x.gpu, sums.gpu);
+      std::vector<double> magnitude(static_cast<std::size_t>(cols), 0.0);
+      for (std::size_t i = 0; i < n; ++i) magnitude[i % static_cast<std::size_t>(cols)] += std::fabs(v[i]);
+      const double g = 2 * gamma(static_cast<double>(rows - 1), 0x1p-24);
+      check_close("column sums", b.cpu_values(sums.cpu), b.gpu_values(sums.gpu),
+                  [&](std::size_t j) { return g * magnitude[j]; });
+
+      // Squares of integers up to 64, summed below 2^53: exact in binary64 in any order.
+      CHECK(b.cpu->sum_squares(ints.cpu) == b.gpu->sum_squares(ints.gpu));
+      double squares = 0.0;
+      for (const float f : v) squares += static_cast<double>(f) * f;
+      const double cpu = b.cpu->sum_squares(x.cpu), gpu = b.gpu->sum_squares(x.gpu);
+      CHECK(std::fabs(cpu - gpu) <= 2 * gamma(static_cast<double>(n), 0x1p-53) * squares);
+    }
+  }
+  SECTION("inf and NaN propagate") {
+    FVec v = normal_values(5000, 14);
+    v[17] = INFINITY;
+    const auto with_inf = b.upload(v, {5000});
+    CHECK(std::isinf(b.gpu->sum_squares(with_inf.gpu)));
+    v[4000] = NAN;
+    const auto with_nan = b.upload(v, {5000});
+    CHECK(std::isnan(b.gpu->sum_squares(with_nan.gpu)));
+    CHECK(b.gpu->sum_squares(b.gpu->zeros({0})) == 0.0);
+  }
+}
+
+namespace {
+
+const std::vector<Format>& gemm_formats() {
+  static const std::vector<Format> list{formats::binary32, formats::tf32, formats::binary16,
+                                        formats::bfloat16, formats::e4m3, formats::e5m2};
+  return list;
+}
+
+// Row-major op(a) of an a stored [rows x cols].
+double element(const FVec& a, std::int64_t cols, bool transpose, std::int64_t i, std::int64_t kk) {
+  return transpose ? a[static_cast<std::size_t>(kk * cols + i)] : a[static_cast<std::size_t>(i * cols + kk)];
+}
+
+struct GemmRun {
+  FVec cpu, gpu;
+  std::vector<double> exact, magnitude;  // sum a*b and sum |a*b| in binary64
+};
+
+GemmRun run_gemm(Backends& b, const FVec& a, const FVec& bv, std::int64_t m, std::int64_t n, std::int64_t k, bool ta,
+                 bool tb, const core::GemmNumerics& numerics, StochasticStream s = {}) {
+  const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+  const auto at = b.upload(a, sa), bt = b.upload(bv, sb);
+  auto c = b.empty({m, n});
+  b.cpu->gemm(at.cpu, ta, bt.cpu, tb, c.cpu, numerics, s);
+  b.gpu->gemm(at.gpu, ta, bt.gpu, tb, c.gpu, numerics, s);
+  GemmRun r{b.cpu_values(c.cpu), b.gpu_values(c.gpu), {}, {}};
+  r.exact.resize(static_cast<std::size_t>(m * n));
+  r.magnitude.resize(r.exact.size());
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double sum = 0, abs = 0;
+      for (std::int64_t kk = 0; kk < k; ++kk) {
+        const double p = element(a, sa[1], ta, i, kk) * element(bv, sb[1], tb, kk, j);
+        sum += p;
+        abs += std::fabs(p);
+      }
+      r.exact[static_cast<std::size_t>(i * n + j)] = sum;
+      r.magnitude[static_cast<std::size_t>(i * n + j)] = abs;
+    }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("binary32-accumulation GEMMs, exact on small integers, within gamma_k otherwise",
+          "[gpu][backend][gemm]") {
+  require_device();
+  Backends b;
+  const std::int64_t m = 67, n = 45, k = 300;
+  std::uint64_t seed = 100;
+  for (const Format& fa : gemm_formats()) {
+    for (const Format& fb : gemm_formats()) {
+      const core::GemmNumerics numerics{fa, fb, core::RoundingPoint{}};
+      for (const bool ta : {false, true}) {
+        for (const bool tb : {false, true}) {
+          INFO("a " << fa.name() << (ta ? " transposed" : "") << ", b " << fb.name() << (tb ? " transposed" : ""));
+          // Integers in [-8, 8] are exact in every format here, and every partial sum is an integer below 2^24:
+          // exact in any order and on Tensor Cores, whose accumulation truncates only below the integers.
+          const FVec int_a = small_integers(static_cast<std::size_t>(m * k), ++seed);
+          const FVec int_b = small_integers(static_cast<std::size_t>(k * n), ++seed);
+          const auto ints = run_gemm(b, int_a, int_b, m, n, k, ta, tb, numerics);
+          check_same("integer GEMM", ints.cpu, ints.gpu);
+          std::size_t wrong = 0;
+          for (std::size_t i = 0; i < ints.exact.size(); ++i) wrong += ints.gpu[i] != ints.exact[i];
+          CHECK(wrong == 0);
+
+          // Values of the formats: |c - exact| <= gamma_k * sum |a||b| in any order (Higham 2002, eq. 3.5);
+          // u = 2^-24 for binary32 FMAs, 2^-23 on Tensor Cores, whose accumulation truncates (Fasi et al. 2021).
+          const FVec a = rounded(fa, normal_values(static_cast<std::size_t>(m * k), ++seed));
+          const FVec bv = rounded(fb, normal_values(static_cast<std::size_t>(k * n), ++seed));
+          const auto r = run_gemm(b, a, bv, m, n, k, ta, tb, numerics);
+          const bool tensor_cores = fa != formats::binary32 && fb != formats::binary32;
+          const double u = tensor_cores ? 0x1p-23 : 0x1p-24, gamma = k * u / (1 - k * u);
+          const double gamma_cpu = k * 0x1p-24 / (1 - k * 0x1p-24);
+          FVec exact(r.exact.begin(), r.exact.end());
+          check_close("gpu GEMM against the exact products", exact, r.gpu,
+                      [&](std::size_t i) { return gamma * r.magnitude[i] + ulp_of(exact[i]); });
+          check_close("gpu GEMM against the cpu", r.cpu, r.gpu,
+                      [&](std::size_t i) { return (gamma + gamma_cpu) * r.magnitude[i]; });
+        }
+      }
+    }
+  }
+  SECTION("FP8 values scaled by powers of two stay exact on bfloat16 Tensor Cores") {
+    // Delayed scaling stores format values times 2^-e; far from binary16's range here.
+    for (const float scale : {0x1p-100f, 0x1p40f}) {
+      FVec a = rounded(formats::e4m3, normal_values(static_cast<std::size_t>(m * k), 201, 30.0f));
+      FVec bv = rounded(formats::e5m2, normal_values(static_cast<std::size_t>(k * n), 202, 30.0f));
+      for (auto& v : a) v *= scale;
+      const auto r = run_gemm(b, a, bv, m, n, k, false, true, {formats::e4m3, formats::e5m2, core::RoundingPoint{}});
+      const double gamma = k * 0x1p-23 / (1 - k * 0x1p-23);
+      FVec exact(r.exact.begin(), r.exact.end());
+      check_close("scaled FP8 GEMM", exact, r.gpu, [&](std::size_t i) { return gamma * r.magnitude[i] + ulp_of(exact[i]); });
+    }
+  }
+}
+
+TEST_CASE("an operand its claimed format does not hold is reported at the next synchronisation",
+          "[gpu][backend][gemm]") {
+  require_device();
+  const auto backend = gpu::make_cuda_backend();
+  const FVec exact_values = small_integers(64, 300);
+  for (const auto& [format, bad_value] :
+       {std::pair{formats::binary16, 1.0f + 0x1p-20f}, std::pair{formats::bfloat16, 0x1p-140f},
+        std::pair{formats::tf32, 1.0f + 0x1p-20f}, std::pair{formats::binary16, 1e6f}}) {
+    INFO(format.name() << " with " << bad_value);
+    FVec a = exact_values;
+    a[5] = bad_value;
+    const Tensor at = backend->from_host(a, {8, 8}), bt = backend->from_host(exact_values, {8, 8});
+    Tensor c = backend->empty({8, 8});
+    backend->gemm(at, false, bt, false, c, {format, format, core::RoundingPoint{}}, {});
+    FVec out(64);
+    CHECK_THROWS_AS(backend->to_host(c, out), std::runtime_error);
+    // Reported once; the backend goes on.
+    const Tensor good = backend->from_host(exact_values, {8, 8});
+    backend->gemm(good, false, bt, false, c, {format, format, core::RoundingPoint{}}, {});
+    CHECK_NOTHROW(backend->to_host(c, out));
+  }
+}
+
+TEST_CASE("GEMMs rounding after every addition match the CPU bit for bit", "[gpu][backend][gemm]") {
+  require_device();
+  Backends b;
+  const std::int64_t m = 13, n = 17, k = 40;
+  const std::vector<core::RoundingPoint> accumulations{
+      point(formats::binary16),
+      point(formats::bfloat16, RoundingMode::stochastic),
+      point(formats::binary16, RoundingMode::stochastic, 8),
+      point(formats::binary32, RoundingMode::stochastic),
+      point(formats::tf32, RoundingMode::odd),
+      point(formats::e5m2, RoundingMode::toward_zero),
+      point(*parse_format("e4m3:sat"), RoundingMode::nearest_away),
+      point(formats::binary16, RoundingMode::toward_negative),
+  };
+  std::uint64_t seed = 400;
+  for (const auto& accumulation : accumulations) {
+    for (const bool ta : {false, true}) {
+      for (const bool tb : {false, true}) {
+        INFO("accumulation " << core::to_string(accumulation) << (ta ? ", a transposed" : "")
+                             << (tb ? ", b transposed" : ""));
+        // Wide magnitudes: products that overflow binary16 and E4M3, sums that flush.
+        FVec a = normal_values(static_cast<std::size_t>(m * k), ++seed, 20.0f);
+        const FVec bv = normal_values(static_cast<std::size_t>(k * n), ++seed, 20.0f);
+        a[3] = 1e-30f;
+        a[4] = -0.0f;
+        const auto r = run_gemm(b, a, bv, m, n, k, ta, tb, {formats::binary32, formats::binary32, accumulation},
+                                stream_of(9, 1 << 8 | 3, std::uint64_t{12} << 32));
+        check_same("GEMM rounding every addition", r.cpu, r.gpu);
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax cross-entropy within the expf/logf bounds, argmax exactly", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  const std::int64_t rows = 200, cols = 10;
+  const FVec z = normal_values(static_cast<std::size_t>(rows * cols), 500, 3.0f);
+  FVec labels(static_cast<std::size_t>(rows));
+  std::mt19937_64 rng(501);
+  for (auto& l : labels) l = static_cast<float>(rng() % cols);
+  const auto logits = b.upload(z, {rows, cols}), y = b.upload(labels, {rows});
+  for (const float grad_scale : {1.0f, 65536.0f}) {
+    INFO("grad_scale " << grad_scale);
+    auto d = b.empty({rows, cols});
+    const core::LossResult lc = b.cpu->softmax_cross_entropy(logits.cpu, y.cpu, grad_scale, d.cpu);
+    const core::LossResult lg = b.gpu->softmax_cross_entropy(logits.gpu, y.gpu, grad_scale, d.gpu);
+    CHECK(lc.correct == lg.correct);
+    // Per row the max and z - max are the same on both. The exponentials differ by at most 3 ulps (CUDA's expf
+    // 2, glibc's 1), so the sequential binary32 sums S (in [1, cols]) differ by at most S (3 + 2(cols - 1)/2)
+    // 2^-23 relatively; log S by that plus 2 ulps of log S (logf: 1 ulp each); log S < 4 here, its ulp <= 2^-22.
+    // The row's loss adds one rounding on each side: an ulp of the loss.
+    const double d_log = (cols + 2) * 0x1p-23 + 2 * 0x1p-22;
+    double bound = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = z.data() + r * cols;
+      const float max = *std::max_element(row, row + cols);
+      const float label_term = row[static_cast<std::int64_t>(labels[static_cast<std::size_t>(r)])] - max;
+      bound += d_log + ulp_of(static_cast<float>(std::log(static_cast<double>(cols)) - label_term)) * 2;
+    }
+    CHECK(std::fabs(lc.loss_sum - lg.loss_sum) <= bound);
+    // d = (exp(z - max - log S) - onehot) * factor: p's argument differs by d_log, its exp by 3 ulps,
+    // p - onehot adds an ulp of a value below 1 (2^-23), the product with factor an ulp of the result.
+    const float factor = grad_scale / static_cast<float>(rows);
+    const FVec dc = b.cpu_values(d.cpu);
+    check_close("d_logits", dc, b.gpu_values(d.gpu), [&](std::size_t i) {
+      return factor * (d_log * 1.01 + 5 * 0x1p-23) + 2 * ulp_of(dc[i]);
+    });
+  }
+}
+
+TEST_CASE("GELU within the erff/expf bounds", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  FVec x = normal_values(50000, 600, 3.0f);
+  const float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 12.0f, -12.0f, 14.0f, -14.0f, 1e-30f, -1e-30f};
+  for (std::size_t i = 0; i < std::size(specials); ++i) x[i * 101] = specials[i];
+  const FVec g = normal_values(x.size(), 601);
+  const std::int64_t n = static_cast<std::int64_t>(x.size());
+  const auto xs = b.upload(x, {n}), gs = b.upload(g, {n});
+  auto y = b.empty({n}), dx = b.empty({n});
+  b.cpu->gelu_forward(xs.cpu, y.cpu);
+  b.gpu->gelu_forward(xs.gpu, y.gpu);
+  // y = (0.5 x) (1 + erf(x / sqrt 2)): erf differs by at most 3 ulps (<= 3 * 2^-24 below 1; CUDA's erff 2 ulps,
+  // glibc's 1), 1 + erf by that plus a rounding on each side (<= 2 * 2^-24): |dy| <= 0.5 |x| 5 * 2^-24 plus an
+  // ulp of y for the last rounding on each side. Bound: |x| 2^-22 + 2 ulp(y).
+  const FVec yc = b.cpu_values(y.cpu);
+  check_close("gelu forward", yc, b.gpu_values(y.gpu),
+              [&](std::size_t i) { return std::fabs(x[i]) * 0x1p-22 + 2 * ulp_of(yc[i]); });
+  b.cpu->gelu_backward(xs.cpu, gs.cpu, dx.cpu);
+  b.gpu->gelu_backward(xs.gpu, gs.gpu, dx.gpu);
+  // dx = g (cdf + x pdf): cdf differs by <= 2.5 * 2^-24, pdf by 3 ulps of exp and two roundings (<= 4 * 2^-23
+  // relative, and |x| pdf <= 0.25), the sum (< 1.2) by two more roundings: |d| <= 3.5 * 2^-23 |g|, plus an ulp
+  // of dx. Bound: |g| 2^-20 + 2 ulp(dx).
+  const FVec dc = b.cpu_values(dx.cpu);
+  check_close("gelu backward", dc, b.gpu_values(dx.gpu),
+              [&](std::size_t i) { return std::fabs(g[i]) * 0x1p-20 + 2 * ulp_of(dc[i]); });
+}
+
+TEST_CASE("LayerNorm forward and backward match the CPU bit for bit", "[gpu][backend]") {
+  require_device();
+  Backends b;
+  for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 96}, {300, 7}, {1, 1024}}) {
+    INFO(rows << " x " << cols);
+    const auto n = static_cast<std::size_t>(rows * cols);
+    const auto x = b.upload(normal_values(n, 700, 2.0f, 1.0f), {rows, cols});
+    const auto gamma = b.upload(normal_values(static_cast<std::size_t>(cols), 701, 1.0f, 1.0f), {cols});
+    const auto beta = b.upload(normal_values(static_cast<std::size_t>(cols), 702), {cols});
+    auto y = b.empty({rows, cols}), mean = b.empty({rows}), rstd = b.empty({rows});
+    b.cpu->layer_norm_forward(x.cpu, gamma.cpu, beta.cpu, 1e-5f, y.cpu, mean.cpu, rstd.cpu);
+    b.gpu->layer_norm_forward(x.gpu, gamma.gpu, beta.gpu, 1e-5f, y.gpu, mean.gpu, rstd.gpu);
+    check_same("layer norm output", b, y);
+    check_same("layer norm mean", b, mean);
+    check_same("layer norm rstd", b, rstd);
+    const auto dy = b.upload(normal_values(n, 703), {rows, cols});
+    auto dx = b.empty({rows, cols});
+    // NaN first: an op that adds to its outputs instead of writing them is caught.
+    auto dgamma = b.upload(FVec(static_cast<std::size_t>(cols), NAN), {cols});
+    auto dbeta = b.upload(FVec(static_cast<std::size_t>(cols), NAN), {cols});
+    b.cpu->layer_norm_backward(x.cpu, gamma.cpu, mean.cpu, rstd.cpu, dy.cpu, dx.cpu, dgamma.cpu, dbeta.cpu);
+    b.gpu->layer_norm_backward(x.gpu, gamma.gpu, mean.gpu, rstd.gpu, dy.gpu, dx.gpu, dgamma.gpu, dbeta.gpu);
+    check_same("layer norm dx", b, dx);
+    check_same("layer norm dgamma", b, dgamma);
+    check_same("layer norm dbeta", b, dbeta);
+  }
+}
+
+TEST_CASE("SGD and Adam updates match the CPU bit for bit", "[gpu][backend][optimizer]") {
+  require_device();
+  Backends b;
+  const std::int64_t n = 40009;
+  const auto w = b.upload(normal_values(static_cast<std::size_t>(n), 800, 0.1f), {n});
+  SECTION("sgd") {
+    for (const float momentum : {0.0f, 0.9f}) {
+      for (const float decay : {0.0f, 1e-4f}) {
+        INFO("momentum " << momentum << ", weight decay " << decay);
+        auto state = b.zeros({n}), update = b.empty({n});
+        for (int step = 0; step < 3; ++step) {
+          const auto g = b.upload(normal_values(static_cast<std::size_t>(n), 801 + step, 1e-2f), {n});
+          b.cpu->sgd_update(w.cpu, g.cpu, state.cpu, 0.05f, momentum, decay, step == 0, update.cpu);
+          b.gpu->sgd_update(w.gpu, g.gpu, state.gpu, 0.05f, momentum, decay, step == 0, update.gpu);
+          check_same("sgd update", b, update);
+          if (momentum != 0.0f) check_same("sgd momentum", b, state);
+        }
+      }
+    }
+  }
+  SECTION("adam and adamw") {
+    for (const bool decoupled : {false, true}) {
+      for (const float decay : {0.0f, 0.01f}) {
+        INFO((decoupled ? "adamw" : "adam") << ", weight decay " << decay);
+        auto m = b.zeros({n}), v = b.zeros({n}), update = b.empty({n});
+        for (std::int64_t step = 1; step <= 3; ++step) {
+          const auto g = b.upload(normal_values(static_cast<std::size_t>(n), 810 + step, 1e-2f), {n});
+          const core::AdamParams p{1e-3f, 0.9f, 0.999f, 1e-8f, decay, decoupled, step};
+          b.cpu->adam_update(w.cpu, g.cpu, m.cpu, v.cpu, p, update.cpu);
+          b.gpu->adam_update(w.gpu, g.gpu, m.gpu, v.gpu, p, update.gpu);
+          check_same("adam update", b, update);
+          check_same("adam m", b, m);
+          check_same("adam v", b, v);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("apply_update matches the CPU bit for bit, swallowed updates and counters included",
+          "[gpu][backend][optimizer]") {
+  require_device();
+  Backends b;
+  const std::int64_t n = 70001;
+  const std::vector<core::RoundingPoint> storages{
+      core::RoundingPoint{},                                  // binary32 addition
+      point(formats::binary16),                               // fp16-naive
+      point(formats::binary16, RoundingMode::stochastic),     // stochastic rounding lets small updates through
+      point(formats::binary16, RoundingMode::stochastic, 8),
+      point(formats::bfloat16, RoundingMode::toward_zero),
+      point(formats::binary32, RoundingMode::stochastic),
+      point(formats::e4m3),
+      point(*parse_format("e5m2:ftz"), RoundingMode::odd),
+  };
+  for (const auto& storage : storages) {
+    for (const bool with_stats : {false, true}) {
+      INFO("storage " << core::to_string(storage) << (with_stats ? ", with statistics" : ""));
+      // Weights already in the storage format; updates from far below their ulp (swallowed) to above it,
+      // zeros (never swallowed), and a few specials.
+      const Format& f = storage.format;
+      FVec w = rounded(f, normal_values(static_cast<std::size_t>(n), 900, 0.5f));
+      FVec u = mixed_values(static_cast<std::size_t>(n), 901);
+      for (std::size_t i = 0; i < u.size(); i += 5) u[i] = 0.0f;
+      for (std::size_t i = 1; i < u.size(); i += 5) u[i] = w[i] * 1e-4f;
+      auto wt = b.upload(w, {n});
+      const auto ut = b.upload(u, {n});
+      core::TensorStats cpu_stats, gpu_stats;
+      const StochasticStream s = stream_of(21, 2 << 8 | 1, std::uint64_t{3} << 32);
+      b.cpu->apply_update(wt.cpu, ut.cpu, storage, s, with_stats ? &cpu_stats : nullptr);
+      b.gpu->apply_update(wt.gpu, ut.gpu, storage, s, with_stats ? &gpu_stats : nullptr);
+      check_same("weights", b, wt);
+      CHECK(cpu_stats == gpu_stats);
+      if (with_stats) CHECK(cpu_stats[core::Counter::swallowed] > 0);
+    }
+  }
+}
+
+namespace {
+
+// What a run leaves to compare: per step, every parameter's gradient and master weights as the optimiser
+// sees them (inspect_gradients runs after backward, before the update).
+struct Trace {
+  std::vector<std::vector<FVec>> grads, masters;  // [step][parameter]
+  core::ArmResult result;
+};
+
+Trace trace_run(core::Backend& backend, core::ArmSetup setup, const core::TrainTest& data) {
+  Trace t;
+  setup.inspect_gradients = [&t](std::int64_t, const std::vector<core::Parameter*>& parameters, core::Backend& b) {
+    t.grads.emplace_back();
+    t.masters.emplace_back();
+    for (const core::Parameter* p : parameters) {
+      t.grads.back().push_back(Backends::values_of(b, p->grad));
+      t.masters.back().push_back(Backends::values_of(b, p->master));
+    }
+  };
+  t.result = core::train_arm(backend, setup, data, nullptr);
+  return t;
+}
+
+bool all_finite(const FVec& v) {
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+double relative_difference(const FVec& want, const FVec& got) {
+  double d2 = 0.0, w2 = 0.0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - want[i];
+    d2 += d * d;
+    w2 += static_cast<double>(want[i]) * want[i];
+  }
+  return w2 == 0.0 ? (d2 == 0.0 ? 0.0 : INFINITY) : std::sqrt(d2 / w2);
+}
+
+const core::TrainTest& synthetic() {
+  static const core::TrainTest data = core::make_synthetic(7, 256, 64);
+  return data;
+}
+
+core::ArmSetup small_setup(const core::Policy& policy, const std::string& model) {
+  core::ArmSetup s;
+  s.policy = &policy;
+  if (model == "cnn") {
+    s.model.kind = "cnn";
+  } else {
+    s.model.hidden = {64, 32};
+    s.model.layer_norm = model == "mlp-gelu-layernorm";
+    s.model.activation = model == "mlp-gelu-layernorm" ? core::Activation::gelu : core::Activation::relu;
+  }
+  s.train.batch_size = 32;
+  s.train.max_steps = 2;
+  s.train.eval_batch = 64;
+  s.train.stats_interval = 1;  // the instrumented path every step
+  s.train.threads = 1;
+  s.seed = 3;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a training step of every preset policy agrees with the CPU", "[gpu][backend][training]") {
+  require_device();
+  Backends b;
+  // Not a proof, a guard against a wrong op: the binary32 GEMMs of cuBLAS and OpenBLAS sum in different orders
+  // (each within gamma_k sum |a||b|, k <= 784: below 2^-13 relatively), and a value within that of a rounding
+  // boundary of a narrow format lands on the other side, one ulp of that format away; such values are rare (their
+  // share is about the binary32 difference over the format's ulp), so normwise the gradients and updates of the
+  // two backends differ by far less than 2^-8. A wrong op (an index, a formula, a rounding point) differs by O(1).
+  const double bound = 0x1p-8;
+  for (const std::string& name : core::preset_policy_names()) {
+    for (const std::string model : {"mlp", "mlp-gelu-layernorm", "cnn"}) {
+      INFO("policy " << name << ", model " << model);
+      const core::Policy policy = *core::preset_policy(name);
+      const core::ArmSetup setup = small_setup(policy, model);
+      const Trace cpu = trace_run(*b.cpu, setup, synthetic());
+      const Trace gpu = trace_run(*b.gpu, setup, synthetic());
+      CHECK(cpu.result.status == gpu.result.status);
+      CHECK(cpu.result.skipped_steps == gpu.result.skipped_steps);
+      REQUIRE(cpu.grads.size() == 2);
+      REQUIRE(gpu.grads.size() == 2);
+      // Step 0: the same weights and batch; the loss and every (loss-scaled) gradient.
+      CHECK(std::fabs(cpu.result.losses[0] - gpu.result.losses[0]) <= bound * std::fabs(cpu.result.losses[0]));
+      for (std::size_t p = 0; p < cpu.grads[0].size(); ++p) {
+        INFO("parameter " << p);
+        // A step whose gradients overflowed is skipped on both (checked above): nothing to compare.
+        if (!all_finite(cpu.grads[0][p]) || !all_finite(gpu.grads[0][p])) {
+          CHECK(all_finite(cpu.grads[0][p]) == all_finite(gpu.grads[0][p]));
+          continue;
+        }
+        CHECK(relative_difference(cpu.grads[0][p], gpu.grads[0][p]) <= bound);
+        // Step 1 sees the weights after the first update: compare the updates (the weights themselves agree
+        // far better, being mostly the identical initial values).
+        FVec cpu_update(cpu.masters[1][p].size()), gpu_update(cpu_update.size());
+        for (std::size_t i = 0; i < cpu_update.size(); ++i) {
+          cpu_update[i] = cpu.masters[1][p][i] - cpu.masters[0][p][i];
+          gpu_update[i] = gpu.masters[1][p][i] - gpu.masters[0][p][i];
+        }
+        CHECK(relative_difference(cpu.masters[0][p], gpu.masters[0][p]) == 0.0);  // both start from the same bits
+        CHECK(relative_difference(cpu_update, gpu_update) <= bound);
+      }
+    }
+  }
+}
+
+TEST_CASE("a seeded dynamic loss-scale trajectory is the CPU's: same skipped steps, same scales",
+          "[gpu][backend][training]") {
+  require_device();
+  Backends b;
+  core::Policy policy = *core::preset_policy("fp16-mixed");
+  policy.loss_scaling.initial_scale = std::ldexp(1.0, 32);  // FP16 gradients overflow at first
+  policy.loss_scaling.growth_interval = 4;                  // and the scale grows back during the run
+  core::ArmSetup setup = small_setup(policy, "mlp");
+  setup.train.epochs = 4;  // 8 batches an epoch
+  setup.train.max_steps = 30;
+  setup.train.stats_interval = 5;
+  const core::ArmResult cpu = core::train_arm(*b.cpu, setup, synthetic(), nullptr);
+  const core::ArmResult gpu = core::train_arm(*b.gpu, setup, synthetic(), nullptr);
+  REQUIRE(cpu.loss_scales.size() == 30);
+  CHECK(cpu.skipped_steps >= 5);  // the run does exercise the backoff
+  // A decision differs only if max |g| * S lands within the backends' binary32 difference of FP16's overflow
+  // threshold; at these sizes that is far rarer than one step in this run.
+  CHECK(cpu.loss_scales == gpu.loss_scales);
+  CHECK(cpu.skipped_steps == gpu.skipped_steps);
+  CHECK(cpu.final_loss_scale == gpu.final_loss_scale);
+  CHECK(cpu.status == gpu.status);
+}
+
+TEST_CASE("register_cuda_backend makes \"cuda\" a backend name", "[gpu][backend]") {
+  require_device();
+  gpu::register_cuda_backend();
+  gpu::register_cuda_backend();  // once is enough; twice changes nothing
+  const auto names = core::backend_names();
+  CHECK(std::count(names.begin(), names.end(), "cuda") == 1);
+  const auto backend = core::make_backend("cuda");
+  REQUIRE(backend != nullptr);
+  CHECK(backend->name() == "cuda");
+}
