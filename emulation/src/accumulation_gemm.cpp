@@ -114,7 +114,7 @@ float exponent_power(float q, int emin) {
 // panels of 16 columns, [panel][k][bq 0..15, bx 0..15], zero-padded.
 struct Operands {
   int m = 0, n = 0, k = 0, panels = 0;
-  std::vector<float> aq, ax, panel;
+  std::vector<float> aq, ax, panel, bq;  // bq: B quantized, row-major (packing's input)
   std::vector<char> row_special, column_special;
 };
 
@@ -139,9 +139,8 @@ void parallel_rows(int m, int chunk, int threads, Body body) {
   for (auto& worker : workers) worker.join();
 }
 
-Operands prepare(const TensorCoreModel& model, const Plan& plan, const float* a, const float* b, int m, int n, int k,
-                 int threads) {
-  Operands o;
+void prepare(Operands& o, const TensorCoreModel& model, const Plan& plan, const float* a, const float* b, int m, int n,
+             int k, int threads) {
   o.m = m;
   o.n = n;
   o.k = k;
@@ -151,39 +150,52 @@ Operands prepare(const TensorCoreModel& model, const Plan& plan, const float* a,
   o.row_special.assign(m, 0);
   o.column_special.assign(n, 0);
   o.panel.assign(std::size_t(o.panels) * k * 2 * kLanes, 0.0f);
-  std::vector<float> bq(std::size_t(k) * n);
+  std::vector<float>& bq = o.bq;
+  bq.resize(std::size_t(k) * n);
   QuantizeOptions options;
   options.rounding = Rounding{RoundingMode::nearest_even};
   options.threads = 1;
+  // Raw pointers: the flags are chars, which may alias anything, so stores to
+  // them would otherwise reload every vector's data pointer.
+  float* const aq = o.aq.data();
+  float* const ax = o.ax.data();
+  float* const packed = o.panel.data();
+  float* const bq_data = bq.data();
+  char* const row_special = o.row_special.data();
+  char* const column_special = o.column_special.data();
+  const int emin = plan.emin_in;
   parallel_rows(m, 32, threads, [&](int begin, int end) {
     const std::size_t first = std::size_t(begin) * k, count = std::size_t(end - begin) * k;
-    quantize(model.input, std::span<const float>(a + first, count), std::span<float>(&o.aq[first], count), options);
-    for (int i = begin; i < end; ++i)
-      for (int kk = 0; kk < k; ++kk) {
-        const float q = o.aq[std::size_t(i) * k + kk];
-        if (!std::isfinite(q)) o.row_special[i] = 1;
-        o.ax[std::size_t(i) * k + kk] = exponent_power(q, plan.emin_in);
+    quantize(model.input, std::span<const float>(a + first, count), std::span<float>(aq + first, count), options);
+    for (int i = begin; i < end; ++i) {
+      bool special = false;
+      for (std::size_t e = std::size_t(i) * k; e < std::size_t(i + 1) * k; ++e) {
+        special = special || !std::isfinite(aq[e]);
+        ax[e] = exponent_power(aq[e], emin);
       }
+      row_special[i] = special;
+    }
   });
   parallel_rows(k, 32, threads, [&](int begin, int end) {
     const std::size_t first = std::size_t(begin) * n, count = std::size_t(end - begin) * n;
-    quantize(model.input, std::span<const float>(b + first, count), std::span<float>(&bq[first], count), options);
+    quantize(model.input, std::span<const float>(b + first, count), std::span<float>(bq_data + first, count), options);
   });
   parallel_rows(o.panels, 4, threads, [&](int begin, int end) {  // each panel (and its columns) has one writer
     for (int panel = begin; panel < end; ++panel) {
       const int j0 = panel * kLanes, lanes = std::min(kLanes, n - j0);
+      std::uint32_t special = 0;
       for (int kk = 0; kk < k; ++kk) {
-        float* row = &o.panel[(std::size_t(panel) * k + kk) * 2 * kLanes];
+        float* row = packed + (std::size_t(panel) * k + kk) * 2 * kLanes;
+        const float* src = bq_data + std::size_t(kk) * n + j0;
         for (int l = 0; l < lanes; ++l) {
-          const float q = bq[std::size_t(kk) * n + j0 + l];
-          if (!std::isfinite(q)) o.column_special[j0 + l] = 1;
-          row[l] = q;
-          row[kLanes + l] = exponent_power(q, plan.emin_in);
+          special |= std::uint32_t{!std::isfinite(src[l])} << l;
+          row[l] = src[l];
+          row[kLanes + l] = exponent_power(src[l], emin);
         }
       }
+      for (int l = 0; l < lanes; ++l) column_special[j0 + l] = (special >> l) & 1;
     }
   });
-  return o;
 }
 
 // One tile: R rows (i0..) x the 16 columns of one panel. c_tile holds the
@@ -334,12 +346,20 @@ __attribute__((target("avx512f,avx512dq"))) void tile_avx512(const Plan& p, cons
             acc0[r], _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(aq[r][kk]), b0), scale[r])));
     }
     for (int r = 0; r < R; ++r) {
-      const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc0[r])),
-                                          _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc1[r])));
-      const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc0[r], 1)),
-                                          _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc1[r], 1)));
-      const __m256 sum_lo = _mm512_cvt_roundepi64_ps(lo, kRz), sum_hi = _mm512_cvt_roundepi64_ps(hi, kRz);
-      __m512 sum = _mm512_insertf32x8(_mm512_castps256_ps512(sum_lo), sum_hi, 1);
+      // The two halves' sum, toward zero to binary32: in int32 unless it
+      // overflows (same-sign halves, other-sign sum: rare), else in int64.
+      const __m512i total = _mm512_add_epi32(acc0[r], acc1[r]);
+      const __mmask16 overflow = _mm512_movepi32_mask(
+          _mm512_and_si512(_mm512_xor_si512(acc0[r], total), _mm512_xor_si512(acc1[r], total)));
+      __m512 sum = _mm512_cvt_roundepi32_ps(total, kRz);
+      if (overflow != 0) {
+        const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc0[r])),
+                                            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc1[r])));
+        const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc0[r], 1)),
+                                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc1[r], 1)));
+        const __m256 sum_lo = _mm512_cvt_roundepi64_ps(lo, kRz), sum_hi = _mm512_cvt_roundepi64_ps(hi, kRz);
+        sum = _mm512_mask_mov_ps(sum, overflow, _mm512_insertf32x8(_mm512_castps256_ps512(sum_lo), sum_hi, 1));
+      }
       sum = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(sum), significand_mask));
       const __m512 unscale = _mm512_castsi512_ps(_mm512_sub_epi32(_mm512_castps_si512(maxp[r]), unscale_offset));
       c[r] = _mm512_maskz_mul_round_ps(static_cast<__mmask16>(~bad[r]), sum, unscale, kRz);
@@ -405,35 +425,46 @@ void gemm_elementwise(const AccumulationModel& model, const float* a, const floa
 
 void gemm_fast(const AccumulationModel& model, const Plan& plan, const float* a, const float* b, float* c, int m, int n,
                int k, bool accumulate_c, int threads) {
-  const Operands o = prepare(model.tensor_core, plan, a, b, m, n, k, threads);
+  // The packed operands stay allocated in the calling thread between calls
+  // (no page faults on the next GEMM of the same size).
+  // (no page faults on the next GEMM of the same size). The workers use the
+  // caller's through this reference: a thread_local named inside them would be theirs.
+  thread_local Operands cached;
+  Operands& o = cached;
+  prepare(o, model.tensor_core, plan, a, b, m, n, k, threads);
   const Kernel kernel = choose_kernel();
   constexpr int kChunk = 64;  // rows whose A stays in cache while the panels pass
   parallel_rows(m, kChunk, threads, [&](int row_begin, int row_end) {
     GradualUnderflow underflow;
     std::vector<float> column(k);
-    float tile[kRows * kLanes];
-    std::uint32_t fallback[kRows];
+    float tile[kRows * kLanes], c_in[kRows * kLanes];
+    std::uint32_t fallback[kRows], special[kRows];
     for (int panel = 0; panel < o.panels; ++panel) {
       const int j0 = panel * kLanes, lanes = std::min(kLanes, n - j0);
+      const std::uint32_t lane_mask = (1u << lanes) - 1;
+      std::uint32_t column_mask = 0;
+      for (int l = 0; l < lanes; ++l) column_mask |= std::uint32_t{o.column_special[j0 + l] != 0} << l;
       for (int i = row_begin; i < row_end;) {
         const int rows = row_end - i >= kRows ? kRows : 1;
         for (int r = 0; r < rows; ++r) {
+          const float* c_row = c + std::size_t(i + r) * n + j0;
           fallback[r] = 0;
-          for (int l = 0; l < kLanes; ++l)
-            tile[r * kLanes + l] = (accumulate_c && l < lanes) ? c[std::size_t(i + r) * n + j0 + l] : 0.0f;
+          special[r] = column_mask | (o.row_special[i + r] ? lane_mask : 0u);
+          for (int l = 0; l < kLanes; ++l) {
+            const float x = (accumulate_c && l < lanes) ? c_row[l] : 0.0f;
+            c_in[r * kLanes + l] = tile[r * kLanes + l] = x;
+            special[r] |= std::uint32_t{!std::isfinite(x)} << l;
+          }
         }
         (rows == kRows ? kernel.full : kernel.single)(plan, o, i, panel, tile, fallback);
         for (int r = 0; r < rows; ++r) {
-          for (int l = 0; l < lanes; ++l) {
-            const int row = i + r, col = j0 + l;
-            float& out = c[std::size_t(row) * n + col];
-            const float c_in = accumulate_c ? out : 0.0f;
-            if ((fallback[r] >> l & 1) || o.row_special[row] || o.column_special[col] || !std::isfinite(c_in)) {
-              for (int kk = 0; kk < k; ++kk) column[kk] = b[std::size_t(kk) * n + col];
-              out = tensor_core_dot(model.tensor_core, std::span<const float>(a + std::size_t(row) * k, k), column, c_in);
-            } else {
-              out = tile[r * kLanes + l];
-            }
+          float* c_row = c + std::size_t(i + r) * n + j0;
+          std::memcpy(c_row, tile + r * kLanes, sizeof(float) * lanes);
+          for (std::uint32_t redo = (fallback[r] | special[r]) & lane_mask; redo != 0; redo &= redo - 1) {
+            const int l = std::countr_zero(redo), col = j0 + l;
+            for (int kk = 0; kk < k; ++kk) column[kk] = b[std::size_t(kk) * n + col];
+            c_row[l] = tensor_core_dot(model.tensor_core, std::span<const float>(a + std::size_t(i + r) * k, k), column,
+                                       c_in[r * kLanes + l]);
           }
         }
         i += rows;

@@ -120,7 +120,12 @@ int run(const RunOptions& o) {
   // Everything that can be wrong is checked before the first step.
   std::vector<std::pair<std::string, std::unique_ptr<Backend>>> backends;
   for (const auto& name : c.backends) {
-    auto b = make_backend(name);
+    std::unique_ptr<Backend> b;
+    try {
+      b = make_backend(name);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(fmt::format("backend '{}' cannot start: {}", name, e.what()));
+    }
     if (!b) {
       std::string known;
       for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;

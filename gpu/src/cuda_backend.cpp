@@ -265,7 +265,7 @@ class CudaBackend final : public core::Backend {
   std::string_view name() const override { return "cuda"; }
   void set_threads(int) override {}  // the device decides its own parallelism
 
-  // --- Memory --------------------------------------------------------------------------------------------------
+  // --- Memory ------------------------------------------------------------------------------------------------------
   Tensor zeros(const Shape& shape) override {
     Tensor t = empty(shape);
     if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(data(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
@@ -298,7 +298,7 @@ class CudaBackend final : public core::Backend {
       MPSIM_CUDA_CHECK(cudaMemcpyAsync(data(to), data(from), bytes(from), cudaMemcpyDeviceToDevice, stream()));
   }
 
-  // --- Rounding: one pass of the rounding kernel (quantize.cu) ------------------------------------------------------
+  // --- Rounding: one pass of the rounding kernel (quantize.cu) -----------------------------------------------------
   RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
                     TensorStats* stats) override {
     RoundResult result;
@@ -340,7 +340,8 @@ class CudaBackend final : public core::Backend {
         const QuantizeCounts counts = quantize_counts_of(counters, n);
         stats->add_rounding(counts);
         // Infinite results come only from infinite inputs or overflow (the CPU counts them only then).
-        if (classes.infinite != 0 || counts.overflow != 0) (*stats)[Counter::infinite] += counters[detail::counter::infinite];
+        if (classes.infinite != 0 || counts.overflow != 0)
+          (*stats)[Counter::infinite] += counters[detail::counter::infinite];
       } else {
         (*stats)[Counter::subnormal] += classes.subnormal;
         (*stats)[Counter::nan] += classes.nan;
@@ -350,13 +351,15 @@ class CudaBackend final : public core::Backend {
     return result;
   }
 
-  // --- GEMM -----------------------------------------------------------------------------------------------------------
+  // --- GEMM --------------------------------------------------------------------------------------------------------
   void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const core::GemmNumerics& numerics,
             StochasticStream stream) override {
     const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
     if (m == 0 || n == 0) return;
+    // numerics.model (Policy::gemm) is ignored: on the device the hardware is the model (backend.hpp). A policy
+    // with a model keeps accumulation at binary32 (core's gemm_model checks), so such GEMMs go to cuBLAS.
     if (!numerics.accumulation.is_identity()) {
       const kernels::GemmShape shape{m, n, k, ta, tb, a.cols(), b.cols()};
       kernels::gemm_rounding_every_addition(data(a), data(b), data(c), shape,
@@ -394,7 +397,7 @@ class CudaBackend final : public core::Backend {
     return *host_double_.data();
   }
 
-  // --- Activations and LayerNorm ----------------------------------------------------------------------------------------
+  // --- Activations and LayerNorm -----------------------------------------------------------------------------------
   void relu_forward(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "relu_forward: sizes differ");
     kernels::relu_forward(data(x), data(y), x.numel(), stream());
@@ -431,7 +434,7 @@ class CudaBackend final : public core::Backend {
                                  data(dgamma), data(dbeta), static_cast<float*>(scratch.get()), stream());
   }
 
-  // --- Convolution layout and pooling -------------------------------------------------------------------------------------
+  // --- Convolution layout and pooling ------------------------------------------------------------------------------
   void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
     require_geometry(g, x);
     require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
@@ -468,7 +471,7 @@ class CudaBackend final : public core::Backend {
                                stream());
   }
 
-  // --- Loss ----------------------------------------------------------------------------------------------------------------
+  // --- Loss --------------------------------------------------------------------------------------------------------
   core::LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                                          Tensor& d_logits) override {
     const std::int64_t rows = logits.rows(), cols = logits.cols();
@@ -495,7 +498,7 @@ class CudaBackend final : public core::Backend {
     return result;
   }
 
-  // --- Optimiser ----------------------------------------------------------------------------------------------------------
+  // --- Optimiser ---------------------------------------------------------------------------------------------------
   void sgd_update(const Tensor& weight, const Tensor& grad, Tensor& momentum, float lr, float momentum_factor,
                   float weight_decay, bool first_step, Tensor& update) override {
     const std::int64_t n = weight.numel();
@@ -611,7 +614,7 @@ class CudaBackend final : public core::Backend {
                                     CUBLAS_GEMM_DEFAULT));
   }
 
-  // --- Synchronisation: every wait of the backend goes through here -------------------------------------------------------
+  // --- Synchronisation: every wait of the backend goes through here ------------------------------------------------
   // Waits for the stream, then reports an inexact GEMM operand flagged since the last wait.
   void synchronize() {
     MPSIM_CUDA_CHECK(

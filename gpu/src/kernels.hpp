@@ -58,7 +58,8 @@ void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t 
 // the chunks' sums in order. Deterministic. scratch holds
 // column_sums_scratch(rows, cols) floats.
 std::int64_t column_sums_scratch(std::int64_t rows, std::int64_t cols);
-void column_sums(const float* x, std::int64_t rows, std::int64_t cols, float* sums, float* scratch, cudaStream_t stream);
+void column_sums(const float* x, std::int64_t rows, std::int64_t cols, float* sums, float* scratch,
+                 cudaStream_t stream);
 // *result = sum x[i]^2 in binary64 (products exact), in a fixed order for a
 // given n: deterministic. partial holds sum_squares_blocks doubles.
 inline constexpr unsigned sum_squares_blocks = 512;

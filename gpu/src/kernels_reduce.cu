@@ -10,7 +10,9 @@ namespace {
 
 constexpr std::int64_t column_chunk = 256;  // rows summed by one thread before the chunks are added
 
-__host__ __device__ inline std::int64_t chunks_of(std::int64_t rows) { return (rows + column_chunk - 1) / column_chunk; }
+__host__ __device__ inline std::int64_t chunks_of(std::int64_t rows) {
+  return (rows + column_chunk - 1) / column_chunk;
+}
 
 // Sum of rows [chunk * column_chunk, ...) of column j, starting from the first
 // value (as Eigen does: a column of -0 sums to -0), in increasing row order.

@@ -45,7 +45,8 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
       local[counter::subnormal] += r.subnormal;
       local[counter::overflow] += r.overflow;
       local[counter::nan] += r.nan;
-      local[counter::infinite] += (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u;  // before unscaling, as the CPU counts
+      // Counted before unscaling, as the CPU does.
+      local[counter::infinite] += (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u;
     }
     if (p.scale_after) x = __fmul_rn(x, p.after);
     values[i] = x;
@@ -53,7 +54,8 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
   if (p.counters) {
     for (int c = 0; c < rounding_counter_count; ++c) {
       const unsigned int warp_sum = __reduce_add_sync(0xffffffffu, local[c]);
-      if ((threadIdx.x & 31) == 0 && warp_sum != 0) atomicAdd(&p.counters[c], static_cast<unsigned long long>(warp_sum));
+      if ((threadIdx.x & 31) == 0 && warp_sum != 0)
+        atomicAdd(&p.counters[c], static_cast<unsigned long long>(warp_sum));
     }
   }
   if (p.amax) {

@@ -584,7 +584,7 @@ class ScopedTarget {
 TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation][gemm]") {
   Rng rng(14);
   const GemmCase shapes[] = {{1, 1, 1}, {1, 17, 16}, {3, 5, 0}, {5, 33, 15}, {7, 16, 17}, {9, 31, 50}, {13, 48, 64},
-                             {6, 20, 100}, {17, 3, 33}};
+                             {6, 20, 100}, {17, 3, 33}, {131, 70, 45}};  // the last: several row chunks per thread
   const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   for (const char* target : {static_cast<const char*>(nullptr), "avx2", "portable"}) {
@@ -601,6 +601,7 @@ TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation
         for (bool accumulate_c : {false, true})
           for (bool specials : {false, true}) check_gemm(model, g, accumulate_c, 1 + (g.m % 3), specials, rng);
       }
+      for (int threads : {2, 3, 0}) check_gemm(model, {200, 150, 100}, true, threads, true, rng);
     }
   }
   // The largest binary16 products (2^32 each), beside a c at the top of binary32
@@ -622,6 +623,16 @@ TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation
   CHECK(plain[0] == static_cast<float>(-64.0 * 65504.0 * 65504.0 + 32 * 0x1p10));
   CHECK(plain[0] == tensor_core_dot(h100.tensor_core, std::span(a).first(64), std::span(b).first(64), 0.0f));
   CHECK(got[0] == tensor_core_dot(h100.tensor_core, std::span(a).first(64), std::span(b).first(64), top));
+  // A block whose truncated sum passes 2^31 units: 16 products (2-2^-10)^2 * 2^30
+  // and c just below 2^31 (the vector kernel's int32 sum overflows there).
+  for (const char* target : {static_cast<const char*>(nullptr), "avx2", "portable"}) {
+    ScopedTarget forced(target);
+    std::vector<float> x(16 * 16, 65504.0f), y(16 * 16, 65504.0f), d(16 * 16, 0x1.fffffep30f);
+    gemm(h100, x.data(), y.data(), d.data(), 16, 16, 16, true, 1);
+    const float want = tensor_core_dot(h100.tensor_core, std::span(x).first(16), std::span(y).first(16), 0x1.fffffep30f);
+    CHECK(want == static_cast<float>(16.0 * 65504.0 * 65504.0 + 0x1.fffffep30));  // exact: 24 bits
+    for (float v : d) REQUIRE(v == want);
+  }
 }
 
 TEST_CASE("GEMM under models without a vector kernel", "[accumulation][gemm]") {
@@ -634,6 +645,7 @@ TEST_CASE("GEMM under models without a vector kernel", "[accumulation][gemm]") {
     AccumulationModel m = model;
     if (m.kind != AccumulationKind::tensor_core) m.tensor_core.input = binary16;  // what gemm_value draws
     check_gemm(m, {5, 7, 19}, true, 2, true, rng);
+    check_gemm(m, {40, 9, 19}, true, 3, true, rng);  // several row chunks per thread
     check_gemm(m, {4, 3, 0}, false, 1, false, rng);
   }
   const AccumulationModel fp32 = *parse_accumulation_model("fp32");

@@ -26,6 +26,7 @@
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/trainer.hpp"
+#include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/gpu/backend.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "support/test_support.hpp"
@@ -283,8 +284,8 @@ TEST_CASE("convolution layouts and max pooling match the CPU bit for bit", "[gpu
     core::ConvGeometry g;
     g.batch = c.batch, g.channels = c.channels, g.height = c.height, g.width = c.width;
     g.kernel = c.kernel, g.stride = c.stride, g.padding = c.padding;
-    INFO("batch " << c.batch << " channels " << c.channels << " " << c.height << "x" << c.width << " kernel " << c.kernel
-                  << " stride " << c.stride << " padding " << c.padding);
+    INFO("batch " << c.batch << " channels " << c.channels << " " << c.height << "x" << c.width << " kernel "
+                  << c.kernel << " stride " << c.stride << " padding " << c.padding);
     const std::int64_t oh = g.out_height(), ow = g.out_width(), patches = g.batch * oh * ow;
     const std::int64_t width = g.channels * g.kernel * g.kernel;
     const Shape image{g.batch, g.channels, g.height, g.width};
@@ -389,6 +390,14 @@ double element(const FVec& a, std::int64_t cols, bool transpose, std::int64_t i,
   return transpose ? a[static_cast<std::size_t>(kk * cols + i)] : a[static_cast<std::size_t>(i * cols + kk)];
 }
 
+core::GemmNumerics gemm_numerics(const Format& a, const Format& b, const core::RoundingPoint& accumulation = {}) {
+  core::GemmNumerics g;
+  g.a_format = a;
+  g.b_format = b;
+  g.accumulation = accumulation;
+  return g;
+}
+
 struct GemmRun {
   FVec cpu, gpu;
   std::vector<double> exact, magnitude;  // sum a*b and sum |a*b| in binary64
@@ -428,7 +437,7 @@ TEST_CASE("binary32-accumulation GEMMs, exact on small integers, within gamma_k 
   std::uint64_t seed = 100;
   for (const Format& fa : gemm_formats()) {
     for (const Format& fb : gemm_formats()) {
-      const core::GemmNumerics numerics{fa, fb, core::RoundingPoint{}};
+      const core::GemmNumerics numerics = gemm_numerics(fa, fb);
       for (const bool ta : {false, true}) {
         for (const bool tb : {false, true}) {
           INFO("a " << fa.name() << (ta ? " transposed" : "") << ", b " << fb.name() << (tb ? " transposed" : ""));
@@ -465,12 +474,30 @@ TEST_CASE("binary32-accumulation GEMMs, exact on small integers, within gamma_k 
       FVec a = rounded(formats::e4m3, normal_values(static_cast<std::size_t>(m * k), 201, 30.0f));
       FVec bv = rounded(formats::e5m2, normal_values(static_cast<std::size_t>(k * n), 202, 30.0f));
       for (auto& v : a) v *= scale;
-      const auto r = run_gemm(b, a, bv, m, n, k, false, true, {formats::e4m3, formats::e5m2, core::RoundingPoint{}});
+      const auto r = run_gemm(b, a, bv, m, n, k, false, true, gemm_numerics(formats::e4m3, formats::e5m2));
       const double gamma = k * 0x1p-23 / (1 - k * 0x1p-23);
       FVec exact(r.exact.begin(), r.exact.end());
-      check_close("scaled FP8 GEMM", exact, r.gpu, [&](std::size_t i) { return gamma * r.magnitude[i] + ulp_of(exact[i]); });
+      check_close("scaled FP8 GEMM", exact, r.gpu,
+                  [&](std::size_t i) { return gamma * r.magnitude[i] + ulp_of(exact[i]); });
     }
   }
+}
+
+TEST_CASE("an accumulation model in GemmNumerics is ignored: the hardware is the model", "[gpu][backend][gemm]") {
+  require_device();
+  Backends b;
+  const std::int64_t m = 33, n = 65, k = 517;
+  const FVec a = rounded(formats::binary16, normal_values(static_cast<std::size_t>(m * k), 250));
+  const FVec bv = rounded(formats::binary16, normal_values(static_cast<std::size_t>(k * n), 251));
+  const core::GemmNumerics plain = gemm_numerics(formats::binary16, formats::binary16);
+  core::GemmNumerics modelled = plain;
+  modelled.model = parse_accumulation_model("h100", formats::binary16);
+  REQUIRE(modelled.model.has_value());
+  const auto at = b.gpu->from_host(a, {m, k}), bt = b.gpu->from_host(bv, {k, n});
+  Tensor c1 = b.gpu->empty({m, n}), c2 = b.gpu->empty({m, n});
+  b.gpu->gemm(at, false, bt, false, c1, plain, {});
+  b.gpu->gemm(at, false, bt, false, c2, modelled, {});
+  check_same("GEMM with and without a model", Backends::values_of(*b.gpu, c1), Backends::values_of(*b.gpu, c2));
 }
 
 TEST_CASE("an operand its claimed format does not hold is reported at the next synchronisation",
@@ -486,12 +513,12 @@ TEST_CASE("an operand its claimed format does not hold is reported at the next s
     a[5] = bad_value;
     const Tensor at = backend->from_host(a, {8, 8}), bt = backend->from_host(exact_values, {8, 8});
     Tensor c = backend->empty({8, 8});
-    backend->gemm(at, false, bt, false, c, {format, format, core::RoundingPoint{}}, {});
+    backend->gemm(at, false, bt, false, c, gemm_numerics(format, format), {});
     FVec out(64);
     CHECK_THROWS_AS(backend->to_host(c, out), std::runtime_error);
     // Reported once; the backend goes on.
     const Tensor good = backend->from_host(exact_values, {8, 8});
-    backend->gemm(good, false, bt, false, c, {format, format, core::RoundingPoint{}}, {});
+    backend->gemm(good, false, bt, false, c, gemm_numerics(format, format), {});
     CHECK_NOTHROW(backend->to_host(c, out));
   }
 }
@@ -521,8 +548,8 @@ TEST_CASE("GEMMs rounding after every addition match the CPU bit for bit", "[gpu
         const FVec bv = normal_values(static_cast<std::size_t>(k * n), ++seed, 20.0f);
         a[3] = 1e-30f;
         a[4] = -0.0f;
-        const auto r = run_gemm(b, a, bv, m, n, k, ta, tb, {formats::binary32, formats::binary32, accumulation},
-                                stream_of(9, 1 << 8 | 3, std::uint64_t{12} << 32));
+        const auto numerics = gemm_numerics(formats::binary32, formats::binary32, accumulation);
+        const auto r = run_gemm(b, a, bv, m, n, k, ta, tb, numerics, stream_of(9, 1 << 8 | 3, std::uint64_t{12} << 32));
         check_same("GEMM rounding every addition", r.cpu, r.gpu);
       }
     }
