@@ -18,6 +18,7 @@
 //   build/.../tests/gpu/test_gpu_tensor_core_check "[.host-check]"
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -96,8 +97,9 @@ std::vector<Case> all_cases() {
 
 // n values of the case's format (rounded to nearest-even from binary32 draws):
 // uniform on (-1, 1); standard normal; "wide": random sign, binade and
-// significand over binary16's whole range with its subnormals (2^-24 .. 2^16)
-// or over 2^-70 .. 2^61 for bfloat16 (products 2^-140 .. 2^122: binary32
+// significand over binary16's whole finite range with its subnormals (2^-24 ..
+// 65504, the top binade clamped to the largest finite value) or over
+// 2^-70 .. 2^61 for bfloat16 (products 2^-140 .. 2^122: binary32
 // subnormals possible, no overflow even summed over K = 4096); "tiny":
 // binary16 magnitudes in [2^-24, 2^-15), subnormals and the smallest normals.
 std::vector<float> make_values(const Case& c, std::size_t n, std::mt19937_64& rng) {
@@ -112,7 +114,10 @@ std::vector<float> make_values(const Case& c, std::size_t n, std::mt19937_64& rn
       case Data::uniform: x = uniform(rng); break;
       case Data::normal: x = normal(rng); break;
       case Data::wide:
-      case Data::tiny: x = (rng() & 1 ? -1.0f : 1.0f) * std::ldexp(significand(rng), binade(rng)); break;
+      case Data::tiny:
+        x = (rng() & 1 ? -1.0f : 1.0f) * std::ldexp(significand(rng), binade(rng));
+        if (half) x = std::clamp(x, -65504.0f, 65504.0f);  // not rounded to infinity
+        break;
     }
   }
   std::vector<float> values(n);
@@ -236,10 +241,12 @@ TEST_CASE("an mma.sync GEMM is bit-identical to the emulator's H100 tensor-core 
     const gpu::GemmComparison cmp = gpu::compare_bits(got, expected);
     std::printf("mma.sync %-40s %zu/%zu identical (%.4f%%), max %.0f ulp\n", c.label().c_str(), cmp.identical,
                 cmp.total, 100.0 * cmp.fraction_identical(), cmp.max_ulp);
-    INFO(c.label());
-    if (cmp.identical != cmp.total)
-      INFO("first difference " << describe_element(c, cmp.first_difference, got[cmp.first_difference],
-                                                   expected[cmp.first_difference]));
+    const std::string first =
+        cmp.identical == cmp.total
+            ? std::string("none differs")
+            : "first difference " + describe_element(c, cmp.first_difference, got[cmp.first_difference],
+                                                     expected[cmp.first_difference]);
+    INFO(c.label() << ": " << first);
     CHECK(cmp.identical == cmp.total);  // the bar: 100% on an H100
   }
   std::fflush(stdout);
@@ -261,9 +268,10 @@ TEST_CASE("cuBLAS 16-bit GEMMs against the H100 model: fraction identical, and w
     std::printf("cuBLAS   %-40s %zu/%zu identical to the model (%.4f%%), max %.0f ulp; outside the bound: %zu\n",
                 c.label().c_str(), cmp.identical, cmp.total, 100.0 * cmp.fraction_identical(), cmp.max_ulp, outside);
     INFO(c.label());
-    if (outside != 0)
-      INFO("first outside the bound: " << describe_element(c, first, got[first], expected[first]) << ", exact "
-                                       << r.exact[first] << ", bound " << r.bound[first]);
+    char where[96] = "";
+    if (outside != 0) std::snprintf(where, sizeof where, ", exact %.17g, bound %.3g", r.exact[first], r.bound[first]);
+    INFO((outside == 0 ? std::string("none outside the bound")
+                       : "first outside the bound: " + describe_element(c, first, got[first], expected[first]) + where));
     CHECK(outside == 0);
   }
   std::fflush(stdout);
@@ -281,9 +289,9 @@ TEST_CASE("host check: the H100 model lies within the accumulation bound used fo
     const std::size_t outside = outside_bound(expected, r, first);
     std::printf("model    %-40s outside the bound: %zu\n", c.label().c_str(), outside);
     INFO(c.label());
-    if (outside != 0)
-      INFO("first outside: c[" << first / c.shape.n << "][" << first % c.shape.n << "] = " << expected[first]
-                               << ", exact " << r.exact[first] << ", bound " << r.bound[first]);
+    INFO("first outside (if any): c[" << first / c.shape.n << "][" << first % c.shape.n << "] = "
+                                      << expected[first] << ", exact " << r.exact[first] << ", bound "
+                                      << r.bound[first]);
     CHECK(outside == 0);
   }
   std::fflush(stdout);
