@@ -264,6 +264,7 @@ class CudaBackend final : public core::Backend {
 
   std::string_view name() const override { return "cuda"; }
   void set_threads(int) override {}  // the device decides its own parallelism
+  cudaStream_t cuda_stream() const { return stream(); }  // for cuda_stream_of (timing)
 
   // --- Memory ------------------------------------------------------------------------------------------------------
   Tensor zeros(const Shape& shape) override {
@@ -665,6 +666,14 @@ std::unique_ptr<core::Backend> make_cuda_backend() { return std::make_unique<Cud
 void register_cuda_backend() {
   static std::once_flag once;
   std::call_once(once, [] { core::register_backend("cuda", &make_cuda_backend); });
+}
+
+void* cuda_stream_of(core::Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  if (!cuda)
+    throw std::invalid_argument("cuda_stream_of: backend \"" + std::string(backend.name()) +
+                                "\" was not made by make_cuda_backend");
+  return static_cast<void*>(cuda->cuda_stream());
 }
 
 }  // namespace mpsim::gpu

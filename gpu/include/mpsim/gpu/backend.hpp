@@ -15,4 +15,10 @@ std::unique_ptr<core::Backend> make_cuda_backend();
 // Makes core::make_backend("cuda") build one (once, however often called).
 void register_cuda_backend();
 
+// The stream a backend made by make_cuda_backend enqueues all its work on, as
+// an opaque handle (a cudaStream_t inside gpu/), for gpu/ code that orders or
+// times work against it (mpsim/gpu/timing.hpp). std::invalid_argument for any
+// other backend.
+void* cuda_stream_of(core::Backend& backend);
+
 }  // namespace mpsim::gpu
