@@ -93,12 +93,22 @@ bool Policy::runs_in_fp32(std::string_view op) const {
   return std::find(fp32_ops.begin(), fp32_ops.end(), op) != fp32_ops.end();
 }
 
-std::vector<std::string> preset_policy_names() { return {"fp32", "fp16-mixed", "bf16-mixed", "fp16-naive", "fp8"}; }
+std::vector<std::string> preset_policy_names() {
+  return {"fp32", "fp16-mixed", "bf16-mixed", "fp16-naive", "fp8", "tf32"};
+}
 
 std::optional<Policy> preset_policy(std::string_view name) {
   Policy p;
   p.name = std::string(name);
   if (name == "fp32") return p;
+  if (name == "tf32") {
+    // FP32 training whose GEMM operands are TF32 (Ampere and later with
+    // TF32 allowed: torch.backends.cuda.matmul.allow_tf32): binary32's range
+    // with 11 significant bits, binary32 accumulation. The FP32 reference
+    // (`fp32`) keeps TF32 off.
+    p.weights = p.activations = p.gradient_operands = point(formats::tf32);
+    return p;
+  }
   // Mixed precision (Micikevicius et al. 2018; PyTorch autocast): low-precision
   // GEMM operands and activations, FP32 accumulation, master weights and
   // optimiser state; normalisation and the loss in FP32.

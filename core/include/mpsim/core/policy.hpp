@@ -117,7 +117,7 @@ inline constexpr std::array<NamedPoint, 10> rounding_points{{
 // the name is unknown or the model cannot take these operands.
 std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b);
 
-// The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8.
+// The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8, tf32.
 std::optional<Policy> preset_policy(std::string_view name);
 std::vector<std::string> preset_policy_names();
 // A human-readable table of every point of a policy (logged with each arm).
