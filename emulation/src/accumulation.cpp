@@ -74,7 +74,8 @@ bool representable(const Format& f, float x) {
   if (quantum - o.lsb >= 64) return false;  // below the smallest subnormal
   if (o.lsb < quantum && (o.significand & ((std::uint64_t{1} << (quantum - o.lsb)) - 1)) != 0) return false;
   if (o.exponent == f.emax()) {
-    const std::uint64_t top = o.lsb >= quantum ? o.significand << (o.lsb - quantum) : o.significand >> (quantum - o.lsb);
+    const std::uint64_t top =
+        o.lsb >= quantum ? o.significand << (o.lsb - quantum) : o.significand >> (quantum - o.lsb);
     if (top > f.max_significand()) return false;
   }
   return true;
@@ -167,8 +168,10 @@ float fused_block(const TensorCoreModel& m, const float* a, const float* b, cons
     const Term& t = terms[j];
     // Truncation toward zero of |term| / 2^unit: bits shifted out are lost.
     u128 aligned = 0;
-    if (t.lsb >= unit) aligned = static_cast<u128>(t.significand) << (t.lsb - unit);
-    else if (unit - t.lsb < 64) aligned = t.significand >> (unit - t.lsb);
+    if (t.lsb >= unit)
+      aligned = static_cast<u128>(t.significand) << (t.lsb - unit);
+    else if (unit - t.lsb < 64)
+      aligned = t.significand >> (unit - t.lsb);
     sum += t.negative ? -static_cast<i128>(aligned) : static_cast<i128>(aligned);
   }
   if (sum == 0) return zero_result(m.rounding, false, false, false);
@@ -204,7 +207,11 @@ float tensor_core_block(const TensorCoreModel& m, const float* a, const float* b
 }
 
 void check_model(const TensorCoreModel& m) {
-  const bool output_ok = m.output == formats::binary32 || m.output == formats::binary16;
+  auto shaped_like = [&](const Format& f) {  // binary32 or binary16, with either subnormal handling
+    return m.output.exponent_bits == f.exponent_bits && m.output.mantissa_bits == f.mantissa_bits &&
+           m.output.specials == Specials::ieee;
+  };
+  const bool output_ok = shaped_like(formats::binary32) || shaped_like(formats::binary16);
   if (!output_ok || !fits_in_float(m.input) || m.input.invalid_reason() || m.block_size < 1 || m.block_size > 64 ||
       m.fraction_bits < 1 || m.fraction_bits > 100 || m.result_precision < 0 || m.groups < 1 ||
       m.groups > m.block_size || m.group_run < 1 || m.rounding == RoundingMode::stochastic)
@@ -234,15 +241,15 @@ double add_round(const Format& f, RoundingMode mode, double s, double p) {
   if (hi == 0.0) {  // an exact zero: the operands are multiples of 2^-298, so nothing underflowed
     const bool both_zero = s == 0.0 && p == 0.0;
     bool negative = mode == RoundingMode::toward_negative;  // cancellation
-    if (both_zero)
-      negative = negative ? (std::signbit(s) || std::signbit(p)) : (std::signbit(s) && std::signbit(p));
+    if (both_zero) negative = negative ? (std::signbit(s) || std::signbit(p)) : (std::signbit(s) && std::signbit(p));
     return negative ? -0.0 : 0.0;
   }
   const double z = hi - s;
   const double lo = (s - (hi - z)) + (p - z);
   double odd = hi;
   if (lo != 0.0 && (std::bit_cast<std::uint64_t>(hi) & 1) == 0)
-    odd = std::nextafter(hi, lo > 0.0 ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity());
+    odd = std::nextafter(hi,
+                         lo > 0.0 ? std::numeric_limits<double>::infinity() : -std::numeric_limits<double>::infinity());
   return round_value(f, mode, odd);
 }
 
@@ -361,8 +368,10 @@ float exact_dot(const Format& f, RoundingMode mode, std::span<const float> a, st
   for (std::size_t k = 0; k < a.size(); ++k) {
     const float x = a[k], y = b[k];
     if (std::isfinite(x) && std::isfinite(y)) continue;
-    if (std::isnan(x) || std::isnan(y) || x == 0.0f || y == 0.0f) nan = true;
-    else (std::signbit(x) != std::signbit(y) ? negative : positive) = true;
+    if (std::isnan(x) || std::isnan(y) || x == 0.0f || y == 0.0f)
+      nan = true;
+    else
+      (std::signbit(x) != std::signbit(y) ? negative : positive) = true;
   }
   if (nan || (positive && negative)) return std::numeric_limits<float>::quiet_NaN();
   if (positive || negative) return static_cast<float>(round_value(f, mode, negative ? -INFINITY : INFINITY));
@@ -406,7 +415,8 @@ std::optional<int> parse_int(std::string_view text) {
 std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu_name, const Format& input,
                                                   const Format& output) {
   const std::string gpu = lower(gpu_name);
-  const bool fp16_in = input == formats::binary16, bf16_in = input == formats::bfloat16, tf32_in = input == formats::tf32;
+  const bool fp16_in = input == formats::binary16, bf16_in = input == formats::bfloat16,
+             tf32_in = input == formats::tf32;
   const bool fp8_in = input == formats::e4m3 || input == formats::e5m2;
   const bool out32 = output == formats::binary32, out16 = output == formats::binary16;
   if (!out32 && !out16) return std::nullopt;
@@ -453,8 +463,8 @@ std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu_name, con
 }
 
 std::string to_string(const TensorCoreModel& m) {
-  std::string s = "tensor-core(input " + m.input.name() + ", output " + m.output.name() +
-                  ", block " + std::to_string(m.block_size) + ", fraction bits " + std::to_string(m.fraction_bits);
+  std::string s = "tensor-core(input " + m.input.name() + ", output " + m.output.name() + ", block " +
+                  std::to_string(m.block_size) + ", fraction bits " + std::to_string(m.fraction_bits);
   if (m.result_precision > 0) s += ", result precision " + std::to_string(m.result_precision);
   s += ", rounding " + std::string(to_string(m.rounding));
   if (m.groups > 1) s += ", " + std::to_string(m.groups) + " groups of runs of " + std::to_string(m.group_run);
@@ -475,7 +485,7 @@ float tensor_core_dot(const TensorCoreModel& m, std::span<const float> a, std::s
     }
     acc = tensor_core_block(m, x.data(), y.data(), n, acc);
   }
-  return acc;
+  return std::isnan(acc) ? canonical_nan(m.output) : acc;  // K = 0 with a NaN c too
 }
 
 // --- The common type ---------------------------------------------------------------

@@ -60,9 +60,12 @@ std::vector<float> parse_hex_line(const std::string& text, const fs::path& path,
     for (; pos < text.size() && text[pos] != ' ' && text[pos] != '\t'; ++pos, ++digits) {
       const char ch = text[pos];
       int v = -1;
-      if (ch >= '0' && ch <= '9') v = ch - '0';
-      else if (ch >= 'a' && ch <= 'f') v = ch - 'a' + 10;
-      else if (ch >= 'A' && ch <= 'F') v = ch - 'A' + 10;
+      if (ch >= '0' && ch <= '9')
+        v = ch - '0';
+      else if (ch >= 'a' && ch <= 'f')
+        v = ch - 'a' + 10;
+      else if (ch >= 'A' && ch <= 'F')
+        v = ch - 'A' + 10;
       if (v < 0 || digits >= 8) malformed(path, line);
       bits = (bits << 4) | static_cast<std::uint32_t>(v);
     }
@@ -124,13 +127,15 @@ VectorCheck validate_tensor_core_vectors(const fs::path& dir, std::string_view g
   std::string g(gpu);
   for (char& ch : g) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
   const fs::path folder = dir / g / in;
-  const fs::path a_path = folder / ("a_" + g + "_" + in + ".txt.gz"), b_path = folder / ("b_" + g + "_" + in + ".txt.gz"),
-                 c_path = folder / ("c_" + g + "_fp32.txt.gz"), d_path = folder / ("d_" + g + "_" + out + ".txt.gz");
+  const fs::path a_path = folder / ("a_" + g + "_" + in + ".txt.gz"),
+                 b_path = folder / ("b_" + g + "_" + in + ".txt.gz"), c_path = folder / ("c_" + g + "_fp32.txt.gz"),
+                 d_path = folder / ("d_" + g + "_" + out + ".txt.gz");
   const auto a = read_lines(a_path), b = read_lines(b_path), c = read_lines(c_path), d = read_lines(d_path);
   if (a.size() != b.size() || a.size() != c.size() || a.size() != d.size())
     throw std::runtime_error(folder.string() + ": the files hold different numbers of cases");
   // wgmma with FP8 inputs and binary32 output was measured with c = 0.
-  const bool c_is_zero = g == "H100" && (input == formats::e4m3 || input == formats::e5m2) && output == formats::binary32;
+  const bool c_is_zero =
+      g == "H100" && (input == formats::e4m3 || input == formats::e5m2) && output == formats::binary32;
 
   VectorCheck check;
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -150,7 +155,12 @@ VectorCheck validate_tensor_core_vectors(const fs::path& dir, std::string_view g
       for (float v : x) text.append(" ").append(hex(v));
       text.append("; b =");
       for (float v : y) text.append(" ").append(hex(v));
-      text.append("; c = ").append(hex(z)).append("; expected ").append(hex(expected)).append(", got ").append(hex(got));
+      text.append("; c = ")
+          .append(hex(z))
+          .append("; expected ")
+          .append(hex(expected))
+          .append(", got ")
+          .append(hex(got));
       check.first_failures.push_back(std::move(text));
     }
   }

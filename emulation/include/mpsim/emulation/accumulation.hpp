@@ -26,17 +26,20 @@
 
 namespace mpsim {
 
-// One tensor-core instruction, parameterised. The presets hold the measured values.
+// One tensor-core instruction, parameterised. The presets hold the measured
+// values. Subnormal handling follows the formats: an input format with
+// Subnormals::flush_to_zero flushes subnormal inputs, such an output format
+// flushes subnormal results (the presets keep both, as the GPUs do).
 struct TensorCoreModel {
-  Format input = formats::binary16;    // a and b (values are first rounded to it, nearest-even)
-  Format output = formats::binary32;   // c and d: binary32 or binary16 (c is rounded to it, nearest-even)
-  int block_size = 16;                 // products fused per block (1..64)
+  Format input = formats::binary16;   // a and b (values are first rounded to it, nearest-even)
+  Format output = formats::binary32;  // c and d: binary32 or binary16 (c is rounded to it, nearest-even)
+  int block_size = 16;                // products fused per block (1..64)
   // Accumulator bits kept below the block's largest exponent: 23 + the
   // "extra alignment bits" (V100 0, A100 1, H100 2; H100 FP8 -10). 1..100.
   // The largest exponent of a product is ea + eb, the input exponents
   // (subnormals at emin), whatever the significand product's size.
   int fraction_bits = 25;
-  int result_precision = 0;            // 0, or the normalised sum is first truncated to this many bits
+  int result_precision = 0;                           // 0, or the normalised sum is first truncated to this many bits
   RoundingMode rounding = RoundingMode::toward_zero;  // block sum -> output (any deterministic mode)
   // groups > 1: the block runs as `groups` chained sub-blocks (each a block
   // of this model); product k goes to sub-block (k / group_run) % groups.
@@ -70,8 +73,8 @@ struct AccumulationModel {
   AccumulationKind kind = AccumulationKind::recursive;
   Format format = formats::binary32;  // the accumulator and result (precision <= 24, binary32's range or less)
   RoundingMode mode = RoundingMode::nearest_even;  // every mode but stochastic
-  int block = 32;                     // blocked only
-  TensorCoreModel tensor_core;        // tensor_core only
+  int block = 32;                                  // blocked only
+  TensorCoreModel tensor_core;                     // tensor_core only
   friend bool operator==(const AccumulationModel&, const AccumulationModel&) = default;
 };
 
@@ -93,9 +96,10 @@ float dot(const AccumulationModel& model, std::span<const float> a, std::span<co
 // Row-major C[m x n] = A[m x k] * B[k x n] (+ C when accumulate_c), each
 // element the model's dot product along k in increasing k. threads <= 0: all
 // cores. Path::automatic takes the vectorised kernel where the model has one
-// (tensor cores with binary32 output and input formats whose products are
-// exact binary32 values: fp16, e4m3, e5m2) and the element-by-element dot()
-// otherwise; every path gives the same bits. The kernel is chosen at run time
+// (tensor cores with binary32 output and inputs of at most 12 significant
+// bits: fp16, bf16, tf32, e4m3, e5m2; rows and columns holding infinities,
+// NaNs or magnitudes beyond 2^-63..2^63 go element by element) and dot()
+// element by element otherwise; every path gives the same bits. The kernel is chosen at run time
 // (AVX-512, else AVX2, else portable C++); the environment variable
 // MPSIM_GEMM_TARGET=avx2 or =portable picks a lesser one (for tests).
 void gemm(const AccumulationModel& model, const float* a, const float* b, float* c, int m, int n, int k,

@@ -29,10 +29,10 @@ std::string tensor_core_vector_name(const Format& format, bool output);
 // output were measured with c = 0 (wgmma), so c is 0 there. Throws
 // std::invalid_argument when there is no preset, and std::runtime_error when a
 // file is missing, unreadable or malformed, or the files disagree in length.
-VectorCheck validate_tensor_core_vectors(const std::filesystem::path& dir, std::string_view gpu,
-                                         const Format& input, const Format& output);
+VectorCheck validate_tensor_core_vectors(const std::filesystem::path& dir, std::string_view gpu, const Format& input,
+                                         const Format& output);
 // The same cases through another model (a variant to test against the measurements).
-VectorCheck validate_tensor_core_vectors(const std::filesystem::path& dir, std::string_view gpu,
-                                         const Format& input, const Format& output, const TensorCoreModel& model);
+VectorCheck validate_tensor_core_vectors(const std::filesystem::path& dir, std::string_view gpu, const Format& input,
+                                         const Format& output, const TensorCoreModel& model);
 
 }  // namespace mpsim
