@@ -193,6 +193,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
   h5::write_attribute(g, "policy", info.policy);
   h5::write_attribute(g, "policy_description", info.policy_description);
   h5::write_attribute(g, "seed", std::uint64_t{info.seed});
+  h5::write_attribute(g, "sweep", info.sweep);
   h5::write_attribute(g, "status", "running");
 
   // Coordinates, shared by the stats datasets.

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <thread>
 
@@ -17,6 +18,7 @@
 #include "mpsim/core/config.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/run_log.hpp"
+#include "mpsim/core/sweep.hpp"
 #include "mpsim/core/trainer.hpp"
 #include "usage_error.hpp"
 
@@ -32,6 +34,7 @@ struct RunOptions {
   std::string output;
   bool force = false;
   bool quiet = false;
+  bool smoke = false;
 };
 
 std::string now_utc() {
@@ -45,6 +48,13 @@ std::string host_name() {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
   return name;
+}
+
+// What decides the data an arm trains on, so points of a sweep share one load.
+std::string data_key(const ExperimentConfig& c) {
+  const DataSpec& d = c.data;
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}", d.dataset, d.path, d.train_limit, d.test_limit, d.synthetic_train,
+                     d.synthetic_test, d.dataset == "synthetic" ? c.seeds.front() : 0);
 }
 
 TrainTest load_data(const ExperimentConfig& c) {
@@ -74,10 +84,11 @@ void check_output(const fs::path& output, bool force) {
 }
 
 std::string arm_name(const ExperimentConfig& c, const std::string& backend, const std::string& policy,
-                     std::uint64_t seed) {
+                     std::uint64_t seed, const std::string& sweep_point) {
   std::string name = policy;
   if (c.backends.size() > 1) name = backend + "." + name;
   if (c.seeds.size() > 1) name += ".seed" + std::to_string(seed);
+  if (!sweep_point.empty()) name += "@" + sweep_point;
   return name;
 }
 
@@ -109,17 +120,22 @@ class ProgressLine {
 };
 
 int run(const RunOptions& o) {
-  ExperimentConfig c;
+  Sweep sweep;
   try {
-    c = load_config(o.config, o.overrides);
+    sweep = load_sweep(o.config, o.overrides, o.smoke);
   } catch (const ConfigError& e) {
     throw UsageError(std::string("config: ") + e.what());
   }
+  ExperimentConfig& c = sweep.points.front().config;
   if (!o.output.empty()) c.output = o.output;
   const fs::path output(c.output);
   // Everything that can be wrong is checked before the first step.
-  std::vector<std::pair<std::string, std::unique_ptr<Backend>>> backends;
-  for (const auto& name : c.backends) {
+  std::vector<std::string> backend_list;
+  for (const SweepPoint& p : sweep.points)
+    for (const auto& name : p.config.backends)
+      if (std::find(backend_list.begin(), backend_list.end(), name) == backend_list.end()) backend_list.push_back(name);
+  std::map<std::string, std::unique_ptr<Backend>> backends;
+  for (const auto& name : backend_list) {
     std::unique_ptr<Backend> b;
     try {
       b = make_backend(name);
@@ -133,16 +149,18 @@ int run(const RunOptions& o) {
                                    "build with CUDA for the cuda backend",
                                    name, known));
     }
-    backends.emplace_back(name, std::move(b));
+    backends.emplace(name, std::move(b));
   }
   check_output(output, o.force);
-  const TrainTest data = load_data(c);
+  std::map<std::string, TrainTest> data_sets;
+  for (const SweepPoint& p : sweep.points)
+    if (!data_sets.count(data_key(p.config))) data_sets.emplace(data_key(p.config), load_data(p.config));
   if (o.force) {
     fs::remove(output);
     fs::remove(config_path_for(output));
   }
   ExperimentInfo info;
-  info.config_toml = c.to_toml();
+  info.config_toml = sweep.to_toml();
   {
     std::ofstream toml(config_path_for(output));
     toml << "# resolved config of " << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << info.config_toml;
@@ -161,42 +179,53 @@ int run(const RunOptions& o) {
   }
   install_flush_on_signals();
 
-  const int threads = c.train.threads > 0 ? c.train.threads : static_cast<int>(std::thread::hardware_concurrency());
-  if (!o.quiet)
-    fmt::print(stderr, "mpsim run {}: {} train / {} test samples, {} arm(s), {} thread(s), writing {}\n", c.name,
-               data.train.count, data.test.count, c.arms.size() * c.seeds.size() * c.backends.size(), threads,
+  std::size_t arm_count = 0;
+  for (const SweepPoint& p : sweep.points) arm_count += p.config.arms.size() * p.config.seeds.size() * p.config.backends.size();
+  if (!o.quiet) {
+    const TrainTest& first = data_sets.at(data_key(c));
+    fmt::print(stderr, "mpsim run {}: {} train / {} test samples, {} arm(s){}, writing {}\n", c.name, first.train.count,
+               first.test.count, arm_count,
+               sweep.points.size() > 1 ? fmt::format(" over {} sweep points", sweep.points.size()) : "",
                output.string());
+  }
 
   struct Row {
-    std::string name, backend, policy;
+    std::string name, backend, policy, sweep_point;
     std::uint64_t seed;
     std::vector<std::string> layers;
     ArmResult result;
   };
   std::vector<Row> rows;
   ProgressLine progress(o.quiet);
-  for (auto& [backend_name, backend] : backends)
-    for (const std::uint64_t seed : c.seeds)
-      for (const std::string& policy_name : c.arms) {
-        const Policy& policy = c.policies.at(policy_name);
-        ArmSetup setup;
-        setup.policy = &policy;
-        setup.model = c.model;
-        setup.optimizer = c.optimizer;
-        setup.schedule = c.schedule;
-        setup.train = c.train;
-        setup.train.threads = threads;
-        setup.seed = seed;
-        const std::string name = arm_name(c, backend_name, policy_name, seed);
-        const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
-        ArmInfo arm{name, backend_name, policy_name, describe(policy), seed, Model::stat_names(c.model, input)};
-        ArmLog& arm_log = log->add_arm(arm);
-        ArmResult r = train_arm(*backend, setup, data, &arm_log,
-                                [&](const Progress& p) { progress.update(name, p); });
-        log->flush();
-        if (r.status != "completed" && !o.quiet) fmt::print(stderr, "\n{}: {}\n", name, r.status);
-        rows.push_back({name, backend_name, policy_name, seed, arm.layers, std::move(r)});
-      }
+  for (const SweepPoint& point : sweep.points) {
+    const ExperimentConfig& pc = point.config;
+    const TrainTest& data = data_sets.at(data_key(pc));
+    const int threads =
+        pc.train.threads > 0 ? pc.train.threads : static_cast<int>(std::thread::hardware_concurrency());
+    for (const std::string& backend_name : pc.backends)
+      for (const std::uint64_t seed : pc.seeds)
+        for (const std::string& policy_name : pc.arms) {
+          const Policy& policy = pc.policies.at(policy_name);
+          ArmSetup setup;
+          setup.policy = &policy;
+          setup.model = pc.model;
+          setup.optimizer = pc.optimizer;
+          setup.schedule = pc.schedule;
+          setup.train = pc.train;
+          setup.train.threads = threads;
+          setup.seed = seed;
+          const std::string name = arm_name(pc, backend_name, policy_name, seed, point.label);
+          const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
+          ArmInfo arm{name,        backend_name, policy_name, describe(policy), seed, Model::stat_names(pc.model, input),
+                      point.label};
+          ArmLog& arm_log = log->add_arm(arm);
+          ArmResult r = train_arm(*backends.at(backend_name), setup, data, &arm_log,
+                                  [&](const Progress& p) { progress.update(name, p); });
+          log->flush();
+          if (r.status != "completed" && !o.quiet) fmt::print(stderr, "\n{}: {}\n", name, r.status);
+          rows.push_back({name, backend_name, policy_name, point.label, seed, arm.layers, std::move(r)});
+        }
+  }
   // Side by side: every arm on another backend against the same policy and
   // seed on the first backend (the same initial weights and batches).
   std::vector<Agreement> agreements;
@@ -206,19 +235,22 @@ int run(const RunOptions& o) {
   for (const Row& other : rows) {
     if (other.backend == c.backends.front()) continue;
     for (const Row& reference : rows)
-      if (reference.backend == c.backends.front() && reference.policy == other.policy && reference.seed == other.seed)
+      if (reference.backend == c.backends.front() && reference.policy == other.policy &&
+          reference.seed == other.seed && reference.sweep_point == other.sweep_point)
         agreements.push_back(compare_arms(trace(reference), trace(other)));
   }
   for (const Agreement& a : agreements) log->add_agreement(a);
   log.reset();  // closes the file
 
-  fmt::print("\n{:<16} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", "test acc",
+  std::size_t width = 16;
+  for (const Row& row : rows) width = std::max(width, row.name.size());
+  fmt::print("\n{:<{}} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", width, "test acc",
              "test loss", "act-g flush", "act-g<2^-24", "w-g flush", "w-g<2^-24", "skipped", "loss scale", "wall s",
              "status");
   for (const Row& row : rows) {
     const ArmResult& r = row.result;
-    fmt::print("{:<16} {:>8.2f}% {:>9.4f} {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>8} {:>10g} {:>8.1f}  {}\n",
-               row.name, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
+    fmt::print("{:<{}} {:>8.2f}% {:>9.4f} {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>8} {:>10g} {:>8.1f}  {}\n",
+               row.name, width, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
                100 * r.activation_grad_below_2_24, 100 * r.weight_grad_flushed, 100 * r.weight_grad_below_2_24,
                r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
   }
@@ -243,10 +275,12 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   CLI::App* cmd = app.add_subcommand("run", "Train every arm of an experiment and log it to HDF5");
   cmd->add_option("config", options->config, "Experiment config (TOML), e.g. experiments/configs/default.toml")
       ->required();
-  cmd->add_option("overrides", options->overrides, "Dotted overrides: train.epochs=2 arms='[\"fp32\"]'");
+  cmd->add_option("overrides", options->overrides,
+                  "Dotted overrides: train.epochs=2 arms='[\"fp32\"]'; several values sweep: optimizer.lr=0.01,0.1");
   cmd->add_option("-o,--output", options->output, "HDF5 file to write (overrides the config's output)");
   cmd->add_flag("-f,--force", options->force, "Overwrite an existing output file");
   cmd->add_flag("-q,--quiet", options->quiet, "No progress lines");
+  cmd->add_flag("--smoke", options->smoke, "Apply the config's [smoke] overrides (a small, fast run)");
   cmd->callback([&action, options] { action = [options] { return run(*options); }; });
 }
 

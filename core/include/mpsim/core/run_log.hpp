@@ -39,6 +39,7 @@ struct ArmInfo {
   std::string policy_description;  // describe(policy)
   std::uint64_t seed = 0;
   std::vector<std::string> layers;  // layer names, in order
+  std::string sweep;                // the sweep point ("lr=0.1,initial=8"); empty outside a sweep
 };
 
 class ArmLog {

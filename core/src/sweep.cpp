@@ -1,0 +1,184 @@
+#include "mpsim/core/sweep.hpp"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace mpsim::core {
+namespace {
+
+// Splits at commas outside brackets, braces and quotes: "1,8,128" has three
+// values, '["fp32","fp8"]' one.
+std::vector<std::string> top_level_values(const std::string& text) {
+  std::vector<std::string> values;
+  int depth = 0;
+  char quote = 0;
+  std::string current;
+  for (const char ch : text) {
+    if (quote) {
+      if (ch == quote) quote = 0;
+    } else if (ch == '"' || ch == '\'') {
+      quote = ch;
+    } else if (ch == '[' || ch == '{') {
+      ++depth;
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    } else if (ch == ',' && depth == 0) {
+      values.push_back(current);
+      current.clear();
+      continue;
+    }
+    current += ch;
+  }
+  values.push_back(current);
+  return values;
+}
+
+std::string value_text(const toml::node& node) {
+  if (const auto v = node.value_exact<double>()) {
+    // The shortest text that reads back as the same binary64 (not toml++'s 17
+    // digits), kept a TOML float.
+    char buffer[64];
+    const auto end = std::to_chars(buffer, buffer + sizeof buffer, *v).ptr;
+    std::string text(buffer, end);
+    if (std::isfinite(*v) && text.find_first_of(".e") == std::string::npos) text += ".0";
+    return text;
+  }
+  std::ostringstream out;
+  node.visit([&](const auto& v) { out << toml::toml_formatter(v, toml::format_flags::none); });
+  return out.str();
+}
+
+// Leaves of a table under dotted keys: `optimizer.lr = [..]` and
+// `"optimizer.lr" = [..]` both give "optimizer.lr".
+void flatten(const toml::table& table, const std::string& prefix,
+             std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [key, node] : table) {
+    const std::string name = prefix.empty() ? std::string(key.str()) : prefix + "." + std::string(key.str());
+    if (const toml::table* sub = node.as_table()) flatten(*sub, name, out);
+    else out.emplace_back(name, &node);
+  }
+}
+
+// "policies.fp16-mixed.loss_scale.initial" -> "initial"
+std::string short_key(const std::string& key) {
+  const auto dot = key.rfind('.');
+  return dot == std::string::npos ? key : key.substr(dot + 1);
+}
+
+std::string label_value(std::string value) {
+  if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+  return value;
+}
+
+}  // namespace
+
+Sweep parse_sweep(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                  bool smoke) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source);
+  } catch (const toml::parse_error&) {
+    parse_config(text, source, overrides);  // throws the located message
+    throw;
+  }
+  std::vector<SweepAxis> axes;
+  if (const toml::node* sweep = root.get("sweep")) {
+    if (!sweep->is_table()) throw ConfigError("sweep must be a table of key = [values]");
+    std::vector<std::pair<std::string, const toml::node*>> leaves;
+    flatten(*sweep->as_table(), "", leaves);
+    for (const auto& [key, node] : leaves) {
+      const toml::array* values = node->as_array();
+      if (!values || values->empty())
+        throw ConfigError("sweep.\"" + key + "\" must be a non-empty array of values, e.g. \"optimizer.lr\" = [0.01, 0.1]");
+      SweepAxis axis{key, {}};
+      for (const toml::node& v : *values) axis.values.push_back(value_text(v));
+      axes.push_back(std::move(axis));
+    }
+  }
+  std::vector<std::string> fixed;
+  if (smoke) {
+    const toml::node* table = root.get("smoke");
+    if (!table) throw ConfigError("--smoke: this config has no [smoke] table of overrides");
+    if (!table->is_table()) throw ConfigError("smoke must be a table of key = value overrides");
+    std::vector<std::pair<std::string, const toml::node*>> leaves;
+    flatten(*table->as_table(), "", leaves);
+    for (const auto& [key, node] : leaves) fixed.push_back(key + "=" + value_text(*node));
+  }
+  for (const std::string& o : overrides) {
+    const auto eq = o.find('=');
+    const std::vector<std::string> values = eq == std::string::npos ? std::vector<std::string>{}
+                                                                     : top_level_values(o.substr(eq + 1));
+    if (values.size() > 1) {
+      // An override with several values replaces an axis of the same key.
+      const std::string key = o.substr(0, eq);
+      std::erase_if(axes, [&](const SweepAxis& a) { return a.key == key; });
+      axes.push_back({key, values});
+    } else {
+      fixed.push_back(o);
+    }
+  }
+
+  // Axes in the order of their keys (a TOML table has no order of its own),
+  // so a written config runs the points in the same order.
+  std::stable_sort(axes.begin(), axes.end(), [](const SweepAxis& a, const SweepAxis& b) { return a.key < b.key; });
+  std::vector<SweepPoint> points(1);
+  for (const SweepAxis& axis : axes) {
+    std::vector<SweepPoint> next;
+    for (const SweepPoint& p : points)
+      for (const std::string& value : axis.values) {
+        SweepPoint q = p;
+        q.overrides.push_back(axis.key + "=" + value);
+        q.label += (q.label.empty() ? "" : ",") + short_key(axis.key) + "=" + label_value(value);
+        std::replace(q.label.begin(), q.label.end(), '/', ':');  // labels name HDF5 groups
+        next.push_back(std::move(q));
+      }
+    points = std::move(next);
+  }
+  for (SweepPoint& p : points) {
+    std::vector<std::string> all = fixed;
+    all.insert(all.end(), p.overrides.begin(), p.overrides.end());
+    try {
+      p.config = parse_config(text, source, all);
+    } catch (const ConfigError& e) {
+      throw ConfigError(p.label.empty() ? std::string(e.what()) : "sweep point " + p.label + ": " + e.what());
+    }
+    if (p.config.output != points.front().config.output)
+      throw ConfigError("sweep: output differs between points; one experiment writes one file");
+  }
+  return {std::move(axes), std::move(points)};
+}
+
+std::string Sweep::to_toml() const {
+  std::string text = points.front().config.to_toml();
+  if (axes.empty()) return text;
+  text += "\n[sweep]\n";
+  for (const SweepAxis& axis : axes) {
+    text += "\"" + axis.key + "\" = [";
+    for (std::size_t i = 0; i < axis.values.size(); ++i) {
+      std::string v = axis.values[i];
+      try {
+        (void)toml::parse("v = " + v);
+      } catch (const toml::parse_error&) {
+        v = "\"" + v + "\"";  // a bare string from the command line
+      }
+      text += (i ? ", " : "") + v;
+    }
+    text += "]\n";
+  }
+  return text;
+}
+
+Sweep load_sweep(const std::filesystem::path& file, const std::vector<std::string>& overrides, bool smoke) {
+  std::ifstream in(file);
+  if (!in) throw ConfigError("cannot read config file '" + file.string() + "': check the path");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_sweep(text.str(), file.string(), overrides, smoke);
+}
+
+}  // namespace mpsim::core
