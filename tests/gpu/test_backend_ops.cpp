@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -29,6 +30,7 @@
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/gpu/backend.hpp"
 #include "mpsim/gpu/device.hpp"
+#include "require_device.hpp"
 #include "support/test_support.hpp"
 
 using namespace mpsim;
@@ -39,16 +41,9 @@ namespace {
 
 using FVec = std::vector<float>;
 
-void require_device() {
-  static const gpu::DeviceInfo info = gpu::query_device();
-  if (!info.available) mpsim::test::skip("needs a CUDA device: " + info.description);
-}
+using test::require_device;
 
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 // The distance from |x| to the next binary32 value away from zero.
 double ulp_of(float x) {

@@ -4,28 +4,23 @@
 // (exit 77, CTest "Skipped") when no CUDA device is present.
 #include <catch2/catch.hpp>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "mpsim/gpu/device.hpp"
+#include "require_device.hpp"
 #include "support/test_support.hpp"
 
 using namespace mpsim;
 
 namespace {
 
-void require_device() {
-  static const gpu::DeviceInfo info = gpu::query_device();
-  if (!info.available) mpsim::test::skip("needs a CUDA device: " + info.description);
-}
+using test::require_device;
 
-std::uint32_t bits_of(float x) {
-  std::uint32_t b;
-  std::memcpy(&b, &x, sizeof b);
-  return b;
-}
+std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 
 // Gradient-like magnitudes over 2^-150 .. 2^20 with both signs, and every
 // special class, so that every format sees subnormals, flushes and overflow.

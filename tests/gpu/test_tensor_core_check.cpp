@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "require_device.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/gpu/device.hpp"
@@ -38,8 +39,7 @@ using namespace mpsim;
 namespace {
 
 void require_hopper() {
-  static const gpu::DeviceInfo info = gpu::query_device();
-  if (!info.available) mpsim::test::skip("needs a CUDA device: " + info.description);
+  const gpu::DeviceInfo& info = test::require_device();
   const gpu::ComputeCapability cc = gpu::compute_capability();
   if (cc.major != 9)
     mpsim::test::skip("the model under test is the H100's: needs a compute capability 9.x device, this is " +
