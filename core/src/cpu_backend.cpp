@@ -177,11 +177,13 @@ class CpuBackend final : public Backend {
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
     MatrixMap cm = matrix(c);
     if (numerics.model) {
-      // Row-major copies of op(a) [m x k] and op(b) [k x n], as the model's GEMM takes them.
-      const RowMatrix a_rows = ta ? RowMatrix(am.transpose()) : RowMatrix(am);
-      const RowMatrix b_rows = tb ? RowMatrix(bm.transpose()) : RowMatrix(bm);
-      mpsim::gemm(*numerics.model, a_rows.data(), b_rows.data(), cm.data(), static_cast<int>(m), static_cast<int>(n),
-                  static_cast<int>(k), false, threads_);
+      // The model's GEMM takes row-major op(a) [m x k] and op(b) [k x n]: a
+      // transposed operand is copied, the other read in place.
+      RowMatrix a_copy, b_copy;
+      if (ta) a_copy = am.transpose();
+      if (tb) b_copy = bm.transpose();
+      mpsim::gemm(*numerics.model, ta ? a_copy.data() : data(a), tb ? b_copy.data() : data(b), cm.data(),
+                  static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), false, threads_);
       return;
     }
     if (accumulation.is_identity()) {
