@@ -12,6 +12,7 @@
 #include <limits>
 #include <mutex>
 #include <unordered_map>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -485,6 +486,67 @@ class CpuBackend final : public Backend {
     if (stats) (*stats)[Counter::swallowed] += swallowed;
   }
 
+  void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                     StochasticStream stream, TensorStats* stats) override {
+    const std::span<float> ring = values(history);
+    require(ring.size() >= 2 && point.delayed_scaling, "round_delayed: needs a scaled point and a history of >= 1");
+    const std::size_t length = ring.size() - 1;
+    float amax = 0.0f;
+    for (std::size_t i = 0; i < length; ++i) amax = std::max(amax, ring[i]);
+    const RoundResult r = round(t, point, delayed_scale(amax, point.format.largest_finite(), margin), stream, stats);
+    if (!record) return;
+    const auto next = static_cast<std::size_t>(ring[length]);
+    ring[next] = r.amax;
+    ring[length] = static_cast<float>((next + 1) % length);
+  }
+
+  // --- The training step: its scalars live on the host here ---------------------------------------------------
+  void start_steps(const LossScaling& scaling) override {
+    scaling_ = scaling;
+    scaler_ = initial_loss_scale(scaling);
+    current_ = {};
+    steps_.clear();
+    skip_ = false;
+    optimizer_steps_ = 0;
+  }
+  void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
+    const LossResult r = softmax_cross_entropy(logits, labels, static_cast<float>(scaler_.scale), d_logits);
+    current_.loss_sum += r.loss_sum;
+    current_.correct += r.correct;
+  }
+  void step_check_gradient(const Tensor& grad) override { current_.grad_sum_squares += sum_squares(grad); }
+  void end_step() override {
+    current_.loss_scale = scaler_.scale;
+    current_.found_inf = !is_finite(current_.grad_sum_squares) || !is_finite(current_.loss_sum);
+    update_loss_scale(scaler_, scaling_, current_.found_inf);
+    skip_ = current_.found_inf;
+    unscale_ = current_.loss_scale != 1.0;
+    inverse_scale_ = static_cast<float>(1.0 / current_.loss_scale);
+    if (!skip_) ++optimizer_steps_;
+    steps_.push_back(std::exchange(current_, {}));
+  }
+  void optimizer_step(const OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+                      Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                      TensorStats* stats) override {
+    if (skip_) return;
+    if (unscale_) scale(grad, inverse_scale_);
+    if (p.kind == OptimizerKind::sgd) {
+      sgd_update(weight, grad, state1, p.lr, p.momentum, p.weight_decay, optimizer_steps_ == 1, update);
+    } else {
+      const AdamParams a{p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.kind == OptimizerKind::adamw,
+                         optimizer_steps_};
+      adam_update(weight, grad, state1, state2, a, update);
+    }
+    apply_update(weight, update, storage, stream, stats);
+  }
+  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                   StochasticStream stream) override {
+    if (skip_) return;
+    if (history) round_delayed(state, point, *history, margin, true, stream, nullptr);
+    else if (!point.is_identity()) round(state, point, 1.0f, stream, nullptr);
+  }
+  std::vector<StepScalars> take_steps() override { return std::exchange(steps_, {}); }
+
  private:
   // Every multiply-add rounds to the accumulation format: acc <- round(acc + a*b),
   // k in increasing order. a*b is exact in binary64; the addition is rounded to
@@ -509,6 +571,14 @@ class CpuBackend final : public Backend {
 
   int threads_ = 1;
   std::vector<double> scratch_;
+  // The training step's state (start_steps .. take_steps).
+  LossScaling scaling_;
+  LossScaleState scaler_;
+  StepScalars current_;
+  std::vector<StepScalars> steps_;
+  bool skip_ = false, unscale_ = false;
+  float inverse_scale_ = 1.0f;
+  std::int64_t optimizer_steps_ = 0;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 };
 

@@ -51,28 +51,27 @@ TensorStats* StepContext::stats_for(TensorKind kind) const {
   return stats ? &(*stats)[static_cast<std::size_t>(layer)][static_cast<int>(kind)] : nullptr;
 }
 
+Tensor* StepContext::history(const RoundingPoint& point, Site site) {
+  if (!point.delayed_scaling) return nullptr;
+  auto [it, added] = amax_history_.try_emplace({layer, static_cast<int>(site)});
+  if (added) it->second = backend.zeros({policy.delayed_scaling.history + 1});
+  return &it->second;
+}
+
 void StepContext::round(Tensor& t, const RoundingPoint& point, std::optional<TensorKind> kind, Site site) {
   TensorStats* const counted = kind ? stats_for(*kind) : nullptr;
   if (point.is_identity() && counted == nullptr) return;
-  float scale = 1.0f;
-  std::vector<float>* history = nullptr;
-  if (point.delayed_scaling) {
-    // Delayed scaling (Transformer Engine): the scale comes from the amax of
-    // earlier uses; a power of two at most fmax / amax / 2^margin.
-    history = &amax_history_[{layer, static_cast<int>(site)}];
-    float amax = 0.0f;
-    for (const float a : *history) amax = std::max(amax, a);
-    if (amax > 0.0f && std::isfinite(amax)) {
-      const double fmax = point.format.largest_finite();
-      const int e = static_cast<int>(std::floor(std::log2(fmax / amax))) - policy.delayed_scaling.margin;
-      scale = std::ldexp(1.0f, std::clamp(e, -126, 127));
-    }
-  }
-  const RoundResult r = backend.round(t, point, scale, stream(site), counted);
-  if (history && training) {
-    history->push_back(r.amax);
-    if (static_cast<int>(history->size()) > policy.delayed_scaling.history) history->erase(history->begin());
-  }
+  // Delayed scaling (Transformer Engine): the scale comes from the amax of
+  // earlier uses, on the backend (step_rules.hpp's delayed_scale).
+  if (Tensor* const ring = history(point, site))
+    backend.round_delayed(t, point, *ring, policy.delayed_scaling.margin, training, stream(site), counted);
+  else
+    backend.round(t, point, 1.0f, stream(site), counted);
+}
+
+void StepContext::round_state(Tensor& state, const RoundingPoint& point, Site site) {
+  if (point.is_identity()) return;
+  backend.round_state(state, point, history(point, site), policy.delayed_scaling.margin, stream(site));
 }
 
 namespace {

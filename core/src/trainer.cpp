@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 #include <numbers>
+#include <optional>
+#include <string>
 #include <stdexcept>
 #include <utility>
 
@@ -79,14 +81,13 @@ class Arm {
     std::int64_t total = t.epochs * per_epoch;
     if (t.max_steps > 0) total = std::min(total, t.max_steps);
     const auto layer_count = model_.layers().size() + 1;  // + loss
+    backend_.start_steps(policy_.loss_scaling);
 
     ArmResult result;
-    TensorStats act_grads, weight_grads, updates;
-    double epoch_loss = 0.0;
-    std::int64_t epoch_batches = 0;
-    double last_accuracy = std::numeric_limits<double>::quiet_NaN();
     std::vector<float> images, labels;
     LayerStats stats;
+    Progress shown{0, total, std::numeric_limits<double>::quiet_NaN(), scaler_.scale(),
+                   std::numeric_limits<double>::quiet_NaN()};
 
     for (std::int64_t step = 0; step < total; ++step) {
       const std::int64_t epoch = step / per_epoch, batch = step % per_epoch;
@@ -97,71 +98,64 @@ class Arm {
       ctx_.step = step;
       ctx_.training = true;
 
-      const double scale = scaler_.scale();
-      const double loss = forward_backward(images, labels, static_cast<float>(scale));
+      // The step runs without waiting for the backend: the loss, the
+      // inf/NaN check, the loss scale and the decision to skip stay there
+      // (Backend's step ops) until the trainer reads them below.
+      forward_backward(images, labels);
       if (setup_.inspect_gradients) setup_.inspect_gradients(step, model_.parameters(), backend_);
-      double sum_squares = 0.0;
-      for (auto& lp : parameters_) sum_squares += backend_.sum_squares(lp.parameter->grad);
-      const bool found_inf = !std::isfinite(sum_squares) || !std::isfinite(loss);
-      const bool skip = scaler_.update(found_inf);
+      for (auto& lp : parameters_) backend_.step_check_gradient(lp.parameter->grad);
+      backend_.end_step();
       const double lr = learning_rate(setup_.optimizer, setup_.schedule, step, total);
+      optimizer_step(static_cast<float>(lr));
+      pending_.push_back({step, lr, static_cast<std::int64_t>(labels.size())});
 
-      StepRecord record{step, loss, scale, found_inf, skip || found_inf, lr, std::sqrt(sum_squares) / scale};
-      result.losses.push_back(loss);
-      result.loss_scales.push_back(scale);
-      result.steps = step + 1;
-      // Without a loss scaler a non-finite step ends the arm (logged, counted as skipped).
-      const bool stop = found_inf && policy_.loss_scaling.mode == LossScaleMode::none;
-      if (skip || stop) {
-        result.skipped_steps += 1;
-      } else {
-        optimizer_step(static_cast<float>(lr), scale);
-      }
-      if (log) {
-        log->step(record);
-        if (instrument) log->stats(step, stats);
-      }
-      if (stop) {
-        result.status = "stopped: non-finite " + std::string(std::isfinite(loss) ? "gradient" : "loss") +
-                        " at step " + std::to_string(step) + " and the policy has no loss scaler";
-        break;
-      }
-      if (instrument) {
-        result.stat_totals.resize(stats.size());
-        for (std::size_t l = 0; l < stats.size(); ++l)
-          for (int k = 0; k < tensor_kind_count; ++k) result.stat_totals[l][k] += stats[l][k];
-        for (const auto& layer : stats) {
-          act_grads += layer[static_cast<int>(TensorKind::activation_grads)];
-          weight_grads += layer[static_cast<int>(TensorKind::weight_grads)];
-          updates += layer[static_cast<int>(TensorKind::updates)];
-        }
-      }
-      epoch_loss += loss;
-      ++epoch_batches;
       const bool end_of_epoch = batch == per_epoch - 1 || step == total - 1;
       const bool eval_now = t.eval_interval > 0 ? ((step + 1) % t.eval_interval == 0 || step == total - 1)
                                                 : end_of_epoch;
+      // Read the steps only when logging: instrumented steps, evaluations,
+      // the last step, and often enough to bound what the backend holds.
+      if (instrument || eval_now || step == total - 1 || pending_.size() >= max_pending_steps) {
+        if (const auto stopped = read_steps(result, log)) {  // the arm ends at a step read now
+          if (*stopped == step && instrument && log) log->stats(step, stats);
+          break;
+        }
+        shown.loss = result.losses.back();
+        shown.loss_scale = result.loss_scales.back();
+      }
+      if (instrument) {
+        if (log) log->stats(step, stats);
+        result.stat_totals.resize(stats.size());
+        for (std::size_t l = 0; l < stats.size(); ++l)
+          for (int k = 0; k < tensor_kind_count; ++k) result.stat_totals[l][k] += stats[l][k];
+      }
       if (eval_now) {
         const auto [test_loss, test_accuracy] = evaluate(data_.test);
         EvalRecord e;
         e.step = step + 1;
         e.epoch = static_cast<double>(step + 1) / static_cast<double>(per_epoch);
-        e.train_loss = epoch_loss / static_cast<double>(epoch_batches);
+        e.train_loss = epoch_loss_ / static_cast<double>(epoch_batches_);
         e.test_loss = test_loss;
         e.test_accuracy = test_accuracy;
         e.train_accuracy = train_correct_ / static_cast<double>(std::max<std::int64_t>(1, train_seen_));
         if (log) log->eval(e);
         result.train_loss = e.train_loss;
         result.test_loss = test_loss;
-        result.test_accuracy = last_accuracy = test_accuracy;
-        if (end_of_epoch) epoch_loss = 0.0, epoch_batches = 0, train_correct_ = 0, train_seen_ = 0;
+        result.test_accuracy = shown.test_accuracy = test_accuracy;
+        if (end_of_epoch) epoch_loss_ = 0.0, epoch_batches_ = 0, train_correct_ = 0, train_seen_ = 0;
       }
-      if (progress) progress({step + 1, total, loss, scale, last_accuracy});
+      shown.step = step + 1;
+      if (progress) progress(shown);
     }
     result.final_loss_scale = scaler_.scale();
     const auto rate = [](const TensorStats& s, Counter c) {
       return s[Counter::nonzero] ? static_cast<double>(s[c]) / static_cast<double>(s[Counter::nonzero]) : 0.0;
     };
+    TensorStats act_grads, weight_grads, updates;
+    for (const auto& layer : result.stat_totals) {
+      act_grads += layer[static_cast<int>(TensorKind::activation_grads)];
+      weight_grads += layer[static_cast<int>(TensorKind::weight_grads)];
+      updates += layer[static_cast<int>(TensorKind::updates)];
+    }
     result.activation_grad_flushed = rate(act_grads, Counter::flushed);
     result.activation_grad_below_2_24 = rate(act_grads, Counter::below_2_24);
     result.weight_grad_flushed = rate(weight_grads, Counter::flushed);
@@ -188,8 +182,9 @@ class Arm {
     return h;
   }
 
-  // Rounds the working copies, runs forward and backward; returns the mean loss.
-  double forward_backward(const std::vector<float>& images, const std::vector<float>& labels, float loss_scale) {
+  // Rounds the working copies, runs forward and backward; the loss stays
+  // with the backend (Backend::step_loss).
+  void forward_backward(const std::vector<float>& images, const std::vector<float>& labels) {
     refresh_working_copies();
     auto& layers = model_.layers();
     const auto n = static_cast<std::int64_t>(labels.size());
@@ -197,9 +192,7 @@ class Arm {
     Tensor d_logits = backend_.empty(logits.shape());
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.
-    const LossResult loss = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}), loss_scale, d_logits);
-    train_correct_ += loss.correct;
-    train_seen_ += n;
+    backend_.step_loss(logits, backend_.from_host(labels, {n}), d_logits);
     ctx_.layer = static_cast<int>(layers.size());
     ctx_.round(d_logits, policy_.activation_grads, TensorKind::activation_grads, Site::input_grad);
     Tensor g = d_logits;
@@ -211,7 +204,6 @@ class Arm {
       incoming = layers[i]->input_grad_rounding(policy_, incoming);
     }
     ctx_.incoming.reset();
-    return loss.loss_sum / static_cast<double>(n);
   }
 
   void refresh_working_copies() {
@@ -223,27 +215,26 @@ class Arm {
     }
   }
 
-  void optimizer_step(float lr, double scale) {
+  // Queued whatever the step decided: the backend skips it when the step
+  // found inf or NaN (Backend::optimizer_step, round_state).
+  void optimizer_step(float lr) {
     const OptimizerSpec& o = setup_.optimizer;
-    ++optimizer_steps_;
+    OptimizerParams params;
+    params.kind = o.kind == "sgd" ? OptimizerKind::sgd : o.kind == "adam" ? OptimizerKind::adam : OptimizerKind::adamw;
+    params.lr = lr;
+    params.momentum = static_cast<float>(o.momentum);
+    params.weight_decay = static_cast<float>(o.weight_decay);
+    params.beta1 = static_cast<float>(o.beta1);
+    params.beta2 = static_cast<float>(o.beta2);
+    params.eps = static_cast<float>(o.eps);
     for (auto& lp : parameters_) {
       Parameter& p = *lp.parameter;
       ctx_.layer = lp.layer;
-      // Unscale in binary32 before the optimiser (GradScaler.unscale_).
-      if (scale != 1.0) backend_.scale(p.grad, static_cast<float>(1.0 / scale));
-      Tensor& update = lp.update;
-      if (o.kind == "sgd") {
-        backend_.sgd_update(p.master, p.grad, p.state1, lr, static_cast<float>(o.momentum),
-                            static_cast<float>(o.weight_decay), optimizer_steps_ == 1, update);
-      } else {
-        AdamParams a{lr, static_cast<float>(o.beta1), static_cast<float>(o.beta2), static_cast<float>(o.eps),
-                     static_cast<float>(o.weight_decay), o.kind == "adamw", optimizer_steps_};
-        backend_.adam_update(p.master, p.grad, p.state1, p.state2, a, update);
-      }
+      backend_.optimizer_step(params, p.master, p.grad, p.state1, p.state2, lp.update, storage_, ctx_.stream(lp.site),
+                              ctx_.stats_for(TensorKind::updates));
       // Optimiser state is not one of the instrumented kinds: rounded, not counted.
-      ctx_.round(p.state1, policy_.optimizer_state, std::nullopt, Site::extra_grad);
-      if (!p.state2.empty()) ctx_.round(p.state2, policy_.optimizer_state, std::nullopt, Site::extra_grad);
-      backend_.apply_update(p.master, update, storage_, ctx_.stream(lp.site), ctx_.stats_for(TensorKind::updates));
+      ctx_.round_state(p.state1, policy_.optimizer_state, Site::extra_grad);
+      if (!p.state2.empty()) ctx_.round_state(p.state2, policy_.optimizer_state, Site::extra_grad);
     }
   }
 
@@ -273,6 +264,57 @@ class Arm {
     return {loss_sum / count, static_cast<double>(correct) / count};
   }
 
+  // Takes the steps the backend decided since the last read and logs them.
+  // The host's loss scaler replays each decision (the same rule,
+  // step_rules.hpp) and must agree with the scale the backend used.
+  // When a step without a loss scaler found inf or NaN, the arm ends
+  // there, and the steps after it (already run, their updates computed from
+  // the weights that step left) are dropped. Returns that step, if any.
+  std::optional<std::int64_t> read_steps(ArmResult& result, ArmLog* log) {
+    const std::vector<StepScalars> steps = backend_.take_steps();
+    if (steps.size() != pending_.size())
+      throw std::logic_error("backend \"" + std::string(backend_.name()) + "\" returned " +
+                             std::to_string(steps.size()) + " steps, " + std::to_string(pending_.size()) + " expected");
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const StepScalars& s = steps[i];
+      const PendingStep& p = pending_[i];
+      if (s.loss_scale != scaler_.scale())
+        throw std::logic_error("backend \"" + std::string(backend_.name()) + "\" used loss scale " +
+                               std::to_string(s.loss_scale) + " at step " + std::to_string(p.step) +
+                               "; the loss scaler's rule gives " + std::to_string(scaler_.scale()));
+      scaler_.update(s.found_inf);
+      const double loss = s.loss_sum / static_cast<double>(p.rows);
+      const StepRecord record{p.step,        loss, s.loss_scale, s.found_inf, s.found_inf, p.lr,
+                              std::sqrt(s.grad_sum_squares) / s.loss_scale};
+      result.losses.push_back(loss);
+      result.loss_scales.push_back(s.loss_scale);
+      result.steps = p.step + 1;
+      result.skipped_steps += s.found_inf ? 1 : 0;
+      epoch_loss_ += loss;
+      ++epoch_batches_;
+      train_correct_ += s.correct;
+      train_seen_ += p.rows;
+      if (log) log->step(record);
+      if (s.found_inf && policy_.loss_scaling.mode == LossScaleMode::none) {
+        result.status = "stopped: non-finite " + std::string(std::isfinite(loss) ? "gradient" : "loss") +
+                        " at step " + std::to_string(p.step) + " and the policy has no loss scaler";
+        pending_.clear();
+        return p.step;
+      }
+    }
+    pending_.clear();
+    return std::nullopt;
+  }
+
+  // What the host knows of a step the backend has not reported yet.
+  struct PendingStep {
+    std::int64_t step;
+    double lr;
+    std::int64_t rows;
+  };
+  // At most this many steps between reads: bounds the backend's record buffer.
+  static constexpr std::size_t max_pending_steps = 1024;
+
   Backend& backend_;
   const ArmSetup& setup_;
   const Policy& policy_;
@@ -284,8 +326,10 @@ class Arm {
   std::vector<bool> needs_input_grad_;
   RoundingPoint storage_;
   bool shares_working_ = false;
-  std::int64_t optimizer_steps_ = 0;
   std::int64_t train_correct_ = 0, train_seen_ = 0;
+  double epoch_loss_ = 0.0;
+  std::int64_t epoch_batches_ = 0;
+  std::vector<PendingStep> pending_;
 };
 
 }  // namespace

@@ -11,13 +11,16 @@
 // safe because the pool only hands it out again to work enqueued later on the
 // same stream, which runs after them.
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "check.hpp"
@@ -169,6 +172,52 @@ class Pinned {
   std::size_t size_ = 0;
 };
 
+// Uploads through a ring of page-locked buffers, so that a copy never makes
+// the host wait for the stream (the driver may do that to stage a copy from
+// pageable memory). Each slot records an event after its copy; the host
+// waits on a slot's event only when it comes round again, `slots` uploads
+// later: the batch of a step is two uploads, so only a host some steps ahead
+// of the device waits, and then only for the device to catch up.
+class UploadRing {
+ public:
+  UploadRing() {
+    for (Slot& slot : slots_) MPSIM_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+  }
+  ~UploadRing() {
+    for (Slot& slot : slots_) {
+      if (slot.done) cudaEventSynchronize(slot.done), cudaEventDestroy(slot.done);
+      cudaFreeHost(slot.data);
+    }
+  }
+  UploadRing(const UploadRing&) = delete;
+  UploadRing& operator=(const UploadRing&) = delete;
+
+  void copy(void* device, const void* host, std::size_t bytes, cudaStream_t stream) {
+    Slot& slot = slots_[next_];
+    next_ = (next_ + 1) % slots_.size();
+    MPSIM_CUDA_CHECK(cudaEventSynchronize(slot.done));  // its previous copy: `slots` uploads ago
+    if (slot.size < bytes) {
+      MPSIM_CUDA_CHECK(cudaFreeHost(slot.data));
+      slot.data = nullptr;
+      slot.size = 0;
+      MPSIM_CUDA_CHECK(cudaMallocHost(&slot.data, bytes));
+      slot.size = bytes;
+    }
+    std::memcpy(slot.data, host, bytes);
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(device, slot.data, bytes, cudaMemcpyHostToDevice, stream));
+    MPSIM_CUDA_CHECK(cudaEventRecord(slot.done, stream));
+  }
+
+ private:
+  struct Slot {
+    void* data = nullptr;
+    std::size_t size = 0;
+    cudaEvent_t done = nullptr;
+  };
+  std::array<Slot, 8> slots_{};
+  std::size_t next_ = 0;
+};
+
 // Statistics of one call, in one device block copied back at once: the
 // histogram, the counters (rounding counters, then swallowed updates), the
 // amax (a binary32 pattern in the low bytes of its word).
@@ -265,6 +314,7 @@ class CudaBackend final : public core::Backend {
   std::string_view name() const override { return "cuda"; }
   void set_threads(int) override {}  // the device decides its own parallelism
   cudaStream_t cuda_stream() const { return stream(); }  // for cuda_stream_of (timing)
+  std::uint64_t synchronisations() const { return synchronisations_; }
 
   // --- Memory ------------------------------------------------------------------------------------------------------
   Tensor zeros(const Shape& shape) override {
@@ -281,10 +331,7 @@ class CudaBackend final : public core::Backend {
     require(static_cast<std::int64_t>(values.size()) == core::element_count(shape),
             "from_host: size does not match shape");
     Tensor t = empty(shape);
-    // From pageable memory the copy is staged by the driver, so `values` may
-    // be reused on return; it may wait for the stream first (docs/gpu.md).
-    if (!values.empty())
-      MPSIM_CUDA_CHECK(cudaMemcpyAsync(data(t), values.data(), values.size_bytes(), cudaMemcpyHostToDevice, stream()));
+    if (!values.empty()) uploads_.copy(data(t), values.data(), values.size_bytes(), stream());
     return t;
   }
   void to_host(const Tensor& t, std::span<float> out) override {
@@ -307,16 +354,7 @@ class CudaBackend final : public core::Backend {
     const bool scaled = scale != 1.0f;
     const bool rounds = !point.is_identity();
     if (n == 0 || (!rounds && !scaled && stats == nullptr && !point.delayed_scaling)) return result;
-    detail::RoundLaunch launch;
-    launch.round = rounds;
-    if (rounds) {
-      launch.format = make_device_format(point.format);  // throws unless fits_in_float, as quantize does
-      launch.rounding = make_device_rounding(point.rounding);
-      const kernels::Draws draws = draws_of(stream);
-      launch.key_low = draws.key_low;
-      launch.key_high = draws.key_high;
-      launch.first_index = draws.first_index;
-    }
+    detail::RoundLaunch launch = round_launch(point, stream);
     launch.scale_before = launch.scale_after = scaled;
     launch.before = scale;
     launch.after = 1.0f / scale;  // exact: scale is a power of two (as the CPU computes it)
@@ -331,24 +369,9 @@ class CudaBackend final : public core::Backend {
     }
     detail::launch_round(data(t), static_cast<std::size_t>(n), launch, this->stream());
     if (!fetch) return result;
-    fetch_stats();  // waits: the interface returns amax and counts now
-    const unsigned long long* host = host_stats_.data();
+    const unsigned long long* host = fetch_round_stats();  // waits: the interface returns amax and counts now
     if (point.delayed_scaling) result.amax = host_amax();
-    if (stats) {
-      const TensorStats::Classes classes = stats->add_field_counts(detail::field_counts_of(host + bins_at));
-      const unsigned long long* counters = host + counters_at;
-      if (rounds) {
-        const QuantizeCounts counts = quantize_counts_of(counters, n);
-        stats->add_rounding(counts);
-        // Infinite results come only from infinite inputs or overflow (the CPU counts them only then).
-        if (classes.infinite != 0 || counts.overflow != 0)
-          (*stats)[Counter::infinite] += counters[detail::counter::infinite];
-      } else {
-        (*stats)[Counter::subnormal] += classes.subnormal;
-        (*stats)[Counter::nan] += classes.nan;
-        (*stats)[Counter::infinite] += classes.infinite;
-      }
-    }
+    if (stats) add_round_stats(*stats, host, n, rounds);
     return result;
   }
 
@@ -485,7 +508,7 @@ class CudaBackend final : public core::Backend {
     const auto scratch = pool_->get(words * sizeof(float), pool_);
     float* row_results = static_cast<float*>(scratch.get());
     kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, factor, data(d_logits), row_results,
-                                   stream());
+                                   nullptr, stream());
     host_rows_.reserve(words);  // nothing is pending into it: every copy into it is waited for
     MPSIM_CUDA_CHECK(
         cudaMemcpyAsync(host_rows_.data(), row_results, words * sizeof(float), cudaMemcpyDeviceToHost, stream()));
@@ -506,30 +529,230 @@ class CudaBackend final : public core::Backend {
     require(grad.numel() == n && update.numel() == n && (momentum_factor == 0.0f || momentum.numel() == n),
             "sgd_update: sizes differ");
     kernels::sgd_update(data(weight), data(grad), data(momentum), data(update), n, lr, momentum_factor, weight_decay,
-                        first_step, stream());
+                        first_step, nullptr, stream());
   }
   void adam_update(const Tensor& weight, const Tensor& grad, Tensor& m, Tensor& v, const core::AdamParams& p,
                    Tensor& update) override {
     const std::int64_t n = weight.numel();
     require(grad.numel() == n && m.numel() == n && v.numel() == n && update.numel() == n, "adam_update: sizes differ");
-    // The per-call constants exactly as the CPU backend computes them (host binary64 and binary32 arithmetic).
-    const double t = static_cast<double>(p.step);
-    const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
-    kernels::AdamConstants c{};
-    c.beta1 = p.beta1;
-    c.beta2 = p.beta2;
-    c.one_minus_beta1 = 1.0f - p.beta1;
-    c.one_minus_beta2 = 1.0f - p.beta2;
-    c.eps = p.eps;
-    c.weight_decay = p.weight_decay;
-    c.neg_lr_weight_decay = -p.lr * p.weight_decay;
-    c.step_size = p.lr / bias1;
-    c.bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
-    c.decoupled = p.decoupled;
-    kernels::adam_update(data(weight), data(grad), data(m), data(v), data(update), n, c, stream());
+    kernels::AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.decoupled);
+    const AdamBias b = adam_bias(p.beta1, p.beta2, p.step);
+    c.step_size = p.lr / b.bias1;
+    c.bias2_sqrt = b.bias2_sqrt;
+    kernels::adam_update(data(weight), data(grad), data(m), data(v), data(update), n, c, nullptr, stream());
   }
   void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                     TensorStats* stats) override {
+    apply_update_gated(weight, update, storage, stream, stats, nullptr);
+  }
+
+  void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                     StochasticStream stream, TensorStats* stats) override {
+    round_with_ring(t, point, history, margin, record, stream, stats, nullptr);
+  }
+
+  // --- The training step: its scalars stay on the device (kernels_step.cu) -----------------------------------------
+  void start_steps(const core::LossScaling& scaling) override {
+    scaling_ = scaling;
+    pending_ = 0;
+    taken_.clear();
+    steps_started_ = 0;
+    kernels::step_start(step_.data(), scaling, stream());
+  }
+  void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
+    const std::int64_t rows = logits.rows(), cols = logits.cols();
+    require(labels.numel() == rows && d_logits.numel() == logits.numel(), "step_loss: sizes differ");
+    if (rows == 0) return;
+    require(cols > 0, "step_loss: no classes");
+    const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
+    float* row_results = static_cast<float*>(scratch.get());
+    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, 0.0f, data(d_logits), row_results,
+                                   step_.data(), stream());
+    kernels::step_add_loss(row_results, rows, step_.data(), stream());
+  }
+  void step_check_gradient(const Tensor& grad) override {
+    const auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
+    double* partial = static_cast<double*>(scratch.get());
+    double* result = partial + kernels::sum_squares_blocks;
+    kernels::sum_squares(data(grad), grad.numel(), partial, result, stream());
+    kernels::step_add_sum_squares(result, step_.data(), stream());
+  }
+  void end_step() override {
+    if (pending_ == step_record_capacity) keep_records();  // the trainer reads more often than this
+    kernels::step_end(step_.data(), scaling_, records_.data() + pending_, stream());
+    ++pending_;
+    ++steps_started_;
+  }
+  void optimizer_step(const core::OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+                      Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                      TensorStats* stats) override {
+    const std::int64_t n = weight.numel();
+    require(grad.numel() == n && update.numel() == n, "optimizer_step: sizes differ");
+    if (p.kind == core::OptimizerKind::sgd) {
+      require(p.momentum == 0.0f || state1.numel() == n, "optimizer_step: momentum size differs");
+      kernels::sgd_update(data(weight), data(grad), data(state1), data(update), n, p.lr, p.momentum, p.weight_decay,
+                          false, step_.data(), this->stream());
+    } else {
+      require(state1.numel() == n && state2.numel() == n, "optimizer_step: Adam state sizes differ");
+      kernels::AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
+                                                p.kind == core::OptimizerKind::adamw);
+      c.lr = p.lr;
+      c.bias = adam_bias_table(p.beta1, p.beta2, steps_started_);
+      kernels::adam_update(data(weight), data(grad), data(state1), data(state2), data(update), n, c, step_.data(),
+                           this->stream());
+    }
+    apply_update_gated(weight, update, storage, stream, stats, step_.data());
+  }
+  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                   StochasticStream stream) override {
+    if (history) {
+      round_with_ring(state, point, *history, margin, true, stream, nullptr, step_.data());
+      return;
+    }
+    if (point.is_identity() || state.numel() == 0) return;
+    detail::RoundLaunch launch = round_launch(point, stream);
+    launch.skip = skip_flag();
+    detail::launch_round(data(state), static_cast<std::size_t>(state.numel()), launch, this->stream());
+  }
+  std::vector<core::StepScalars> take_steps() override {
+    keep_records();
+    return std::exchange(taken_, {});
+  }
+
+ private:
+  // Rounds t with the scale of its amax ring, computed on the device, and
+  // records t's amax there: nothing waits unless stats are asked for.
+  void round_with_ring(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                       StochasticStream stream, TensorStats* stats, const kernels::StepState* gate) {
+    require(history.numel() >= 2 && point.delayed_scaling, "round_delayed: needs a scaled point and a history of >= 1");
+    const int length = static_cast<int>(history.numel() - 1);
+    if (t.numel() == 0) return;
+    const auto scratch = pool_->get(2 * sizeof(float), pool_);
+    float* scale = static_cast<float*>(scratch.get());
+    auto* amax = reinterpret_cast<unsigned int*>(scale + 1);
+    detail::RoundLaunch launch = round_launch(point, stream);
+    kernels::delayed_scale_from_ring(data(history), length, point.format.largest_finite(), margin, scale, amax, gate,
+                                     this->stream());
+    launch.device_scale = scale;
+    launch.amax = amax;
+    if (gate) launch.skip = skip_flag();
+    if (stats) {
+      clear_stats();
+      launch.counters = device_stats_.data() + counters_at;
+      launch.bins = device_stats_.data() + bins_at;
+    }
+    detail::launch_round(data(t), static_cast<std::size_t>(t.numel()), launch, this->stream());
+    if (record) kernels::push_amax(data(history), length, amax, gate, this->stream());
+    if (stats) add_round_stats(*stats, fetch_round_stats(), t.numel(), !point.is_identity());
+  }
+
+  // The launch of a rounding at `point` (scale, stats and gates left unset).
+  static detail::RoundLaunch round_launch(const RoundingPoint& point, const StochasticStream& stream) {
+    detail::RoundLaunch launch;
+    launch.round = !point.is_identity();
+    if (launch.round) {
+      launch.format = make_device_format(point.format);  // throws unless fits_in_float, as quantize does
+      launch.rounding = make_device_rounding(point.rounding);
+      const kernels::Draws draws = draws_of(stream);
+      launch.key_low = draws.key_low;
+      launch.key_high = draws.key_high;
+      launch.first_index = draws.first_index;
+    }
+    return launch;
+  }
+
+  const unsigned long long* fetch_round_stats() {
+    fetch_stats();  // waits: only on instrumented (logged) steps
+    return host_stats_.data();
+  }
+  // Adds one rounding's histogram and counters to stats, as the CPU counts them.
+  static void add_round_stats(TensorStats& stats, const unsigned long long* host, std::int64_t n, bool rounds) {
+    const TensorStats::Classes classes = stats.add_field_counts(detail::field_counts_of(host + bins_at));
+    const unsigned long long* counters = host + counters_at;
+    if (rounds) {
+      const QuantizeCounts counts = quantize_counts_of(counters, n);
+      stats.add_rounding(counts);
+      // Infinite results come only from infinite inputs or overflow (the CPU counts them only then).
+      if (classes.infinite != 0 || counts.overflow != 0) stats[Counter::infinite] += counters[detail::counter::infinite];
+    } else {
+      stats[Counter::subnormal] += classes.subnormal;
+      stats[Counter::nan] += classes.nan;
+      stats[Counter::infinite] += classes.infinite;
+    }
+  }
+
+  const int* skip_flag() {
+    return reinterpret_cast<const int*>(reinterpret_cast<const char*>(step_.data()) +
+                                        offsetof(kernels::StepState, skip));
+  }
+
+  // Copies the records written since the last copy to taken_ (waits).
+  void keep_records() {
+    if (pending_ > 0) {
+      MPSIM_CUDA_CHECK(cudaMemcpyAsync(host_records_.data(), records_.data(), pending_ * sizeof(kernels::StepRecord),
+                                       cudaMemcpyDeviceToHost, stream()));
+    }
+    synchronize();
+    for (std::size_t i = 0; i < pending_; ++i) {
+      const kernels::StepRecord& r = host_records_.data()[i];
+      core::StepScalars s;
+      s.loss_sum = r.loss_sum;
+      s.correct = static_cast<std::int64_t>(r.correct);
+      s.grad_sum_squares = r.grad_sum_squares;
+      s.loss_scale = r.loss_scale;
+      s.found_inf = r.found_inf != 0;
+      taken_.push_back(s);
+    }
+    pending_ = 0;
+  }
+
+  static kernels::AdamConstants adam_constants(float lr, float beta1, float beta2, float eps, float weight_decay,
+                                               bool decoupled) {
+    kernels::AdamConstants c{};
+    c.beta1 = beta1;
+    c.beta2 = beta2;
+    c.one_minus_beta1 = 1.0f - beta1;
+    c.one_minus_beta2 = 1.0f - beta2;
+    c.eps = eps;
+    c.weight_decay = weight_decay;
+    c.neg_lr_weight_decay = -lr * weight_decay;
+    c.decoupled = decoupled;
+    return c;
+  }
+  // Adam's bias corrections at step t exactly as the CPU backend computes
+  // them (host binary64 pow and sqrt, then binary32).
+  struct AdamBias {
+    float bias1, bias2_sqrt;
+  };
+  static AdamBias adam_bias(float beta1, float beta2, std::int64_t step) {
+    const double t = static_cast<double>(step);
+    return {static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t)),
+            static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
+  }
+  // The device table of adam_bias for t = 1 .. at least `steps` (the gated
+  // kernel picks its t there): regrown, by doubling, on the host when the
+  // steps could outrun it, and copied without waiting.
+  const float* adam_bias_table(float beta1, float beta2, std::int64_t steps) {
+    if (!adam_table_ || beta1 != adam_betas_[0] || beta2 != adam_betas_[1] || steps > adam_table_steps_) {
+      std::int64_t size = std::max<std::int64_t>(1024, adam_table_steps_);
+      while (size < steps) size *= 2;
+      std::vector<float> table(2 * static_cast<std::size_t>(size));
+      for (std::int64_t t = 1; t <= size; ++t) {
+        const AdamBias b = adam_bias(beta1, beta2, t);
+        table[2 * (t - 1)] = b.bias1;
+        table[2 * (t - 1) + 1] = b.bias2_sqrt;
+      }
+      adam_table_ = pool_->get(table.size() * sizeof(float), pool_);
+      uploads_.copy(adam_table_.get(), table.data(), table.size() * sizeof(float), stream());
+      adam_table_steps_ = size;
+      adam_betas_[0] = beta1;
+      adam_betas_[1] = beta2;
+    }
+    return static_cast<const float*>(adam_table_.get());
+  }
+
+  void apply_update_gated(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
+                          StochasticStream stream, TensorStats* stats, const kernels::StepState* gate) {
     const std::int64_t n = weight.numel();
     require(update.numel() == n, "apply_update: sizes differ");
     if (n == 0) return;
@@ -548,10 +771,10 @@ class CudaBackend final : public core::Backend {
       counters = device_stats_.data() + counters_at;
     }
     if (rounds)
-      kernels::apply_update_rounded(data(weight), data(update), n, format, rounding, draws_of(stream), counters,
+      kernels::apply_update_rounded(data(weight), data(update), n, format, rounding, draws_of(stream), counters, gate,
                                     this->stream());
     else
-      kernels::apply_update_binary32(data(weight), data(update), n, counters, this->stream());
+      kernels::apply_update_binary32(data(weight), data(update), n, counters, gate, this->stream());
     if (!stats) return;
     fetch_stats();  // waits: the interface adds to *stats now (only at the logging interval)
     const unsigned long long* host = host_stats_.data();
@@ -560,7 +783,6 @@ class CudaBackend final : public core::Backend {
     (*stats)[Counter::swallowed] += host[counters_at + kernels::swallowed_counter];
   }
 
- private:
   cudaStream_t stream() const { return stream_.stream; }
   static std::size_t bytes(const Tensor& t) { return static_cast<std::size_t>(t.numel()) * sizeof(float); }
 
@@ -618,6 +840,7 @@ class CudaBackend final : public core::Backend {
   // --- Synchronisation: every wait of the backend goes through here ------------------------------------------------
   // Waits for the stream, then reports an inexact GEMM operand flagged since the last wait.
   void synchronize() {
+    ++synchronisations_;
     MPSIM_CUDA_CHECK(
         cudaMemcpyAsync(host_status_.data(), status_.data(), sizeof(unsigned int), cudaMemcpyDeviceToHost, stream()));
     MPSIM_CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -655,8 +878,22 @@ class CudaBackend final : public core::Backend {
   detail::DeviceArray<unsigned int> status_{1};  // inexact GEMM operand flags (kernels.hpp)
   Pinned<unsigned long long> host_stats_{stats_words};
   Pinned<unsigned int> host_status_{1};
+  UploadRing uploads_;
   Pinned<double> host_double_{1};
   Pinned<float> host_rows_{1024};
+  // The training step (start_steps .. take_steps).
+  static constexpr std::size_t step_record_capacity = 1024;
+  core::LossScaling scaling_;
+  detail::DeviceArray<kernels::StepState> step_{1};
+  detail::DeviceArray<kernels::StepRecord> records_{step_record_capacity};
+  Pinned<kernels::StepRecord> host_records_{step_record_capacity};
+  std::size_t pending_ = 0;              // records on the device not yet copied
+  std::vector<core::StepScalars> taken_;  // copied, not yet taken
+  std::int64_t steps_started_ = 0;        // end_step calls: an upper bound on Adam's t
+  std::shared_ptr<void> adam_table_;
+  std::int64_t adam_table_steps_ = 0;
+  float adam_betas_[2] = {0.0f, 0.0f};
+  std::uint64_t synchronisations_ = 0;
 };
 
 }  // namespace
@@ -668,12 +905,22 @@ void register_cuda_backend() {
   std::call_once(once, [] { core::register_backend("cuda", &make_cuda_backend); });
 }
 
-void* cuda_stream_of(core::Backend& backend) {
+namespace {
+CudaBackend& cuda_backend_of(core::Backend& backend, const char* caller) {
   auto* cuda = dynamic_cast<CudaBackend*>(&backend);
   if (!cuda)
-    throw std::invalid_argument("cuda_stream_of: backend \"" + std::string(backend.name()) +
+    throw std::invalid_argument(std::string(caller) + ": backend \"" + std::string(backend.name()) +
                                 "\" was not made by make_cuda_backend");
-  return static_cast<void*>(cuda->cuda_stream());
+  return *cuda;
+}
+}  // namespace
+
+void* cuda_stream_of(core::Backend& backend) {
+  return static_cast<void*>(cuda_backend_of(backend, "cuda_stream_of").cuda_stream());
+}
+
+std::uint64_t cuda_synchronisations(core::Backend& backend) {
+  return cuda_backend_of(backend, "cuda_synchronisations").synchronisations();
 }
 
 }  // namespace mpsim::gpu

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "mpsim/core/step_rules.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu::kernels {
@@ -91,16 +92,55 @@ void layer_norm_backward(const float* x, const float* gamma, const float* mean, 
                          std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
                          cudaStream_t stream);
 
+// --- The training step's scalars (core::Backend's step ops) --------------------------
+// They stay on the device: the loss scaler runs core's rule (step_rules.hpp)
+// in a one-thread kernel, and the optimiser kernels read the decision, so a
+// step never waits for the host. The host reads the records when it logs.
+struct StepRecord {
+  double loss_sum, grad_sum_squares, loss_scale;
+  unsigned long long correct;
+  int found_inf;
+};
+struct StepState {
+  core::LossScaleState scaler;
+  double loss_sum, grad_sum_squares;  // of the step under way
+  unsigned long long correct;
+  // The step just decided (step_end): the optimiser kernels' gate.
+  float inverse_scale;  // binary32 1/scale, GradScaler.unscale_'s factor
+  int unscale;          // scale != 1
+  int skip;             // inf or NaN found: no optimiser step
+  long long optimizer_steps;  // steps that ran: Adam's t
+};
+void step_start(StepState* state, const core::LossScaling& scaling, cudaStream_t stream);
+// Adds the rows' losses (binary64, in row order, as the CPU) and correct counts.
+void step_add_loss(const float* row_results, std::int64_t rows, StepState* state, cudaStream_t stream);
+// Adds *value (a sum_squares result) to the step's gradient sum of squares.
+void step_add_sum_squares(const double* value, StepState* state, cudaStream_t stream);
+// Decides the step and writes its record to *record.
+void step_end(StepState* state, const core::LossScaling& scaling, StepRecord* record, cudaStream_t stream);
+// Delayed scaling: *scale = delayed_scale(max of ring[0..length), largest, margin) and *amax = 0.
+void delayed_scale_from_ring(const float* ring, int length, double largest, int margin, float* scale,
+                             unsigned int* amax, const StepState* gate, cudaStream_t stream);
+// ring[ring[length]] = the binary32 whose pattern is *amax; the position advances.
+void push_amax(float* ring, int length, const unsigned int* amax, const StepState* gate, cudaStream_t stream);
+
 // --- Loss -------------------------------------------------------------------------
 // Writes d_logits and, per row, row_results[r] = the row's loss (binary32, as
 // the CPU computes it before widening) and row_results[rows + r] = 1 when the
 // argmax is the label, else 0. A label outside [0, cols) gives a NaN loss.
+// With scale_from, factor is ignored: the gradient's factor is (binary32)
+// the step's loss scale / rows, as the CPU computes it.
 void softmax_cross_entropy(const float* logits, const float* labels, std::int64_t rows, std::int64_t cols,
-                           float factor, float* d_logits, float* row_results, cudaStream_t stream);
+                           float factor, float* d_logits, float* row_results, const StepState* scale_from,
+                           cudaStream_t stream);
 
 // --- Optimiser ----------------------------------------------------------------------
+// gate (when not null): the step's decision (StepState). The kernels then do
+// nothing on a skipped step, unscale the gradient first (one binary32
+// multiplication, fused), and take the first step (SGD) or t (Adam) from it.
 void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
-                float momentum_factor, float weight_decay, bool first_step, cudaStream_t stream);
+                float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
+                cudaStream_t stream);
 // The per-call constants, computed on the host exactly as the CPU backend does.
 struct AdamConstants {
   float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
@@ -108,9 +148,13 @@ struct AdamConstants {
   float step_size;            // lr / (1 - beta1^t)
   float bias2_sqrt;           // sqrt(1 - beta2^t)
   bool decoupled;
+  // With a gate, t is the gate's: step_size = lr / bias[2t - 2] and
+  // bias2_sqrt = bias[2t - 1], a table the host computes as the CPU does.
+  float lr;
+  const float* bias;
 };
 void adam_update(const float* weight, const float* grad, float* m, float* v, float* update, std::int64_t n,
-                 const AdamConstants& c, cudaStream_t stream);
+                 const AdamConstants& c, const StepState* gate, cudaStream_t stream);
 
 // counters (when not null): the rounding counters (launch.hpp `counter`),
 // then the swallowed updates at swallowed_counter.
@@ -118,10 +162,11 @@ inline constexpr int swallowed_counter = 6;
 inline constexpr int update_counter_count = 7;
 // weight <- weight + update in binary32.
 void apply_update_binary32(float* weight, const float* update, std::int64_t n, unsigned long long* counters,
-                           cudaStream_t stream);
+                           const StepState* gate, cudaStream_t stream);
 // weight <- round(weight + update): the sum exact (rounded to odd in binary64), one rounding to the format.
 void apply_update_rounded(float* weight, const float* update, std::int64_t n, DeviceFormat format,
-                          DeviceRounding rounding, Draws draws, unsigned long long* counters, cudaStream_t stream);
+                          DeviceRounding rounding, Draws draws, unsigned long long* counters, const StepState* gate,
+                          cudaStream_t stream);
 
 // --- GEMM helpers ---------------------------------------------------------------------
 // Bits of the inexact-operand flag: which Tensor Core input type met a value it does not hold.

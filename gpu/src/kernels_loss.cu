@@ -8,7 +8,9 @@ namespace mpsim::gpu::kernels {
 namespace {
 
 __global__ void softmax_cross_entropy_kernel(const float* logits, const float* labels, std::int64_t rows,
-                                             std::int64_t cols, float factor, float* d_logits, float* row_results) {
+                                             std::int64_t cols, float factor, float* d_logits, float* row_results,
+                                             const StepState* scale_from) {
+  if (scale_from) factor = __fdiv_rn(static_cast<float>(scale_from->scaler.scale), static_cast<float>(rows));
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
     const float* row = logits + r * cols;
     float* d = d_logits + r * cols;
@@ -36,10 +38,11 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const float* l
 }  // namespace
 
 void softmax_cross_entropy(const float* logits, const float* labels, std::int64_t rows, std::int64_t cols,
-                           float factor, float* d_logits, float* row_results, cudaStream_t stream) {
+                           float factor, float* d_logits, float* row_results, const StepState* scale_from,
+                           cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   softmax_cross_entropy_kernel<<<blocks(rows), threads, 0, stream>>>(logits, labels, rows, cols, factor, d_logits,
-                                                                     row_results);
+                                                                     row_results, scale_from);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

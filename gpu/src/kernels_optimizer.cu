@@ -10,10 +10,21 @@
 namespace mpsim::gpu::kernels {
 namespace {
 
+// The step's gate (kernels.hpp): false when the step skips its optimiser step.
+__device__ inline bool step_runs(const StepState* gate) { return gate == nullptr || gate->skip == 0; }
+
+// The gradient as the optimiser reads it: unscaled when the gate says so.
+__device__ inline float unscaled(float g, const StepState* gate) {
+  return gate != nullptr && gate->unscale ? __fmul_rn(g, gate->inverse_scale) : g;
+}
+
 __global__ void sgd_kernel(const float* w, const float* g, float* m, float* u, std::int64_t n, float neg_lr,
-                           float momentum_factor, float weight_decay, bool first_step) {
+                           float momentum_factor, float weight_decay, bool first_step, const StepState* gate) {
+  if (!step_runs(gate)) return;
+  if (gate) first_step = gate->optimizer_steps == 1;
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float gi = weight_decay != 0.0f ? __fadd_rn(g[i], __fmul_rn(weight_decay, w[i])) : g[i];
+    const float gv = unscaled(g[i], gate);
+    const float gi = weight_decay != 0.0f ? __fadd_rn(gv, __fmul_rn(weight_decay, w[i])) : gv;
     if (momentum_factor != 0.0f) {
       const float mi = first_step ? gi : __fadd_rn(__fmul_rn(momentum_factor, m[i]), gi);
       m[i] = mi;
@@ -25,9 +36,15 @@ __global__ void sgd_kernel(const float* w, const float* g, float* m, float* u, s
 }
 
 __global__ void adam_kernel(const float* w, const float* g, float* m, float* v, float* u, std::int64_t n,
-                            AdamConstants c) {
+                            AdamConstants c, const StepState* gate) {
+  if (!step_runs(gate)) return;
+  if (gate) {
+    const long long t = gate->optimizer_steps;
+    c.step_size = __fdiv_rn(c.lr, c.bias[2 * t - 2]);
+    c.bias2_sqrt = c.bias[2 * t - 1];
+  }
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    float gi = g[i];
+    float gi = unscaled(g[i], gate);
     float decay = 0.0f;
     if (c.weight_decay != 0.0f) {
       if (c.decoupled) decay = __fmul_rn(c.neg_lr_weight_decay, w[i]);
@@ -56,7 +73,9 @@ __device__ inline unsigned int swallowed(float update, float before, float after
   return update != 0.0f && after == before ? 1u : 0u;
 }
 
-__global__ void apply_binary32_kernel(float* w, const float* u, std::int64_t n, unsigned long long* counters) {
+__global__ void apply_binary32_kernel(float* w, const float* u, std::int64_t n, unsigned long long* counters,
+                                      const StepState* gate) {
+  if (!step_runs(gate)) return;
   unsigned int local[update_counter_count] = {};
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
     const float before = w[i], next = __fadd_rn(before, u[i]);
@@ -67,7 +86,9 @@ __global__ void apply_binary32_kernel(float* w, const float* u, std::int64_t n, 
 }
 
 __global__ void apply_rounded_kernel(float* w, const float* u, std::int64_t n, DeviceFormat format,
-                                     DeviceRounding rounding, Draws draws, unsigned long long* counters) {
+                                     DeviceRounding rounding, Draws draws, unsigned long long* counters,
+                                     const StepState* gate) {
+  if (!step_runs(gate)) return;
   unsigned int local[update_counter_count] = {};
   const bool stochastic = rounding.mode == device_mode::stochastic;
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
@@ -90,32 +111,34 @@ __global__ void apply_rounded_kernel(float* w, const float* u, std::int64_t n, D
 }  // namespace
 
 void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
-                float momentum_factor, float weight_decay, bool first_step, cudaStream_t stream) {
+                float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
+                cudaStream_t stream) {
   if (n <= 0) return;
   // -lr * m as the CPU writes it: the negation is exact, then one rounding.
   sgd_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, momentum, update, n, -lr, momentum_factor, weight_decay,
-                                                first_step);
+                                                first_step, gate);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void adam_update(const float* weight, const float* grad, float* m, float* v, float* update, std::int64_t n,
-                 const AdamConstants& c, cudaStream_t stream) {
+                 const AdamConstants& c, const StepState* gate, cudaStream_t stream) {
   if (n <= 0) return;
-  adam_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, m, v, update, n, c);
+  adam_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, m, v, update, n, c, gate);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void apply_update_binary32(float* weight, const float* update, std::int64_t n, unsigned long long* counters,
-                           cudaStream_t stream) {
+                           const StepState* gate, cudaStream_t stream) {
   if (n <= 0) return;
-  apply_binary32_kernel<<<blocks(n), threads, 0, stream>>>(weight, update, n, counters);
+  apply_binary32_kernel<<<blocks(n), threads, 0, stream>>>(weight, update, n, counters, gate);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void apply_update_rounded(float* weight, const float* update, std::int64_t n, DeviceFormat format,
-                          DeviceRounding rounding, Draws draws, unsigned long long* counters, cudaStream_t stream) {
+                          DeviceRounding rounding, Draws draws, unsigned long long* counters, const StepState* gate,
+                          cudaStream_t stream) {
   if (n <= 0) return;
-  apply_rounded_kernel<<<blocks(n), threads, 0, stream>>>(weight, update, n, format, rounding, draws, counters);
+  apply_rounded_kernel<<<blocks(n), threads, 0, stream>>>(weight, update, n, format, rounding, draws, counters, gate);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

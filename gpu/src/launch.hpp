@@ -55,6 +55,11 @@ struct RoundLaunch {
   unsigned long long* counters = nullptr;  // [rounding_counter_count] by `counter`, added to; null: not counted
   unsigned long long* bins = nullptr;      // [histogram_bins], the values after scaling, before rounding; null: none
   unsigned int* amax = nullptr;  // max'ed with the largest |x| pattern before scaling, NaN ignored; null: none
+  // Delayed scaling on the device: when not null, before = *device_scale
+  // (a power of two), after = 1 / before, each applied when not 1.
+  const float* device_scale = nullptr;
+  // When not null and nonzero, the kernel does nothing (a skipped step's gate).
+  const int* skip = nullptr;
 };
 
 // Rounds n values in place, in stream order; never synchronises.

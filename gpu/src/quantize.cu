@@ -19,6 +19,12 @@ namespace {
 constexpr unsigned round_threads = 256;
 
 __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
+  if (p.skip && *p.skip) return;  // the whole grid: before any barrier
+  if (p.device_scale) {
+    p.before = *p.device_scale;
+    p.after = 1.0f / p.before;  // exact: a power of two
+    p.scale_before = p.scale_after = p.before != 1.0f;
+  }
   __shared__ unsigned int bins[histogram_bins];
   if (p.bins) {  // the same for the whole block: the barriers below are reached by every thread or none
     for (int b = threadIdx.x; b < histogram_bins; b += blockDim.x) bins[b] = 0;

@@ -852,6 +852,105 @@ TEST_CASE("a seeded dynamic loss-scale trajectory is the CPU's: same skipped ste
   CHECK(cpu.status == gpu.status);
 }
 
+TEST_CASE("the step ops decide on the device as the CPU does: scales, skips, updates bit for bit",
+          "[gpu][backend][training]") {
+  require_device();
+  Backends b;
+  core::LossScaling scaling;
+  scaling.mode = core::LossScaleMode::dynamic;
+  scaling.initial_scale = 16.0;
+  scaling.growth_interval = 2;
+  scaling.hysteresis = 2;
+  b.cpu->start_steps(scaling);
+  b.gpu->start_steps(scaling);
+  const std::int64_t n = 5003, rows = 64, classes = 10;
+  const auto labels = b.upload(small_integers(rows, 900, 0, classes - 1), {rows});
+  for (const auto kind : {core::OptimizerKind::sgd, core::OptimizerKind::adamw}) {
+    INFO("optimizer " << (kind == core::OptimizerKind::sgd ? "sgd" : "adamw"));
+    core::OptimizerParams params;
+    params.kind = kind;
+    params.lr = 0.01f;
+    params.momentum = 0.9f;
+    params.weight_decay = 1e-3f;
+    auto w = b.upload(normal_values(n, 901, 0.1f), {n});
+    auto s1 = b.zeros({n}), s2 = b.zeros({n}), update = b.empty({n});
+    auto ring = b.zeros({5});  // a history of 4
+    std::vector<core::StepScalars> cpu_steps, gpu_steps;
+    for (int step = 0; step < 9; ++step) {
+      INFO("step " << step);
+      const auto logits = b.upload(normal_values(rows * classes, 910 + step), {rows, classes});
+      auto d_logits = b.empty({rows, classes});
+      b.cpu->step_loss(logits.cpu, labels.cpu, d_logits.cpu);
+      b.gpu->step_loss(logits.gpu, labels.gpu, d_logits.gpu);
+      // Integer gradients: their sums of squares are exact on both sides. Steps 2 and 3 overflow (hysteresis 2:
+      // the second backs off), step 6 holds a NaN.
+      FVec g = small_integers(n, 920 + step);
+      if (step == 2 || step == 3) g[17] = INFINITY;
+      if (step == 6) g[n - 1] = NAN;
+      auto grad = b.upload(g, {n});
+      b.cpu->step_check_gradient(grad.cpu);
+      b.gpu->step_check_gradient(grad.gpu);
+      b.cpu->end_step();
+      b.gpu->end_step();
+      const auto storage = point(formats::bfloat16, RoundingMode::stochastic);
+      const auto stream = stream_of(7, 3, static_cast<std::uint64_t>(step) << 32);
+      b.cpu->optimizer_step(params, w.cpu, grad.cpu, s1.cpu, s2.cpu, update.cpu, storage, stream, nullptr);
+      b.gpu->optimizer_step(params, w.gpu, grad.gpu, s1.gpu, s2.gpu, update.gpu, storage, stream, nullptr);
+      const auto state_point = point(formats::e4m3, RoundingMode::nearest_even, 32, true);
+      b.cpu->round_state(s1.cpu, state_point, &ring.cpu, 0, stream);
+      b.gpu->round_state(s1.gpu, state_point, &ring.gpu, 0, stream);
+      if (step % 4 == 3 || step == 8) {  // read now and then, as the trainer does when it logs
+        for (const auto& s : b.cpu->take_steps()) cpu_steps.push_back(s);
+        for (const auto& s : b.gpu->take_steps()) gpu_steps.push_back(s);
+        check_same("weights", b, w);
+        check_same("state 1", b, s1);
+        check_same("amax ring", b, ring);
+        if (kind != core::OptimizerKind::sgd) check_same("state 2", b, s2);
+      }
+    }
+    REQUIRE(cpu_steps.size() == 9);
+    REQUIRE(gpu_steps.size() == 9);
+    for (std::size_t i = 0; i < cpu_steps.size(); ++i) {
+      INFO("record " << i);
+      CHECK(cpu_steps[i].loss_scale == gpu_steps[i].loss_scale);
+      CHECK(cpu_steps[i].found_inf == gpu_steps[i].found_inf);
+      CHECK(cpu_steps[i].correct == gpu_steps[i].correct);
+      // Exact on both sides (integers); inf and NaN as a class.
+      const double cpu_sum = cpu_steps[i].grad_sum_squares, gpu_sum = gpu_steps[i].grad_sum_squares;
+      CHECK(std::isnan(cpu_sum) == std::isnan(gpu_sum));
+      if (!std::isnan(cpu_sum)) CHECK(cpu_sum == gpu_sum);
+      // expf and logf: a few binary32 ulps per row (the softmax test's bound), summed over the rows.
+      CHECK(std::fabs(cpu_steps[i].loss_sum - gpu_steps[i].loss_sum) <= 1e-5 * std::fabs(cpu_steps[i].loss_sum));
+    }
+    CHECK(cpu_steps[2].found_inf);
+    CHECK(cpu_steps[3].loss_scale == cpu_steps[2].loss_scale);      // hysteresis: the first overflow keeps it
+    CHECK(cpu_steps[4].loss_scale == cpu_steps[3].loss_scale / 2);  // the second backs off
+  }
+}
+
+TEST_CASE("a training step waits for the device only when the trainer logs", "[gpu][backend][training]") {
+  require_device();
+  const core::Policy policy = *core::preset_policy("fp16-mixed");
+  const auto waits = [&](std::int64_t steps, std::int64_t stats_interval) {
+    core::ArmSetup setup = small_setup(policy, "mlp");
+    setup.train.epochs = 8;
+    setup.train.max_steps = steps;
+    setup.train.stats_interval = stats_interval;
+    setup.train.eval_interval = 0;  // at the end of each epoch (8 batches) and the last step
+    const auto backend = gpu::make_cuda_backend();
+    const std::uint64_t before = gpu::cuda_synchronisations(*backend);
+    core::train_arm(*backend, setup, synthetic(), nullptr);
+    return gpu::cuda_synchronisations(*backend) - before;
+  };
+  // Without instrumentation, 8 more steps (one more epoch: one evaluation) add only that evaluation's waits.
+  const std::uint64_t eight = waits(8, 0), sixteen = waits(16, 0), twenty_four = waits(24, 0);
+  INFO("waits for 8, 16 and 24 steps: " << eight << ", " << sixteen << ", " << twenty_four);
+  CHECK(sixteen - eight == twenty_four - sixteen);   // a fixed cost per epoch, not per step
+  CHECK(sixteen - eight < 8);                        // fewer than one wait per step
+  // Statistics every step: the logged steps do wait.
+  CHECK(waits(16, 1) > sixteen + 16);
+}
+
 TEST_CASE("register_cuda_backend makes \"cuda\" a backend name", "[gpu][backend]") {
   require_device();
   gpu::register_cuda_backend();

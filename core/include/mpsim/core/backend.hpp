@@ -17,6 +17,7 @@
 
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
+#include "mpsim/core/step_rules.hpp"
 #include "mpsim/core/tensor.hpp"
 #include "mpsim/emulation/quantize.hpp"
 
@@ -52,6 +53,24 @@ struct RoundResult {
 struct LossResult {
   double loss_sum = 0.0;      // sum over the batch of -log softmax(logits)[label], in binary64
   std::int64_t correct = 0;   // argmax(logits) == label
+};
+
+// One training step's scalars as the backend decided them (the step ops below).
+struct StepScalars {
+  double loss_sum = 0.0;          // over the batch, as LossResult
+  std::int64_t correct = 0;
+  double grad_sum_squares = 0.0;  // of the loss-scaled gradients, binary64, summed in parameter order
+  double loss_scale = 1.0;        // the factor this step's loss gradient was multiplied by
+  bool found_inf = false;         // loss or a gradient inf or NaN: the optimiser step did not run
+};
+
+enum class OptimizerKind : std::uint8_t { sgd, adam, adamw };
+
+// One optimiser step's hyperparameters (PyTorch's names and formulas).
+struct OptimizerParams {
+  OptimizerKind kind = OptimizerKind::sgd;
+  float lr = 0.0f, momentum = 0.0f, weight_decay = 0.0f;  // momentum: SGD only
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;       // Adam and AdamW only
 };
 
 struct AdamParams {
@@ -125,6 +144,46 @@ class Backend {
   // swallowed updates (nonzero update, unchanged weight).
   virtual void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
                             StochasticStream stream, TensorStats* stats) = 0;
+
+  // Delayed scaling (Transformer Engine) kept by the backend. `history` is a
+  // backend tensor of DelayedScaling::history + 1 values, zeros at first: a
+  // ring of the amax of earlier uses and the ring's next position. Rounds t
+  // with the scale delayed_scale (step_rules.hpp) computes from the ring's
+  // largest amax, then, when `record`, writes t's amax into the ring.
+  virtual void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                             StochasticStream stream, TensorStats* stats) = 0;
+
+  // --- The training step ---------------------------------------------------------------------------------------
+  // A step's loss, its inf/NaN check, the loss scaler (step_rules.hpp) and
+  // the decision to skip stay where the backend computes (device memory on a
+  // GPU), so that a step never waits for them: the trainer reads them with
+  // take_steps when it logs. In a step: step_loss, step_check_gradient per
+  // gradient, end_step, then per parameter optimizer_step and round_state.
+
+  // Starts the loss scaler afresh; forgets steps not taken and the
+  // optimiser's step count.
+  virtual void start_steps(const LossScaling& scaling) = 0;
+  // softmax_cross_entropy with grad_scale = the scaler's current scale; the
+  // step keeps the loss and the count.
+  virtual void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
+  // Adds sum_squares(grad) to the step's.
+  virtual void step_check_gradient(const Tensor& grad) = 0;
+  // Decides the step: found_inf when the loss or the gradients' sum of
+  // squares is not finite; updates the scaler; records the step.
+  virtual void end_step() = 0;
+  // Unless the step found inf or NaN: unscales grad by the step's scale (one
+  // binary32 multiplication by 1/scale, GradScaler.unscale_), computes the
+  // update as sgd_update or adam_update do (t counts the steps that ran) and
+  // applies it as apply_update. grad's values afterwards are unspecified.
+  virtual void optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1,
+                              Tensor& state2, Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                              TensorStats* stats) = 0;
+  // Rounds optimiser state at `point` (delayed-scaled through `history` when
+  // not null), unless the step found inf or NaN: a skipped step leaves it.
+  virtual void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                           StochasticStream stream) = 0;
+  // The steps ended since the last call, in order. Waits for the device.
+  virtual std::vector<StepScalars> take_steps() = 0;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

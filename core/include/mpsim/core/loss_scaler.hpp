@@ -1,29 +1,26 @@
 #pragma once
-// Loss scaling (Micikevicius et al. 2018, section 3.2). Dynamic scaling
-// follows PyTorch's GradScaler; hysteresis and min/max follow Megatron-LM's
-// DynamicGradScaler, which is GradScaler when hysteresis = 1.
+// Loss scaling (Micikevicius et al. 2018, section 3.2) on the host: the rule
+// of step_rules.hpp (GradScaler; Megatron-LM's hysteresis and min/max) with
+// its state. Backends run the same rule where they keep the scale.
 
-#include "mpsim/core/policy.hpp"
+#include "mpsim/core/step_rules.hpp"
 
 namespace mpsim::core {
 
 class LossScaler {
  public:
-  explicit LossScaler(const LossScaling& config);
+  explicit LossScaler(const LossScaling& config) : config_(config), state_(initial_loss_scale(config)) {}
   // The factor the loss gradient is multiplied by this step (1 without scaling).
-  double scale() const { return scale_; }
-  // Called once per step after the gradients are known. Returns true when the
-  // optimiser step must be skipped (some gradient is inf or NaN and a scaler
-  // is active); adjusts the scale for the next step.
-  bool update(bool found_inf);
-  int growth_tracker() const { return growth_tracker_; }
-  int hysteresis_tracker() const { return hysteresis_tracker_; }
+  double scale() const { return state_.scale; }
+  // See update_loss_scale.
+  bool update(bool found_inf) { return update_loss_scale(state_, config_, found_inf); }
+  int growth_tracker() const { return state_.growth_tracker; }
+  int hysteresis_tracker() const { return state_.hysteresis_tracker; }
+  const LossScaleState& state() const { return state_; }
 
  private:
   LossScaling config_;
-  double scale_ = 1.0;
-  int growth_tracker_ = 0;
-  int hysteresis_tracker_ = 1;
+  LossScaleState state_;
 };
 
 }  // namespace mpsim::core

@@ -55,12 +55,18 @@ class StepContext {
   // counting into stats[layer][kind]; nothing is counted without a kind
   // (optimiser state is not one of the instrumented kinds).
   void round(Tensor& t, const RoundingPoint& point, std::optional<TensorKind> kind, Site site);
+  // Rounds optimiser state at `point` after the step's optimiser step, which
+  // a skipped step leaves as it was (Backend::round_state).
+  void round_state(Tensor& state, const RoundingPoint& point, Site site);
   // A stochastic stream unique to (seed, layer, site, step).
   StochasticStream stream(Site site) const;
   TensorStats* stats_for(TensorKind kind) const;
 
  private:
-  std::map<std::pair<int, int>, std::vector<float>> amax_history_;
+  // The amax ring of each delayed-scaled (layer, site), a backend tensor
+  // (Backend::round_delayed); null when the point is not scaled.
+  Tensor* history(const RoundingPoint& point, Site site);
+  std::map<std::pair<int, int>, Tensor> amax_history_;
 };
 
 class Layer {

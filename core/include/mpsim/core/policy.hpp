@@ -9,20 +9,12 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/step_rules.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"
 
 namespace mpsim::core {
-
-// Per-tensor scaling before rounding to a narrow format (FP8), as Transformer
-// Engine's delayed scaling: the scale comes from the largest |x| seen over the
-// last `history` uses of the same tensor. mpsim uses powers of two, so scaling
-// and unscaling are exact and only the rounding to the format is inexact.
-struct DelayedScaling {
-  int history = 16;
-  int margin = 0;  // extra headroom: the scale is divided by 2^margin
-};
 
 // One rounding point: the format a value is stored in and how it is rounded there.
 struct RoundingPoint {
@@ -46,22 +38,7 @@ struct RoundingPoint {
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error);
 std::string to_string(const RoundingPoint& point);
 
-enum class LossScaleMode : std::uint8_t { none, fixed, dynamic };
 std::string_view to_string(LossScaleMode mode);  // "none", "static", "dynamic" (the config's names)
-
-// PyTorch GradScaler semantics by default; hysteresis, min and max as in
-// Megatron-LM's DynamicGradScaler (hysteresis = 1 is GradScaler).
-struct LossScaling {
-  LossScaleMode mode = LossScaleMode::none;
-  double initial_scale = 65536.0;
-  double growth_factor = 2.0;
-  double backoff_factor = 0.5;
-  int growth_interval = 2000;
-  int hysteresis = 1;
-  double min_scale = 0.0;  // 0: no minimum
-  double max_scale = 0.0;  // 0: no maximum
-  friend bool operator==(const LossScaling&, const LossScaling&) = default;
-};
 
 struct Policy {
   std::string name;

@@ -3,6 +3,7 @@
 // that the training loop written in core runs on a GPU. No CUDA type appears
 // here; docs/gpu.md says what it computes and when it waits for the device.
 
+#include <cstdint>
 #include <memory>
 
 #include "mpsim/core/backend.hpp"
@@ -20,5 +21,11 @@ void register_cuda_backend();
 // times work against it (mpsim/gpu/timing.hpp). std::invalid_argument for any
 // other backend.
 void* cuda_stream_of(core::Backend& backend);
+
+// How many times the backend has waited for its stream so far (every wait
+// goes through one place). Lets tests show that a training step queues its
+// work without waiting except when the trainer logs. std::invalid_argument
+// for a backend not made by make_cuda_backend.
+std::uint64_t cuda_synchronisations(core::Backend& backend);
 
 }  // namespace mpsim::gpu
