@@ -377,4 +377,82 @@ void attach_scale(hid_t dataset, hid_t scale, unsigned axis) {
   }
 }
 
+// --- Copies between files ------------------------------------------------------------------
+
+namespace {
+
+struct Attachment {
+  std::string dataset, scale;  // absolute paths
+  unsigned axis;
+};
+
+std::string path_of(hid_t object) {
+  const ssize_t size = H5Iget_name(object, nullptr, 0);
+  if (size <= 0) throw Error("an HDF5 object without a path");
+  std::string name(static_cast<std::size_t>(size) + 1, '\0');
+  H5Iget_name(object, name.data(), name.size());
+  name.resize(static_cast<std::size_t>(size));
+  return name;
+}
+
+// Every dataset under `root` (an open group) that has scales attached, with them.
+std::vector<Attachment> attachments_under(hid_t root) {
+  std::vector<std::string> datasets;
+  const auto collect = [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
+    H5O_info_t info;
+    if (H5Oget_info_by_name(group, name, &info, H5P_DEFAULT) < 0) return -1;
+    if (info.type == H5O_TYPE_DATASET) static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+  };
+  check_status(H5Lvisit(root, H5_INDEX_NAME, H5_ITER_INC, collect, &datasets), "H5Lvisit");
+  std::vector<Attachment> found;
+  for (const std::string& name : datasets) {
+    const Handle dataset = take(H5Dopen2(root, name.c_str(), H5P_DEFAULT), "cannot open dataset " + name);
+    if (H5Aexists(dataset.get(), "DIMENSION_LIST") <= 0) continue;
+    const Handle space = take(H5Dget_space(dataset.get()), "H5Dget_space");
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    const std::string path = path_of(dataset.get());
+    for (int axis = 0; axis < rank; ++axis) {
+      std::vector<std::string> scales;
+      const auto add = [](hid_t, unsigned, hid_t scale, void* data) -> herr_t {
+        try {  // no exception may cross HDF5's C frames
+          static_cast<std::vector<std::string>*>(data)->push_back(path_of(scale));
+          return 0;
+        } catch (...) {
+          return -1;
+        }
+      };
+      check_status(H5DSiterate_scales(dataset.get(), static_cast<unsigned>(axis), nullptr, add, &scales),
+                   "cannot list the dimension scales of " + path);
+      for (const auto& scale : scales) found.push_back({path, scale, static_cast<unsigned>(axis)});
+    }
+  }
+  return found;
+}
+
+}  // namespace
+
+void copy_tree(hid_t from, hid_t to, const std::string& name) {
+  quiet_errors();
+  const Handle source = take(H5Oopen(from, name.c_str(), H5P_DEFAULT), "cannot open " + name);
+  const std::vector<Attachment> attachments = attachments_under(source.get());
+  check_status(H5Ocopy(from, name.c_str(), to, name.c_str(), H5P_DEFAULT, H5P_DEFAULT),
+               "cannot copy " + describe(source.get()));
+  // The copied reference lists point nowhere: drop them and attach afresh.
+  const hid_t file = H5Iget_file_id(to);
+  const Handle file_handle = take(file, "H5Iget_file_id");
+  for (const Attachment& a : attachments) {
+    for (const auto& [path, attribute] : {std::pair{a.dataset, "DIMENSION_LIST"}, std::pair{a.scale, "REFERENCE_LIST"}}) {
+      const Handle object = take(H5Oopen(file, path.c_str(), H5P_DEFAULT), "cannot open the copy of " + path);
+      if (H5Aexists(object.get(), attribute) > 0)
+        check_status(H5Adelete(object.get(), attribute), "cannot reset " + std::string(attribute) + " of " + path);
+    }
+  }
+  for (const Attachment& a : attachments) {
+    const Handle dataset = take(H5Dopen2(file, a.dataset.c_str(), H5P_DEFAULT), "cannot open " + a.dataset);
+    const Handle scale = take(H5Dopen2(file, a.scale.c_str(), H5P_DEFAULT), "cannot open " + a.scale);
+    attach_scale(dataset.get(), scale.get(), a.axis);
+  }
+}
+
 }  // namespace mpsim::core::h5

@@ -128,4 +128,12 @@ void make_scale(hid_t dataset, const std::string& name);
 // H5DSattach_scale: attaches `scale` to axis `axis` of `dataset`.
 void attach_scale(hid_t dataset, hid_t scale, unsigned axis);
 
+// --- Copies between files ----------------------------------------------------------
+// Copies the object `name` of group `from` (another file) into group `to`
+// under the same name, whole. Dimension scales inside the copied tree are
+// attached again in the copy as they were in the source: H5Ocopy cannot
+// carry their object references across files. Both trees must sit at the
+// same path in their files (the attachments are found by absolute path).
+void copy_tree(hid_t from, hid_t to, const std::string& name);
+
 }  // namespace mpsim::core::h5

@@ -122,6 +122,7 @@ class Hdf5Log final : public ExperimentLog {
 
   ArmLog& add_arm(const ArmInfo& info) override;
   void add_agreement(const Agreement& agreement) override;
+  void copy_arm(const std::filesystem::path& file, const std::string& name) override;
   void flush() override;
 
   // Both locks, in order; throws if an earlier write failed.
@@ -442,6 +443,21 @@ ArmLog& Hdf5Log::add_arm(const ArmInfo& info) {
   dirty_ = true;
   flush_locked();
   return *arms_.back();
+}
+
+void Hdf5Log::copy_arm(const std::filesystem::path& file, const std::string& name) {
+  auto guard = lock();
+  for (const auto& arm : arms_) {
+    if (arm->name() == name) {
+      throw std::invalid_argument("HDF5 log " + path_.string() + ": arm '" + name + "' already exists");
+    }
+  }
+  const h5::Handle source =
+      h5::take(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open HDF5 log " + file.string());
+  const h5::Handle arms = h5::take(H5Gopen2(source.get(), "arms", H5P_DEFAULT), file.string() + ": no /arms group");
+  h5::copy_tree(arms.get(), arms_group_.get(), name);
+  dirty_ = true;
+  flush_locked();
 }
 
 void Hdf5Log::add_agreement(const Agreement& a) {

@@ -66,6 +66,9 @@ class ExperimentLog {
   virtual ArmLog& add_arm(const ArmInfo& info) = 0;  // creates every dataset of the arm up front
   // Keeps the comparison of two finished arms under /agreement (written at once).
   virtual void add_agreement(const Agreement& agreement) = 0;
+  // Copies the finished arm `name` from another log file of this schema
+  // (a child process's, when arms run in parallel) into this one, whole.
+  virtual void copy_arm(const std::filesystem::path& file, const std::string& name) = 0;
   virtual void flush() = 0;
 };
 
