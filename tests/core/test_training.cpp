@@ -3,6 +3,8 @@
 // clean stops, and a golden trajectory replayed bit for bit.
 #include <catch2/catch.hpp>
 
+#include <tuple>
+
 #include <bit>
 #include <cmath>
 #include <cstdio>
@@ -218,6 +220,55 @@ TEST_CASE("a non-finite loss without a loss scaler stops the arm cleanly", "[tra
   CHECK(log.status == r.status);
   CHECK(log.steps.size() == static_cast<std::size_t>(r.steps));
   CHECK(log.steps.back().found_inf);
+}
+
+// The trainer reads a step's scalars from the backend only when it logs
+// (Backend's step ops): how often must not change a bit of the run.
+TEST_CASE("reading the steps from the backend now and then changes nothing", "[training][loss_scale]") {
+  const auto step_records = [](const MemoryLog& log) {
+    // Bit patterns: a skipped step's gradient norm is NaN or inf.
+    const auto bits = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+    std::vector<std::tuple<std::int64_t, std::uint64_t, double, bool, bool, double, std::uint64_t>> v;
+    for (const StepRecord& r : log.steps)
+      v.emplace_back(r.step, bits(r.loss), r.loss_scale, r.found_inf, r.skipped, r.learning_rate, bits(r.grad_norm));
+    return v;
+  };
+  SECTION("dynamic scaling with overflows, Adam") {
+    Policy p = *preset_policy("fp16-mixed");
+    p.loss_scaling.initial_scale = std::ldexp(1.0, 30);  // overflows at first, backs off, grows again
+    p.loss_scaling.growth_interval = 3;
+    ArmSetup every = small_setup(p);
+    every.optimizer.kind = "adam";
+    every.optimizer.lr = 1e-3;
+    every.train.max_steps = 30;
+    every.train.stats_interval = 1;
+    ArmSetup seldom = every;
+    seldom.train.stats_interval = 7;
+    MemoryLog a, b;
+    const ArmResult ra = run(every, a), rb = run(seldom, b);
+    CHECK(ra.skipped_steps >= 3);
+    CHECK(ra.losses == rb.losses);
+    CHECK(ra.loss_scales == rb.loss_scales);
+    CHECK(ra.skipped_steps == rb.skipped_steps);
+    CHECK(ra.final_loss_scale == rb.final_loss_scale);
+    CHECK(step_records(a) == step_records(b));
+    CHECK(b.recorded.size() == 5);  // steps 0, 7, 14, 21, 28
+  }
+  SECTION("a stop without a loss scaler between two reads") {
+    const Policy naive = *preset_policy("fp16-naive");
+    ArmSetup every = small_setup(naive);
+    every.optimizer.lr = 1e6;  // diverges within a few steps
+    every.train.stats_interval = 1;
+    ArmSetup seldom = every;
+    seldom.train.stats_interval = 0;  // read only at the end of the run: the stop is found late
+    MemoryLog a, b;
+    const ArmResult ra = run(every, a), rb = run(seldom, b);
+    REQUIRE_THAT(ra.status, Catch::Matchers::StartsWith("stopped: non-finite"));
+    CHECK(rb.status == ra.status);
+    CHECK(rb.steps == ra.steps);
+    CHECK(step_records(a) == step_records(b));  // nothing after the stop is logged
+    CHECK(b.status == ra.status);
+  }
 }
 
 TEST_CASE("same seed, same bits; arms share initial weights and batches", "[training]") {
