@@ -1,0 +1,45 @@
+#!/bin/bash
+# run_loss_scale.sh MPSIM SOURCE_DIR
+#
+# The loss-scale study (issue #6, §1b) at smoke size: `mpsim run
+# experiments/configs/loss_scale.toml --smoke` (fp16-mixed with six static
+# scales and a dynamic scaler, and fp32, on a slice of Fashion-MNIST),
+# notebooks/loss_scale.py writing its PNGs and findings, and
+# notebooks/loss_scale.ipynb executed headless on the log.
+# Exit 77 (CTest: Skipped) when /usr/bin/python3 or one of its modules is missing.
+set -uo pipefail
+
+mpsim=${1:?usage: run_loss_scale.sh MPSIM SOURCE_DIR}
+src=${2:?usage: run_loss_scale.sh MPSIM SOURCE_DIR}
+source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
+
+echo "== mpsim run loss_scale.toml --smoke"
+h5="$work/loss_scale.h5"
+"$mpsim" run "$src/experiments/configs/loss_scale.toml" --smoke -o "$h5" --quiet > "$work/run.txt" 2>&1 \
+  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
+tail -n 13 "$work/run.txt"
+[ -s "$h5" ] || fail "no log at $h5"
+
+echo "== loss_scale.py"
+"$py" "$src/notebooks/loss_scale.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
+  || { cat "$work/figures.txt"; fail "loss_scale.py exited with an error"; }
+for name in summary range_offset range_offset_weight_grads training trajectory; do
+  png="$work/figures/loss_scale_${name}.png"
+  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
+done
+# Every static scale of the config and the dynamic scaler must have been recognised.
+"$py" - "$work/figures/loss_scale_findings.json" <<'PYEOF' || fail "loss_scale_findings.json"
+import json, sys
+found = json.load(open(sys.argv[1]))
+scales = sorted(a["initial_scale"] for a in found["arms"] if a["mode"] == "static")
+assert scales == [1, 8, 128, 1024, 32768, 2 ** 20], scales
+assert [a["mode"] for a in found["arms"]].count("dynamic") == 1
+assert found["reference_arm"] == "fp32"
+PYEOF
+grep -q "Within" "$work/figures.txt" || fail "loss_scale.py printed no verdict"
+
+echo "== loss_scale.ipynb (nbconvert --execute)"
+MPSIM_LOSS_SCALE_H5="$h5" execute_notebook "$src/notebooks/loss_scale.ipynb" loss_scale.executed.ipynb 5
+
+status=0
+echo "PASS"

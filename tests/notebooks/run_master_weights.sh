@@ -1,0 +1,37 @@
+#!/bin/bash
+# run_master_weights.sh MPSIM SOURCE_DIR
+#
+# The master-weights study at smoke size: experiments/configs/master_weights.toml
+# with --smoke (the learning-rate sweep on a slice of Fashion-MNIST, arms named
+# POLICY@lr=...), notebooks/master_weights.py writing its PNGs and findings, and
+# notebooks/master_weights.ipynb executed headless on the log.
+# Exit 77 (CTest: Skipped) when /usr/bin/python3 or one of its modules is missing.
+set -uo pipefail
+
+mpsim=${1:?usage: run_master_weights.sh MPSIM SOURCE_DIR}
+src=${2:?usage: run_master_weights.sh MPSIM SOURCE_DIR}
+source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
+
+echo "== mpsim run master_weights.toml --smoke"
+log="$work/master_weights.h5"
+"$mpsim" run "$src/experiments/configs/master_weights.toml" --smoke --quiet -o "$log" --force > "$work/run.txt" 2>&1 \
+  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
+tail -n 3 "$work/run.txt"
+[ -s "$log" ] || fail "no log at $log"
+
+echo "== master_weights.py"
+"$py" "$src/notebooks/master_weights.py" "$log" --out "$work/figures" > "$work/figures.txt" \
+  || { cat "$work/figures.txt"; fail "master_weights.py exited with an error"; }
+cat "$work/figures.txt"
+for f in swallowed accuracy over_training; do
+  png="$work/figures/master_weights_$f.png"
+  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
+done
+"$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['per_lr']) == 5, d['per_lr']" \
+  "$work/figures/master_weights_findings.json" || fail "master_weights_findings.json lacks the five learning rates"
+
+echo "== master_weights.ipynb (nbconvert --execute)"
+MPSIM_MASTER_WEIGHTS_H5="$log" execute_notebook "$src/notebooks/master_weights.ipynb" master_weights.executed.ipynb 3
+
+status=0
+echo "PASS"

@@ -1,0 +1,42 @@
+#!/bin/bash
+# run_parity.sh MPSIM SOURCE_DIR
+#
+# The accuracy-parity study at smoke size: experiments/configs/parity.toml with
+# --smoke (every policy and seed on a slice of Fashion-MNIST), notebooks/parity.py
+# writing its PNGs and findings, and notebooks/parity.ipynb executed headless on
+# the log. Exit 77 (CTest: Skipped) when /usr/bin/python3 or one of its modules
+# (scipy included: the significance tests) is missing.
+set -uo pipefail
+
+mpsim=${1:?usage: run_parity.sh MPSIM SOURCE_DIR}
+src=${2:?usage: run_parity.sh MPSIM SOURCE_DIR}
+source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
+if ! "$py" -c "import scipy.stats" 2>/dev/null; then
+  echo "SKIP: $py lacks scipy (Debian: apt install python3-scipy)"
+  status=0
+  exit $skip
+fi
+
+echo "== mpsim run parity.toml --smoke"
+log="$work/parity.h5"
+"$mpsim" run "$src/experiments/configs/parity.toml" --smoke --quiet -o "$log" --force > "$work/run.txt" 2>&1 \
+  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
+tail -n 3 "$work/run.txt"
+[ -s "$log" ] || fail "no log at $log"
+
+echo "== parity.py"
+"$py" "$src/notebooks/parity.py" "$log" --out "$work/figures" > "$work/figures.txt" \
+  || { cat "$work/figures.txt"; fail "parity.py exited with an error"; }
+cat "$work/figures.txt"
+for f in accuracy difference paper; do
+  png="$work/figures/parity_$f.png"
+  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
+done
+"$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['ours']) == 6, d['ours'].keys()" \
+  "$work/figures/parity_findings.json" || fail "parity_findings.json lacks the six policies"
+
+echo "== parity.ipynb (nbconvert --execute)"
+MPSIM_PARITY_H5="$log" execute_notebook "$src/notebooks/parity.ipynb" parity.executed.ipynb 3
+
+status=0
+echo "PASS"
