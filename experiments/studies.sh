@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # experiments/studies.sh [--smoke] [--runs DIR] [--figures DIR] [STUDY ...]
 #
-# Runs the studies of issue #6 and draws their figures: for each study S,
+# Runs the studies of issue #6 and draws their figures: for each study S
+# (parity_cnn is parity on the CNN, drawn by parity.py),
 #   mpsim run experiments/configs/S.toml -o RUNS/S.h5 --force [--smoke]
 #   /usr/bin/python3 notebooks/S.py RUNS/S.h5 --out FIGURES
 # At full size (the default) the figures go to docs/figures/, the README's
@@ -17,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mpsim=${MPSIM:-$root/build/default/experiments/mpsim}
 py=/usr/bin/python3
-all=(underflow loss_scale parity precision_hurts master_weights emulator_vs_gpu)
+all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu)
 
 smoke=()
 runs=runs
@@ -57,8 +58,16 @@ for s in "${studies[@]}"; do
     echo "studies.sh: $s failed (exit $code)" >&2
     exit "$code"
   fi
-  echo "== $s: notebooks/$s.py"
-  MPLBACKEND=Agg "$py" "notebooks/$s.py" "$runs/$s.h5" --out "$figures"
+  # A study on another model (parity_cnn) shares its module (parity.py), its
+  # figures named by a prefix.
+  module=$s
+  extra=()
+  if [ ! -f "notebooks/$s.py" ] && [ -f "notebooks/${s%_cnn}.py" ]; then
+    module=${s%_cnn}
+    extra=(--prefix "$s")
+  fi
+  echo "== $s: notebooks/$module.py ${extra[*]}"
+  MPLBACKEND=Agg "$py" "notebooks/$module.py" "$runs/$s.h5" --out "$figures" "${extra[@]}"
   seconds=$(( $(date +%s) - start ))
   summary+=("$(printf '%-16s %5d s' "$s" "$seconds")")
 done

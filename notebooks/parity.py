@@ -73,6 +73,11 @@ def experiment(path) -> dict:
             "train_limit": cfg["data"].get("train_limit", 0), "dataset": cfg["data"]["dataset"]}
 
 
+def setup_label(setup) -> str:
+    """'mlp, 8 epochs' for figure titles."""
+    return f"{setup['model']}, {setup['epochs']} epoch{'s' if setup['epochs'] != 1 else ''}"
+
+
 def by_policy(records) -> dict[str, dict[int, float]]:
     """{policy: {seed: accuracy}}, policies in the study's order."""
     table: dict[str, dict[int, float]] = {}
@@ -289,7 +294,9 @@ def findings(comparison, paper, setup) -> dict:
                       "rows": paper}}
 
 
-def save_all(path, out_dir, paper_csv=PAPER_CSV):
+def save_all(path, out_dir, paper_csv=PAPER_CSV, prefix="parity"):
+    """Writes PREFIX_accuracy.png, PREFIX_difference.png, PREFIX_paper.png and
+    PREFIX_findings.json into out_dir; returns their paths and the verdict."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = by_policy(load_runs(path))
@@ -297,15 +304,15 @@ def save_all(path, out_dir, paper_csv=PAPER_CSV):
     paper = load_paper(paper_csv)
     setup = experiment(path)
     written = []
-    for name, fig in (("parity_accuracy", plot_accuracy(table, comparison)),
-                      ("parity_difference", plot_differences(table, comparison)),
-                      ("parity_paper", plot_paper(comparison, paper))):
+    for name, fig in ((f"{prefix}_accuracy", plot_accuracy(table, comparison, f" ({setup_label(setup)})")),
+                      (f"{prefix}_difference", plot_differences(table, comparison)),
+                      (f"{prefix}_paper", plot_paper(comparison, paper))):
         fig.savefig(out / f"{name}.png", dpi=110)
         plt.close(fig)
         written.append(out / f"{name}.png")
-    with open(out / "parity_findings.json", "w") as f:
+    with open(out / f"{prefix}_findings.json", "w") as f:
         json.dump(findings(comparison, paper, setup), f, indent=2)
-    written.append(out / "parity_findings.json")
+    written.append(out / f"{prefix}_findings.json")
     return written, verdict(comparison, paper, setup)
 
 
@@ -313,8 +320,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("log", help="the HDF5 log of experiments/configs/parity.toml")
     parser.add_argument("--out", default="docs/figures")
+    parser.add_argument("--prefix", default="parity",
+                        help="file name prefix of the figures and findings (parity_cnn for parity_cnn.toml's log)")
     args = parser.parse_args()
-    paths, text = save_all(args.log, args.out)
+    paths, text = save_all(args.log, args.out, prefix=args.prefix)
     for p in paths:
         print(p)
     print(text)
