@@ -5,10 +5,12 @@
 #include <fcntl.h>
 #include <fmt/core.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -290,6 +292,10 @@ Sweep load(const RunOptions& o) {
 
 // A child of a parallel run: one arm into its own file (the parent copies it).
 int run_child(const RunOptions& o) {
+  // A child must not outlive its parent (killed, interrupted): it then gets
+  // SIGTERM, flushes its own file and ends like any interrupted run.
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() == 1) return 1;  // the parent is already gone
   const Sweep sweep = load(o);
   const std::vector<PlannedArm> plan = plan_arms(sweep);
   if (o.arm_index < 0 || static_cast<std::size_t>(o.arm_index) >= plan.size())
