@@ -412,11 +412,9 @@ class CudaBackend final : public core::Backend {
   }
   void scale(Tensor& x, float factor) override { kernels::scale(data(x), x.numel(), factor, stream()); }
   double sum_squares(const Tensor& x) override {
-    const auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
-    double* partial = static_cast<double*>(scratch.get());
-    double* result = partial + kernels::sum_squares_blocks;
-    kernels::sum_squares(data(x), x.numel(), partial, result, stream());
-    MPSIM_CUDA_CHECK(cudaMemcpyAsync(host_double_.data(), result, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    const QueuedSum sum = queue_sum_squares(x);
+    MPSIM_CUDA_CHECK(
+        cudaMemcpyAsync(host_double_.data(), sum.value, sizeof(double), cudaMemcpyDeviceToHost, stream()));
     synchronize();  // waits: the interface returns the sum now
     return *host_double_.data();
   }
@@ -498,17 +496,13 @@ class CudaBackend final : public core::Backend {
   // --- Loss --------------------------------------------------------------------------------------------------------
   core::LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                                          Tensor& d_logits) override {
-    const std::int64_t rows = logits.rows(), cols = logits.cols();
-    require(labels.numel() == rows && d_logits.numel() == logits.numel(), "softmax_cross_entropy: sizes differ");
     core::LossResult result;
-    if (rows == 0) return result;
-    require(cols > 0, "softmax_cross_entropy: no classes");
+    const std::int64_t rows = logits.rows();
     const float factor = grad_scale / static_cast<float>(rows);
+    const auto scratch = queue_softmax("softmax_cross_entropy", logits, labels, factor, nullptr, d_logits);
+    if (!scratch) return result;
+    const float* row_results = static_cast<const float*>(scratch.get());
     const std::size_t words = 2 * static_cast<std::size_t>(rows);
-    const auto scratch = pool_->get(words * sizeof(float), pool_);
-    float* row_results = static_cast<float*>(scratch.get());
-    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, factor, data(d_logits), row_results,
-                                   nullptr, stream());
     host_rows_.reserve(words);  // nothing is pending into it: every copy into it is waited for
     MPSIM_CUDA_CHECK(
         cudaMemcpyAsync(host_rows_.data(), row_results, words * sizeof(float), cudaMemcpyDeviceToHost, stream()));
@@ -560,22 +554,12 @@ class CudaBackend final : public core::Backend {
     kernels::step_start(step_.data(), scaling, stream());
   }
   void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
-    const std::int64_t rows = logits.rows(), cols = logits.cols();
-    require(labels.numel() == rows && d_logits.numel() == logits.numel(), "step_loss: sizes differ");
-    if (rows == 0) return;
-    require(cols > 0, "step_loss: no classes");
-    const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
-    float* row_results = static_cast<float*>(scratch.get());
-    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, 0.0f, data(d_logits), row_results,
-                                   step_.data(), stream());
-    kernels::step_add_loss(row_results, rows, step_.data(), stream());
+    const auto scratch = queue_softmax("step_loss", logits, labels, 0.0f, step_.data(), d_logits);
+    if (scratch) kernels::step_add_loss(static_cast<const float*>(scratch.get()), logits.rows(), step_.data(), stream());
   }
   void step_check_gradient(const Tensor& grad) override {
-    const auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
-    double* partial = static_cast<double*>(scratch.get());
-    double* result = partial + kernels::sum_squares_blocks;
-    kernels::sum_squares(data(grad), grad.numel(), partial, result, stream());
-    kernels::step_add_sum_squares(result, step_.data(), stream());
+    const QueuedSum sum = queue_sum_squares(grad);
+    kernels::step_add_sum_squares(sum.value, step_.data(), stream());
   }
   void end_step() override {
     if (pending_ == step_record_capacity) keep_records();  // the trainer reads more often than this
@@ -620,6 +604,37 @@ class CudaBackend final : public core::Backend {
   }
 
  private:
+  // sum_squares(x) queued on the stream into a pool buffer (kept alive by
+  // `scratch` until the work that reads `value` is queued).
+  struct QueuedSum {
+    std::shared_ptr<void> scratch;
+    double* value;
+  };
+  QueuedSum queue_sum_squares(const Tensor& x) {
+    auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
+    double* partial = static_cast<double*>(scratch.get());
+    double* value = partial + kernels::sum_squares_blocks;
+    kernels::sum_squares(data(x), x.numel(), partial, value, stream());
+    return {std::move(scratch), value};
+  }
+
+  // The softmax cross-entropy kernel queued for `op`: the gradient's factor is
+  // `factor`, or taken from the step's loss scale when scale_from is set.
+  // Returns the pool buffer of the per-row results (kernels.hpp), null when
+  // there are no rows.
+  std::shared_ptr<void> queue_softmax(const char* op, const Tensor& logits, const Tensor& labels, float factor,
+                                      const kernels::StepState* scale_from, Tensor& d_logits) {
+    const std::int64_t rows = logits.rows(), cols = logits.cols();
+    const auto fail = [op](const char* what) { throw std::logic_error(std::string("cuda backend: ") + op + what); };
+    if (labels.numel() != rows || d_logits.numel() != logits.numel()) fail(": sizes differ");
+    if (rows == 0) return nullptr;
+    if (cols <= 0) fail(": no classes");
+    auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
+    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, factor, data(d_logits),
+                                   static_cast<float*>(scratch.get()), scale_from, stream());
+    return scratch;
+  }
+
   // Rounds t with the scale of its amax ring, computed on the device, and
   // records t's amax there: nothing waits unless stats are asked for.
   void round_with_ring(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
