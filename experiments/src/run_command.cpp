@@ -119,32 +119,31 @@ class ResultReader {
   std::ifstream in_;
 };
 
+// Every field of an ArmResult, in one order for writing and reading.
+template <typename Stream, typename Result>
+void result_fields(Stream& io, Result& r) {
+  io.text(r.status);
+  io.value(r.steps);
+  io.value(r.skipped_steps);
+  for (auto* v : {&r.final_loss_scale, &r.train_loss, &r.test_loss, &r.test_accuracy, &r.activation_grad_flushed,
+                  &r.activation_grad_below_2_24, &r.weight_grad_flushed, &r.weight_grad_below_2_24,
+                  &r.swallowed_updates, &r.wall_seconds})
+    io.value(*v);
+  io.values(r.losses);
+  io.values(r.loss_scales);
+  io.values(r.stat_totals);
+}
+
 void write_result(const fs::path& path, const ArmResult& r) {
   ResultWriter w(path);
-  w.text(r.status);
-  for (const auto* v : {&r.steps, &r.skipped_steps}) w.value(*v);
-  for (const double* v : {&r.final_loss_scale, &r.train_loss, &r.test_loss, &r.test_accuracy,
-                          &r.activation_grad_flushed, &r.activation_grad_below_2_24, &r.weight_grad_flushed,
-                          &r.weight_grad_below_2_24, &r.swallowed_updates, &r.wall_seconds})
-    w.value(*v);
-  w.values(r.losses);
-  w.values(r.loss_scales);
-  w.values(r.stat_totals);
+  result_fields(w, r);
   if (!w.ok()) throw std::runtime_error("cannot write " + path.string());
 }
 
 ArmResult read_result(const fs::path& path) {
   ArmResult r;
   ResultReader in(path);
-  in.text(r.status);
-  for (auto* v : {&r.steps, &r.skipped_steps}) in.value(*v);
-  for (double* v : {&r.final_loss_scale, &r.train_loss, &r.test_loss, &r.test_accuracy, &r.activation_grad_flushed,
-                    &r.activation_grad_below_2_24, &r.weight_grad_flushed, &r.weight_grad_below_2_24,
-                    &r.swallowed_updates, &r.wall_seconds})
-    in.value(*v);
-  in.values(r.losses);
-  in.values(r.loss_scales);
-  in.values(r.stat_totals);
+  result_fields(in, r);
   if (!in.ok()) throw std::runtime_error("cannot read " + path.string());
   return r;
 }
@@ -254,6 +253,9 @@ ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& da
 
 int cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
 
+// The threads an arm trains with: train.threads, or all cores for 0.
+int threads_for(const ExperimentConfig& pc) { return pc.train.threads > 0 ? pc.train.threads : cores(); }
+
 std::unique_ptr<Backend> start_backend(const std::string& name) {
   std::unique_ptr<Backend> b;
   try {
@@ -304,7 +306,7 @@ int run_child(const RunOptions& o) {
   const ExperimentConfig& pc = sweep.points[arm.point].config;
   const TrainTest data = load_data(pc);
   const std::unique_ptr<Backend> backend = start_backend(arm.backend);
-  const int threads = pc.train.threads > 0 ? pc.train.threads : cores();
+  const int threads = threads_for(pc);
   const ArmInfo info = make_info(sweep, arm, data);
   std::unique_ptr<ExperimentLog> log = create_hdf5_log(o.output, experiment_info(sweep), pc.flush_interval);
   install_flush_on_signals();
@@ -470,7 +472,7 @@ int run(const RunOptions& o) {
       const PlannedArm& arm = plan[k];
       const ExperimentConfig& pc = sweep.points[arm.point].config;
       const TrainTest& data = data_sets.at(data_key(pc));
-      const int threads = pc.train.threads > 0 ? pc.train.threads : cores();
+      const int threads = threads_for(pc);
       const ArmInfo& info = infos[k];
       ArmLog& arm_log = log->add_arm(info);
       ArmResult r = train_arm(*backends.at(arm.backend), make_setup(pc, arm, threads), data, &arm_log,
