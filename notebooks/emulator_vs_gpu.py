@@ -18,11 +18,9 @@ prints the verdict.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
-from pathlib import Path
 
 if __name__ == "__main__":
     os.environ["MPLBACKEND"] = "Agg"  # files only
@@ -240,15 +238,11 @@ def main(argv=None) -> int:
     parser.add_argument("log", help="HDF5 log of experiments/configs/emulator_vs_gpu.toml")
     parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and findings JSON")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with ml.open_log(args.log) as f:
-        for name, fig in all_figures(f):
-            path = out / f"emulator_vs_gpu_{name}.png"
-            fig.savefig(path, dpi=110)
-            print(path)
+        figs = [(f"emulator_vs_gpu_{name}", fig) for name, fig in all_figures(f)]
         r = findings(f)
-    (out / "emulator_vs_gpu_findings.json").write_text(json.dumps(r, indent=2) + "\n")
+    for path in figures.save_study(args.out, figs, r, "emulator_vs_gpu_findings.json")[:-1]:
+        print(path)
     print(verdict(r))
     return 0
 

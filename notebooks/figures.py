@@ -28,6 +28,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -426,6 +427,21 @@ def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
 
 
 # --- script ------------------------------------------------------------------
+
+
+def save_study(out_dir, figs, findings: dict, findings_name: str, dpi: int = 110) -> list[Path]:
+    """How every study module writes its outputs: each (stem, Figure) of figs as
+    OUT_DIR/stem.png, then findings as the JSON file OUT_DIR/findings_name (NaN
+    kept). Returns the paths in that order. Closing pyplot figures is the caller's."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for stem, fig in figs:
+        written.append(out / f"{stem}.png")
+        fig.savefig(written[-1], dpi=dpi)
+    written.append(out / findings_name)
+    written[-1].write_text(json.dumps(findings, indent=2, allow_nan=True) + "\n")
+    return written
 
 
 def write_all(path, out_dir=None, arm=None, layer=None, dpi: int = 120) -> list[Path]:

@@ -18,7 +18,6 @@ their policy (the `policy_description` attribute), so arms named by a sweep (`fp
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -360,8 +359,6 @@ def training_figure(f, found: dict) -> Figure:
 
 def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path], dict]:
     """Writes every figure and loss_scale_findings.json; returns (paths, findings)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     with ml.open_log(path) as f:
         found = findings(f)
         figs = [("loss_scale_summary", summary_figure(found)),
@@ -370,15 +367,7 @@ def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path],
                 ("loss_scale_training", training_figure(f, found)),
                 ("loss_scale_trajectory", fg.loss_scale(f, arms=[a["arm"] for a in found["arms"]]))]
     found["log"] = str(path)
-    written = []
-    for name, fig in figs:
-        p = out / f"{name}.png"
-        fig.savefig(p, dpi=dpi)
-        written.append(p)
-    p = out / "loss_scale_findings.json"
-    p.write_text(json.dumps(found, indent=1, allow_nan=True) + "\n")
-    written.append(p)
-    return written, found
+    return fg.save_study(out_dir, figs, found, "loss_scale_findings.json", dpi), found
 
 
 def main(argv=None) -> int:

@@ -19,11 +19,9 @@ records, so it works on sweeps and on logs of separate runs alike.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -33,7 +31,8 @@ if __name__ == "__main__":
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mpsim_log as ml  # noqa: E402  (beside this file)
+import figures  # noqa: E402  (beside this file)
+import mpsim_log as ml  # noqa: E402
 
 MASTER, NO_MASTER = "fp16-master", "fp16-nomaster"
 LABELS = {MASTER: "FP16 compute, FP32 master weights", NO_MASTER: "FP16 weights, no master copy"}
@@ -252,21 +251,15 @@ def findings(records) -> dict:
 
 
 def save_all(path, out_dir):
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     records = load_runs(path)
     if not records:
         raise SystemExit(f"{path}: no finished arms")
-    written = []
-    for name, fig in (("master_weights_swallowed", plot_swallowed(records)),
-                      ("master_weights_accuracy", plot_accuracy(records)),
-                      ("master_weights_over_training", plot_over_training(records))):
-        fig.savefig(out / f"{name}.png", dpi=110)
+    figs = [("master_weights_swallowed", plot_swallowed(records)),
+            ("master_weights_accuracy", plot_accuracy(records)),
+            ("master_weights_over_training", plot_over_training(records))]
+    written = figures.save_study(out_dir, figs, findings(records), "master_weights_findings.json")
+    for _, fig in figs:
         plt.close(fig)
-        written.append(out / f"{name}.png")
-    with open(out / "master_weights_findings.json", "w") as f:
-        json.dump(findings(records), f, indent=2)
-    written.append(out / "master_weights_findings.json")
     return written, verdict(records)
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import math
 import os
 import sys
@@ -34,7 +33,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mpsim_log as ml  # noqa: E402  (beside this file)
+import figures  # noqa: E402  (beside this file)
+import mpsim_log as ml  # noqa: E402
 
 REFERENCE = "fp32"
 ALPHA = 0.05  # significance level of the tests
@@ -297,22 +297,16 @@ def findings(comparison, paper, setup) -> dict:
 def save_all(path, out_dir, paper_csv=PAPER_CSV, prefix="parity"):
     """Writes PREFIX_accuracy.png, PREFIX_difference.png, PREFIX_paper.png and
     PREFIX_findings.json into out_dir; returns their paths and the verdict."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table = by_policy(load_runs(path))
     comparison = compare(table)
     paper = load_paper(paper_csv)
     setup = experiment(path)
-    written = []
-    for name, fig in ((f"{prefix}_accuracy", plot_accuracy(table, comparison, f" ({setup_label(setup)})")),
-                      (f"{prefix}_difference", plot_differences(table, comparison)),
-                      (f"{prefix}_paper", plot_paper(comparison, paper))):
-        fig.savefig(out / f"{name}.png", dpi=110)
+    figs = [(f"{prefix}_accuracy", plot_accuracy(table, comparison, f" ({setup_label(setup)})")),
+            (f"{prefix}_difference", plot_differences(table, comparison)),
+            (f"{prefix}_paper", plot_paper(comparison, paper))]
+    written = figures.save_study(out_dir, figs, findings(comparison, paper, setup), f"{prefix}_findings.json")
+    for _, fig in figs:
         plt.close(fig)
-        written.append(out / f"{name}.png")
-    with open(out / f"{prefix}_findings.json", "w") as f:
-        json.dump(findings(comparison, paper, setup), f, indent=2)
-    written.append(out / f"{prefix}_findings.json")
     return written, verdict(comparison, paper, setup)
 
 

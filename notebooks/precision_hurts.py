@@ -20,10 +20,8 @@ prints the verdict.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-from pathlib import Path
 
 if __name__ == "__main__":
     os.environ["MPLBACKEND"] = "Agg"  # files only
@@ -332,16 +330,12 @@ def main(argv=None) -> int:
     parser.add_argument("log", help="HDF5 log of experiments/configs/precision_hurts.toml")
     parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and findings JSON")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     with ml.open_log(args.log) as f:
         roles = find_arms(f)
-        for name, fig in all_figures(f, roles):
-            path = out / f"precision_hurts_{name}.png"
-            fig.savefig(path, dpi=110)
-            print(path)
+        figs = [(f"precision_hurts_{name}", fig) for name, fig in all_figures(f, roles)]
         r = findings(f, roles)
-    (out / "precision_hurts_findings.json").write_text(json.dumps(r, indent=2) + "\n")
+    for path in figures.save_study(args.out, figs, r, "precision_hurts_findings.json")[:-1]:
+        print(path)
     print(verdict(r))
     return 0
 

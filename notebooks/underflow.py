@@ -17,7 +17,6 @@ writes underflow_*.png and underflow_findings.json into --out and prints the ver
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -322,9 +321,6 @@ def headroom_figure(f, arms: list[tuple[str, str]]) -> Figure:
 
 def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path], dict]:
     """Writes every figure and underflow_findings.json; returns (paths, findings)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
     with ml.open_log(path) as f:
         arms = model_arms(f)
         figs = [(f"underflow_{kind}_{model.split()[0]}", histogram_figure(f, arm, kind, model))
@@ -332,14 +328,7 @@ def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path],
         figs += [("underflow_per_layer", per_layer_figure(f, arms)), ("underflow_headroom", headroom_figure(f, arms))]
         found = findings(f)
     found["log"] = str(path)
-    for name, fig in figs:
-        p = out / f"{name}.png"
-        fig.savefig(p, dpi=dpi)
-        written.append(p)
-    p = out / "underflow_findings.json"
-    p.write_text(json.dumps(found, indent=1, allow_nan=True) + "\n")
-    written.append(p)
-    return written, found
+    return fg.save_study(out_dir, figs, found, "underflow_findings.json", dpi), found
 
 
 def main(argv=None) -> int:

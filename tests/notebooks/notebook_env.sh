@@ -90,3 +90,14 @@ if dirty:
     sys.exit(f"{sys.argv[2]} is committed with outputs in cells {dirty}; clear them")
 PYEOF
 }
+
+# require_pngs PREFIX NAME...: each PREFIXNAME.png exists and starts with the
+# PNG signature, else fail.
+require_pngs() {
+  local prefix=$1 name png
+  shift
+  for name in "$@"; do
+    png="$prefix$name.png"
+    [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
+  done
+}

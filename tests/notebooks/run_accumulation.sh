@@ -22,10 +22,7 @@ echo "== accumulation.py"
 "$py" "$src/notebooks/accumulation.py" "$csv" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "accumulation.py exited with an error"; }
 for f in dot gemm bias; do
-  for input in binary16 bfloat16; do
-    png="$work/figures/accumulation_${f}_${input}.png"
-    [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-  done
+  require_pngs "$work/figures/accumulation_${f}_" binary16 bfloat16
 done
 
 echo "== accumulation.ipynb (nbconvert --execute)"

@@ -25,10 +25,7 @@ echo "== emulator_vs_gpu.py"
   || { cat "$work/figures.txt"; fail "emulator_vs_gpu.py exited with an error"; }
 cat "$work/figures.txt"
 grep -q "no GPU arms in this file" "$work/figures.txt" || fail "emulator_vs_gpu.py did not say that no arm ran on a GPU"
-for name in loss accuracy; do
-  png="$work/figures/emulator_vs_gpu_${name}.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/emulator_vs_gpu_" loss accuracy
 [ ! -e "$work/figures/emulator_vs_gpu_histogram_distance.png" ] || fail "a histogram-distance figure without GPU arms"
 [ -s "$work/figures/emulator_vs_gpu_findings.json" ] || fail "no emulator_vs_gpu_findings.json"
 

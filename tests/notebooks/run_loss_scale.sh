@@ -23,10 +23,7 @@ tail -n 13 "$work/run.txt"
 echo "== loss_scale.py"
 "$py" "$src/notebooks/loss_scale.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "loss_scale.py exited with an error"; }
-for name in summary range_offset range_offset_weight_grads training trajectory; do
-  png="$work/figures/loss_scale_${name}.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/loss_scale_" summary range_offset range_offset_weight_grads training trajectory
 # Every static scale of the config and the dynamic scaler must have been recognised.
 "$py" - "$work/figures/loss_scale_findings.json" <<'PYEOF' || fail "loss_scale_findings.json"
 import json, sys

@@ -23,10 +23,7 @@ echo "== master_weights.py"
 "$py" "$src/notebooks/master_weights.py" "$log" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "master_weights.py exited with an error"; }
 cat "$work/figures.txt"
-for f in swallowed accuracy over_training; do
-  png="$work/figures/master_weights_$f.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/master_weights_" swallowed accuracy over_training
 "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['per_lr']) == 5, d['per_lr']" \
   "$work/figures/master_weights_findings.json" || fail "master_weights_findings.json lacks the five learning rates"
 

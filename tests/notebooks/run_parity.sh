@@ -28,10 +28,7 @@ echo "== parity.py"
 "$py" "$src/notebooks/parity.py" "$log" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "parity.py exited with an error"; }
 cat "$work/figures.txt"
-for f in accuracy difference paper; do
-  png="$work/figures/parity_$f.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/parity_" accuracy difference paper
 "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['ours']) == 6, d['ours'].keys()" \
   "$work/figures/parity_findings.json" || fail "parity_findings.json lacks the six policies"
 

@@ -22,10 +22,7 @@ echo "== precision_hurts.py"
 "$py" "$src/notebooks/precision_hurts.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "precision_hurts.py exited with an error"; }
 grep -A9 "^test accuracy" "$work/figures.txt"
-for name in accuracy gradient_histograms underflow_by_layer activation_grads_noscale weight_grads_noscale; do
-  png="$work/figures/precision_hurts_${name}.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/precision_hurts_" accuracy gradient_histograms underflow_by_layer activation_grads_noscale weight_grads_noscale
 [ -s "$work/figures/precision_hurts_findings.json" ] || fail "no precision_hurts_findings.json"
 
 echo "== precision_hurts.ipynb (nbconvert --execute)"

@@ -22,10 +22,7 @@ tail -n 6 "$work/run.txt"
 echo "== underflow.py"
 "$py" "$src/notebooks/underflow.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
   || { cat "$work/figures.txt"; fail "underflow.py exited with an error"; }
-for name in activation_grads_mlp weight_grads_mlp activation_grads_cnn weight_grads_cnn per_layer headroom; do
-  png="$work/figures/underflow_${name}.png"
-  [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
-done
+require_pngs "$work/figures/underflow_" activation_grads_mlp weight_grads_mlp activation_grads_cnn weight_grads_cnn per_layer headroom
 "$py" -c 'import json, sys; m = json.load(open(sys.argv[1]))["models"]; assert set(m) == {"mlp", "cnn"}, m.keys()' \
   "$work/figures/underflow_findings.json" || fail "underflow_findings.json lacks the mlp and cnn models"
 grep -q "below 2^-24" "$work/figures.txt" || fail "underflow.py printed no verdict"
