@@ -101,3 +101,24 @@ require_pngs() {
     [ "$(head -c 8 "$png" 2>/dev/null | od -An -tx1 | tr -d ' \n')" = 89504e470d0a1a0a ] || fail "$png is not a PNG"
   done
 }
+
+# smoke_run STUDY [OVERRIDE...]: `mpsim run experiments/configs/STUDY.toml
+# --smoke` into $work/STUDY.h5, its path left in $log. Needs $mpsim and $src.
+smoke_run() {
+  local study=$1
+  shift
+  echo "== mpsim run $study.toml --smoke $*"
+  log="$work/$study.h5"
+  "$mpsim" run "$src/experiments/configs/$study.toml" --smoke "$@" --quiet -o "$log" --force > "$work/run.txt" 2>&1 \
+    || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
+  tail -n 4 "$work/run.txt"
+  [ -s "$log" ] || fail "no log at $log"
+}
+
+# study_module STUDY: notebooks/STUDY.py on $log, figures and findings into
+# $work/figures, its output in $work/figures.txt.
+study_module() {
+  echo "== $1.py"
+  "$py" "$src/notebooks/$1.py" "$log" --out "$work/figures" > "$work/figures.txt" \
+    || { cat "$work/figures.txt"; fail "$1.py exited with an error"; }
+}

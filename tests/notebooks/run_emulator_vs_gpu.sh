@@ -13,16 +13,8 @@ mpsim=${1:?usage: run_emulator_vs_gpu.sh MPSIM SOURCE_DIR}
 src=${2:?usage: run_emulator_vs_gpu.sh MPSIM SOURCE_DIR}
 source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 
-echo "== mpsim run emulator_vs_gpu.toml --smoke backends=cpu"
-h5="$work/emulator_vs_gpu.h5"
-"$mpsim" run "$src/experiments/configs/emulator_vs_gpu.toml" --smoke backends=cpu -o "$h5" --quiet \
-  > "$work/run.txt" 2>&1 || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
-tail -n 5 "$work/run.txt"
-[ -s "$h5" ] || fail "no log at $h5"
-
-echo "== emulator_vs_gpu.py"
-"$py" "$src/notebooks/emulator_vs_gpu.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
-  || { cat "$work/figures.txt"; fail "emulator_vs_gpu.py exited with an error"; }
+smoke_run emulator_vs_gpu backends=cpu
+study_module emulator_vs_gpu
 cat "$work/figures.txt"
 grep -q "no GPU arms in this file" "$work/figures.txt" || fail "emulator_vs_gpu.py did not say that no arm ran on a GPU"
 require_pngs "$work/figures/emulator_vs_gpu_" loss accuracy
@@ -30,7 +22,7 @@ require_pngs "$work/figures/emulator_vs_gpu_" loss accuracy
 [ -s "$work/figures/emulator_vs_gpu_findings.json" ] || fail "no emulator_vs_gpu_findings.json"
 
 echo "== emulator_vs_gpu.ipynb (nbconvert --execute)"
-MPSIM_EMULATOR_VS_GPU_H5="$h5" execute_notebook "$src/notebooks/emulator_vs_gpu.ipynb" emulator_vs_gpu.executed.ipynb 2
+MPSIM_EMULATOR_VS_GPU_H5="$log" execute_notebook "$src/notebooks/emulator_vs_gpu.ipynb" emulator_vs_gpu.executed.ipynb 2
 grep -q "no GPU arms in this file" "$work/emulator_vs_gpu.executed.ipynb" \
   || fail "the executed notebook does not say that no arm ran on a GPU"
 

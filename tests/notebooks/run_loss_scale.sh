@@ -13,16 +13,8 @@ mpsim=${1:?usage: run_loss_scale.sh MPSIM SOURCE_DIR}
 src=${2:?usage: run_loss_scale.sh MPSIM SOURCE_DIR}
 source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 
-echo "== mpsim run loss_scale.toml --smoke"
-h5="$work/loss_scale.h5"
-"$mpsim" run "$src/experiments/configs/loss_scale.toml" --smoke -o "$h5" --quiet > "$work/run.txt" 2>&1 \
-  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
-tail -n 13 "$work/run.txt"
-[ -s "$h5" ] || fail "no log at $h5"
-
-echo "== loss_scale.py"
-"$py" "$src/notebooks/loss_scale.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
-  || { cat "$work/figures.txt"; fail "loss_scale.py exited with an error"; }
+smoke_run loss_scale
+study_module loss_scale
 require_pngs "$work/figures/loss_scale_" summary range_offset range_offset_weight_grads training trajectory
 # Every static scale of the config and the dynamic scaler must have been recognised.
 "$py" - "$work/figures/loss_scale_findings.json" <<'PYEOF' || fail "loss_scale_findings.json"
@@ -36,7 +28,7 @@ PYEOF
 grep -q "Within" "$work/figures.txt" || fail "loss_scale.py printed no verdict"
 
 echo "== loss_scale.ipynb (nbconvert --execute)"
-MPSIM_LOSS_SCALE_H5="$h5" execute_notebook "$src/notebooks/loss_scale.ipynb" loss_scale.executed.ipynb 5
+MPSIM_LOSS_SCALE_H5="$log" execute_notebook "$src/notebooks/loss_scale.ipynb" loss_scale.executed.ipynb 5
 
 status=0
 echo "PASS"

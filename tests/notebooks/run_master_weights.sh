@@ -12,16 +12,8 @@ mpsim=${1:?usage: run_master_weights.sh MPSIM SOURCE_DIR}
 src=${2:?usage: run_master_weights.sh MPSIM SOURCE_DIR}
 source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 
-echo "== mpsim run master_weights.toml --smoke"
-log="$work/master_weights.h5"
-"$mpsim" run "$src/experiments/configs/master_weights.toml" --smoke --quiet -o "$log" --force > "$work/run.txt" 2>&1 \
-  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
-tail -n 3 "$work/run.txt"
-[ -s "$log" ] || fail "no log at $log"
-
-echo "== master_weights.py"
-"$py" "$src/notebooks/master_weights.py" "$log" --out "$work/figures" > "$work/figures.txt" \
-  || { cat "$work/figures.txt"; fail "master_weights.py exited with an error"; }
+smoke_run master_weights
+study_module master_weights
 cat "$work/figures.txt"
 require_pngs "$work/figures/master_weights_" swallowed accuracy over_training
 "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['per_lr']) == 5, d['per_lr']" \

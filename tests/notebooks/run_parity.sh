@@ -17,16 +17,8 @@ if ! "$py" -c "import scipy.stats" 2>/dev/null; then
   exit $skip
 fi
 
-echo "== mpsim run parity.toml --smoke"
-log="$work/parity.h5"
-"$mpsim" run "$src/experiments/configs/parity.toml" --smoke --quiet -o "$log" --force > "$work/run.txt" 2>&1 \
-  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
-tail -n 3 "$work/run.txt"
-[ -s "$log" ] || fail "no log at $log"
-
-echo "== parity.py"
-"$py" "$src/notebooks/parity.py" "$log" --out "$work/figures" > "$work/figures.txt" \
-  || { cat "$work/figures.txt"; fail "parity.py exited with an error"; }
+smoke_run parity
+study_module parity
 cat "$work/figures.txt"
 require_pngs "$work/figures/parity_" accuracy difference paper
 "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['ours']) == 6, d['ours'].keys()" \

@@ -12,23 +12,15 @@ mpsim=${1:?usage: run_underflow.sh MPSIM SOURCE_DIR}
 src=${2:?usage: run_underflow.sh MPSIM SOURCE_DIR}
 source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 
-echo "== mpsim run underflow.toml --smoke"
-h5="$work/underflow.h5"
-"$mpsim" run "$src/experiments/configs/underflow.toml" --smoke -o "$h5" --quiet > "$work/run.txt" 2>&1 \
-  || { cat "$work/run.txt"; fail "mpsim run exited with an error"; }
-tail -n 6 "$work/run.txt"
-[ -s "$h5" ] || fail "no log at $h5"
-
-echo "== underflow.py"
-"$py" "$src/notebooks/underflow.py" "$h5" --out "$work/figures" > "$work/figures.txt" \
-  || { cat "$work/figures.txt"; fail "underflow.py exited with an error"; }
+smoke_run underflow
+study_module underflow
 require_pngs "$work/figures/underflow_" activation_grads_mlp weight_grads_mlp activation_grads_cnn weight_grads_cnn per_layer headroom
 "$py" -c 'import json, sys; m = json.load(open(sys.argv[1]))["models"]; assert set(m) == {"mlp", "cnn"}, m.keys()' \
   "$work/figures/underflow_findings.json" || fail "underflow_findings.json lacks the mlp and cnn models"
 grep -q "below 2^-24" "$work/figures.txt" || fail "underflow.py printed no verdict"
 
 echo "== underflow.ipynb (nbconvert --execute)"
-MPSIM_UNDERFLOW_H5="$h5" execute_notebook "$src/notebooks/underflow.ipynb" underflow.executed.ipynb 6
+MPSIM_UNDERFLOW_H5="$log" execute_notebook "$src/notebooks/underflow.ipynb" underflow.executed.ipynb 6
 
 status=0
 echo "PASS"
