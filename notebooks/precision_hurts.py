@@ -1,15 +1,15 @@
 #!/usr/bin/python3
 """Study d of issue #6: a setting where FP16 precision really hurts.
 
-experiments/configs/precision_hurts.toml trains a deep MLP from a small
-initialisation (model.init_scale) with Adam in three arms: fp32, FP16 without
-loss scaling ("fp16-noscale": fp16-mixed with loss_scale.mode = "none") and
-fp16-mixed (dynamic loss scaling). The small weights make the gradients small;
-Adam divides them by their own size, so FP32 trains at full speed on gradients
-near 2^-24, while FP16 flushes them to zero or keeps them as subnormals with few
-significant bits, and those weights move little or not at all.
-Loss scaling (Micikevicius et al., "Mixed Precision Training", ICLR 2018, §3.2)
-shifts them back into FP16's window.
+experiments/configs/precision_hurts.toml trains a 4-hidden-layer MLP on
+Fashion-MNIST in three arms, fp32, FP16 without loss scaling ("fp16-noscale":
+fp16-mixed with loss_scale.mode = "none") and fp16-mixed (dynamic loss scaling),
+over five seeds, at five points of a sweep: the loss multiplied by w = 2^-k
+(`loss.weight`, k = 0, 8, 12, 14, 16) and SGD's learning rate by 2^k. Powers
+of two scale binary32 exactly, so the FP32 arm is the same run at every k; only
+the gradients move k binades down, out of FP16's window. FP16 without scaling
+flushes them; loss scaling (Micikevicius et al., "Mixed Precision Training",
+ICLR 2018, section 3.2) shifts them back.
 
     /usr/bin/python3 notebooks/precision_hurts.py runs/precision_hurts.h5 [--out docs/figures]
 
@@ -20,6 +20,7 @@ prints the verdict.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -36,58 +37,57 @@ import mpsim_log as ml  # noqa: E402
 FINITE_BINS = figures.FINITE_BINS
 EXPONENTS = np.arange(-149, -149 + FINITE_BINS)
 GRAD_KINDS = ("activation_grads", "weight_grads")
+ROLES = ("fp32", "noscale", "scaled")
+ROLE_LABELS = {"fp32": "fp32 (reference)", "noscale": "fp16, no loss scaling",
+               "scaled": "fp16-mixed, dynamic scaling"}
 
 
 # --- reading -------------------------------------------------------------------
 
 
-def find_arms(f) -> dict[str, str]:
-    """{"fp32": arm, "noscale": arm, "scaled": arm}: the reference, the FP16 arm
-    without a loss scaler and the FP16 arm with one, told apart by their logged
-    loss scales (1 throughout means no scaling) rather than by name."""
-    roles = {}
-    for arm in figures.ordered_arms(f):
-        policy = ml.arm_info(f, arm).get("policy", arm)
-        scale = ml.steps(f, arm)["loss_scale"]
-        if policy == "fp32":
-            roles.setdefault("fp32", arm)
-        elif len(scale) and np.all(scale == 1.0):
-            roles.setdefault("noscale", arm)
-        else:
-            roles.setdefault("scaled", arm)
-    missing = {"fp32", "noscale", "scaled"} - roles.keys()
-    if missing:
-        raise ValueError(f"the log lacks the arms {sorted(missing)} (has {ml.arms(f)}); "
-                         "run experiments/configs/precision_hurts.toml")
-    return roles
+def loss_weight(info: dict) -> float:
+    """The arm's loss weight: its sweep label's `weight=` (1 when it has none)."""
+    point = dict(p.split("=", 1) for p in info.get("sweep", "").split(",") if "=" in p)
+    return float(point.get("weight", 1.0))
 
 
-def roles_by_seed(f) -> dict[int, dict[str, str]]:
-    """{seed: {"fp32": arm, "noscale": arm, "scaled": arm}}: find_arms per seed,
-    for the accuracy over seeds (every seed shares initial weights and batches
-    across the three arms)."""
-    by_seed: dict[int, dict[str, str]] = {}
+def arm_role(f, arm: str) -> str:
+    """fp32, noscale or scaled: the FP16 arms are told apart by their logged loss
+    scales (1 throughout means no scaling) rather than by name."""
+    if ml.arm_info(f, arm).get("policy", arm) == "fp32":
+        return "fp32"
+    scale = ml.steps(f, arm)["loss_scale"]
+    return "noscale" if len(scale) and np.all(scale == 1.0) else "scaled"
+
+
+def arms_by_point(f) -> dict[float, dict[int, dict[str, str]]]:
+    """{loss weight: {seed: {role: arm}}}, largest weight first, keeping the
+    seeds that have all three roles (each seed shares initial weights and
+    batches across its arms)."""
+    points: dict[float, dict[int, dict[str, str]]] = {}
     for arm in figures.ordered_arms(f):
         info = ml.arm_info(f, arm)
-        policy = info.get("policy", arm)
-        scale = ml.steps(f, arm)["loss_scale"]
-        role = "fp32" if policy == "fp32" else ("noscale" if len(scale) and np.all(scale == 1.0) else "scaled")
-        by_seed.setdefault(int(info.get("seed", 0)), {}).setdefault(role, arm)
-    return {seed: roles for seed, roles in sorted(by_seed.items()) if len(roles) == 3}
-
-
-def accuracy_over_seeds(f) -> dict:
-    """Per role: the final test accuracy of each seed; per FP16 role: its
-    difference to FP32 seed by seed, with mean, smallest and largest."""
-    by_seed = roles_by_seed(f)
-    acc = {role: [final_accuracy(f, roles[role]) for roles in by_seed.values()]
-           for role in ("fp32", "noscale", "scaled")}
-    result = {"seeds": list(by_seed), "test_accuracy": acc, "difference_to_fp32": {}}
-    for role in ("noscale", "scaled"):
-        d = [a - b for a, b in zip(acc[role], acc["fp32"])]
-        result["difference_to_fp32"][role] = {"per_seed": d, "mean": float(np.mean(d)), "min": float(np.min(d)),
-                                              "max": float(np.max(d)), "paired_p": paired_p(d)}
+        by_seed = points.setdefault(loss_weight(info), {})
+        by_seed.setdefault(int(info.get("seed", 0)), {}).setdefault(arm_role(f, arm), arm)
+    result = {}
+    for weight in sorted(points, reverse=True):
+        complete = {seed: r for seed, r in sorted(points[weight].items()) if len(r) == 3}
+        if complete:
+            result[weight] = complete
+    if not result:
+        raise ValueError(f"the log lacks an fp32, an unscaled FP16 and a loss-scaled FP16 arm of one seed "
+                         f"(has {ml.arms(f)}); run experiments/configs/precision_hurts.toml")
     return result
+
+
+def k_of(weight: float) -> float:
+    """k for w = 2^-k."""
+    return -math.log2(weight)
+
+
+def point_label(weight: float) -> str:
+    k = k_of(weight)
+    return f"w = 2^-{k:g}" if k != 0 else "w = 1"
 
 
 def paired_p(differences) -> float | None:
@@ -168,20 +168,19 @@ def gradient_histograms(f, roles: dict[str, str]) -> Figure:
     flushes; the scaled arm shows the same values shifted up by log2(S)."""
     fig = Figure(figsize=(12, 5.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
-    labels = {"fp32": "fp32 (reference)", "noscale": "fp16, no loss scaling", "scaled": "fp16-mixed, dynamic scaling"}
     for ax, kind in zip(axes, GRAD_KINDS):
         _shade_fp16(ax)
         lo, hi = 0, 0
-        for i, role in enumerate(("fp32", "noscale", "scaled")):
-            arm = roles[role]
+        for i, role_name in enumerate(ROLES):
+            arm = roles[role_name]
             dist = binade_distribution(f, arm, kind)
             used = np.nonzero(dist)[0]
             if len(used):
                 lo, hi = min(lo, EXPONENTS[used[0]]), max(hi, EXPONENTS[used[-1]])
             below = counter_fractions(f, arm, kind)["below_2^-24"]
             ax.step(EXPONENTS + 0.5, dist, where="mid", color=f"C{i}", lw=1.8,
-                    ls="--" if role == "fp32" else "-",
-                    label=f"{labels[role]}: {100 * below:.3g}% below $2^{{-24}}$")
+                    ls="--" if role_name == "fp32" else "-",
+                    label=f"{ROLE_LABELS[role_name]}: {100 * below:.3g}% below $2^{{-24}}$")
         ax.set_xlim(max(lo - 2, -40), min(hi + 3, 20))
         ax.set_yscale("log")
         ax.set_ylim(1e-6, 1)
@@ -225,10 +224,55 @@ def underflow_by_layer(f, roles: dict[str, str]) -> Figure:
     return fig
 
 
-def all_figures(f, roles: dict[str, str]) -> list[tuple[str, Figure]]:
-    """(name, figure) pairs; the names become precision_hurts_NAME.png."""
+def accuracy_vs_weight(f, points, r: dict) -> Figure:
+    """Left: test accuracy against k (w = 2^-k), every seed a dot, the mean a
+    line, per arm. Right: the fraction of the nonzero activation and weight
+    gradients flushed to zero by FP16 (the FP32 arm: below 2^-24 before any
+    rounding), summed over the seeds' instrumented steps."""
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    ax_acc, ax_flush = fig.subplots(1, 2)
+    weights = list(points)
+    ks = np.array([k_of(w) for w in weights])
+    for i, role_name in enumerate(ROLES):
+        means = []
+        for w, k in zip(weights, ks):
+            acc = [100 * final_accuracy(f, roles[role_name]) for roles in points[w].values()]
+            means.append(np.mean(acc))
+            ax_acc.plot(np.full(len(acc), k) + (i - 1) * 0.18, acc, "o", color=f"C{i}", ms=4, alpha=0.6)
+        ax_acc.plot(ks, means, "-", color=f"C{i}", lw=2, ls="--" if role_name == "fp32" else "-",
+                    label=ROLE_LABELS[role_name])
+    ax_acc.set_xlabel("k: loss weight $w = 2^{-k}$, SGD learning rate $\\times 2^{k}$")
+    ax_acc.set_ylabel("final test accuracy (%)")
+    ax_acc.set_title(f"Test accuracy over {len(next(iter(points.values())))} seeds (dots) and their mean (lines)")
+    ax_acc.set_xticks(ks)
+    ax_acc.grid(True, alpha=0.3)
+    ax_acc.legend(fontsize=8)
+    for kind, marker in zip(GRAD_KINDS, ("o", "s")):
+        for i, role_name in enumerate(ROLES):
+            key = "below_2^-24" if role_name == "fp32" else "flushed"
+            values = [100 * p["fractions"][role_name][kind][key] for p in r["points"]]
+            what = "below $2^{-24}$" if role_name == "fp32" else "flushed"
+            ax_flush.plot(ks, values, marker=marker, color=f"C{i}", ls="--" if kind == "weight_grads" else "-",
+                          label=f"{ROLE_LABELS[role_name]}: {kind.replace('_', ' ')} {what}")
+    ax_flush.set_xlabel("k: loss weight $w = 2^{-k}$")
+    ax_flush.set_ylabel("% of the nonzero gradients")
+    ax_flush.set_title("What FP16 rounds to zero (fp32: what it would)")
+    ax_flush.set_xticks(ks)
+    ax_flush.grid(True, alpha=0.3)
+    ax_flush.legend(fontsize=7)
+    fig.suptitle("The loss weight moves every gradient k binades down: FP32 trains the same run at every k, "
+                 "FP16 without loss scaling loses what falls below $2^{-24}$", fontsize=11)
+    return fig
+
+
+def all_figures(f, points, r: dict) -> list[tuple[str, Figure]]:
+    """(name, figure) pairs; the names become precision_hurts_NAME.png. The
+    histogram figures show the first seed of the showcase point."""
+    shown = r["showcase"]
+    roles = points[shown["weight"]][shown["seed"]]
     return [
-        ("accuracy", figures.loss_accuracy(f, arms=[roles["fp32"], roles["noscale"], roles["scaled"]])),
+        ("accuracy_vs_weight", accuracy_vs_weight(f, points, r)),
+        ("accuracy", figures.loss_accuracy(f, arms=[roles[name] for name in ROLES])),
         ("gradient_histograms", gradient_histograms(f, roles)),
         ("underflow_by_layer", underflow_by_layer(f, roles)),
         ("activation_grads_noscale", figures.activation_grad_heatmap(f, arm=roles["noscale"], layer="all")),
@@ -240,88 +284,127 @@ def all_figures(f, roles: dict[str, str]) -> list[tuple[str, Figure]]:
 # --- verdict -------------------------------------------------------------------
 
 
-def findings(f, roles: dict[str, str]) -> dict:
-    """The key numbers: accuracies, differences to FP32, underflow fractions."""
-    acc = {role: final_accuracy(f, arm) for role, arm in roles.items()}
-    result = {"arms": roles, "status": {role: status(f, arm) for role, arm in roles.items()},
-              "test_accuracy": acc,
-              "accuracy_vs_fp32": {role: acc[role] - acc["fp32"] for role in ("noscale", "scaled")},
-              "final_loss_scale": float(ml.steps(f, roles["scaled"])["loss_scale"][-1]),
-              "skipped_steps_scaled": int(ml.steps(f, roles["scaled"])["skipped"].sum())}
-    for kind in GRAD_KINDS:
-        result[kind] = {
-            "fp32_below_2^-24": counter_fractions(f, roles["fp32"], kind)["below_2^-24"],
-            "noscale_flushed": counter_fractions(f, roles["noscale"], kind)["flushed"],
-            "scaled_flushed": counter_fractions(f, roles["scaled"], kind)["flushed"],
-            "zero": {role: counter_fractions(f, arm, kind)["zero"] for role, arm in roles.items()},
-            "noscale_subnormal": subnormal_fraction(f, roles["noscale"], kind),
-            "scaled_subnormal": subnormal_fraction(f, roles["scaled"], kind),
-        }
-    # Over seeds: precision hurts when FP16 without scaling loses a point or
-    # more against FP32 on average (or stops); scaling restores parity when its
-    # mean difference is within a point (or better). The paired p-values say
-    # how sure that is with this many seeds.
-    seeds = accuracy_over_seeds(f)
-    result["over_seeds"] = seeds
-    noscale, scaled = seeds["difference_to_fp32"]["noscale"], seeds["difference_to_fp32"]["scaled"]
-    # "Hurts" needs the loss to be significant over the seeds (paired t-test,
-    # 5%), not just a mean: one seed's luck must not decide the verdict.
+def point_findings(f, by_seed: dict[int, dict[str, str]]) -> dict:
+    """One sweep point over its seeds: accuracies, differences to FP32 with a
+    paired t-test, statuses, and gradient fractions summed over the seeds."""
+    seeds = list(by_seed)
+    acc = {name: [final_accuracy(f, roles[name]) for roles in by_seed.values()] for name in ROLES}
+    result = {"seeds": seeds, "test_accuracy": acc, "difference_to_fp32": {},
+              "status": {name: [status(f, roles[name]) for roles in by_seed.values()] for name in ROLES},
+              "fractions": {}}
+    for name in ("noscale", "scaled"):
+        d = [a - b for a, b in zip(acc[name], acc["fp32"])]
+        result["difference_to_fp32"][name] = {"per_seed": d, "mean": float(np.mean(d)), "min": float(np.min(d)),
+                                              "max": float(np.max(d)), "paired_p": paired_p(d)}
+    for name in ROLES:
+        result["fractions"][name] = {}
+        for kind in GRAD_KINDS:
+            totals = {"flushed": 0.0, "below_2^-24": 0.0, "nonzero": 0.0}
+            for roles in by_seed.values():
+                c = counter_fractions(f, roles[name], kind)
+                for key in ("flushed", "below_2^-24"):
+                    totals[key] += c[key] * c["nonzero"]
+                totals["nonzero"] += c["nonzero"]
+            n = max(totals["nonzero"], 1.0)
+            result["fractions"][name][kind] = {"flushed": totals["flushed"] / n,
+                                               "below_2^-24": totals["below_2^-24"] / n}
+    noscale, scaled = result["difference_to_fp32"]["noscale"], result["difference_to_fp32"]["scaled"]
+    # "Hurts": FP16 without scaling loses a point or more on average AND the
+    # loss is significant over the seeds (paired t-test, 5%), or it stops;
+    # one seed's luck must not decide. "Restored": loss scaling's mean
+    # difference is within a point of FP32 (or better).
     significant = noscale["paired_p"] is not None and noscale["paired_p"] < 0.05
+    stopped = any(st != "completed" for st in result["status"]["noscale"])
     result["loses_on_average"] = bool(noscale["mean"] <= -0.01)
-    result["hurts"] = bool((result["loses_on_average"] and significant) or "stopped" in result["status"]["noscale"])
-    result["restored"] = bool(abs(scaled["mean"]) < 0.01 or scaled["mean"] > 0)
-    result["steps"] = int(len(ml.steps(f, roles["fp32"])["loss"]))
+    result["hurts"] = bool((result["loses_on_average"] and (significant or len(seeds) == 1)) or stopped)
+    result["significant"] = bool(significant)
+    result["restored"] = bool(scaled["mean"] > -0.01)
     return result
 
 
+def findings(f, points) -> dict:
+    """Every point's findings, the FP32 arm's sameness across points, and the
+    showcase: the largest weight where precision hurts and scaling restores
+    parity (else the smallest weight), whose first seed the figures show."""
+    r = {"points": []}
+    for weight, by_seed in points.items():
+        p = point_findings(f, by_seed)
+        p["weight"] = weight
+        p["k"] = k_of(weight)
+        r["points"].append(p)
+    # The FP32 arm should be the same run at every k: per seed, the same loss
+    # at every step (bit for bit) and the same accuracy.
+    seeds = sorted(set.intersection(*(set(p["seeds"]) for p in r["points"])))
+    spread = [max(p["test_accuracy"]["fp32"][p["seeds"].index(s)] for p in r["points"]) -
+              min(p["test_accuracy"]["fp32"][p["seeds"].index(s)] for p in r["points"]) for s in seeds]
+    r["fp32_accuracy_spread_across_weights"] = float(max(spread)) if spread else 0.0
+    losses = {s: [ml.steps(f, by_seed[s]["fp32"])["loss"] for by_seed in points.values()] for s in seeds}
+    r["fp32_same_losses_across_weights"] = bool(all(np.array_equal(runs[0], other) for runs in losses.values()
+                                                    for other in runs[1:]))
+    chosen = next((p for p in r["points"] if p["hurts"] and p["restored"]), r["points"][-1])
+    r["showcase"] = {"weight": chosen["weight"], "k": chosen["k"], "seed": chosen["seeds"][0]}
+    roles = points[chosen["weight"]][chosen["seeds"][0]]
+    detail = {"arms": roles, "test_accuracy": {name: final_accuracy(f, arm) for name, arm in roles.items()},
+              "final_loss_scale": float(ml.steps(f, roles["scaled"])["loss_scale"][-1]),
+              "skipped_steps_scaled": int(ml.steps(f, roles["scaled"])["skipped"].sum())}
+    for kind in GRAD_KINDS:
+        detail[kind] = {
+            "zero": {name: counter_fractions(f, arm, kind)["zero"] for name, arm in roles.items()},
+            "noscale_subnormal": subnormal_fraction(f, roles["noscale"], kind),
+            "scaled_subnormal": subnormal_fraction(f, roles["scaled"], kind),
+        }
+    r["showcase"].update(detail)
+    r["hurts"] = bool(chosen["hurts"])
+    r["restored"] = bool(chosen["restored"])
+    r["steps"] = int(len(ml.steps(f, roles["fp32"])["loss"]))
+    return r
+
+
+def _difference_text(d: dict) -> str:
+    p = "" if d["paired_p"] is None else f", p = {d['paired_p']:.2g}"
+    return f"{100 * d['mean']:+.2f} points ({100 * d['min']:+.2f} .. {100 * d['max']:+.2f}{p})"
+
+
 def verdict(r: dict) -> str:
-    acc, d = r["test_accuracy"], r["accuracy_vs_fp32"]
-    a, w = r["activation_grads"], r["weight_grads"]
-    lines = [
-        f"test accuracy: fp32 {100 * acc['fp32']:.2f}%, fp16 without loss scaling {100 * acc['noscale']:.2f}% "
-        f"({100 * d['noscale']:+.2f} points), fp16-mixed with dynamic scaling {100 * acc['scaled']:.2f}% "
-        f"({100 * d['scaled']:+.2f} points; final scale {r['final_loss_scale']:g}, "
-        f"{r['skipped_steps_scaled']} steps skipped)",
-        f"without loss scaling FP16 flushed {100 * a['noscale_flushed']:.3g}% of the nonzero activation gradients "
-        f"and {100 * w['noscale_flushed']:.3g}% of the weight gradients (FP32 arm: {100 * a['fp32_below_2^-24']:.3g}% "
-        f"and {100 * w['fp32_below_2^-24']:.3g}% below 2^-24); with scaling {100 * a['scaled_flushed']:.3g}% "
-        f"and {100 * w['scaled_flushed']:.3g}%",
-        f"in FP16's subnormal range [2^-24, 2^-14) (fewer bits): {100 * a['noscale_subnormal']:.3g}% of the "
-        f"activation and {100 * w['noscale_subnormal']:.3g}% of the weight gradients without scaling, "
-        f"{100 * a['scaled_subnormal']:.3g}% and {100 * w['scaled_subnormal']:.3g}% with it",
-        f"weight gradients exactly zero before rounding (their activation gradients flushed, or ReLUs off): "
-        f"fp32 {100 * w['zero']['fp32']:.3g}%, no scaling {100 * w['zero']['noscale']:.3g}%, "
-        f"fp16-mixed {100 * w['zero']['scaled']:.3g}%",
-    ]
-    o = r["over_seeds"]
-    if len(o["seeds"]) > 1:
-        def span(role):
-            d = o["difference_to_fp32"][role]
-            p = "" if d["paired_p"] is None else f", paired t-test p = {d['paired_p']:.2g}"
-            return (f"{100 * d['mean']:+.2f} points on average (from {100 * d['min']:+.2f} to "
-                    f"{100 * d['max']:+.2f}{p})")
-        lines.append(f"over {len(o['seeds'])} seeds (same weights and batches per seed): fp32 "
-                     f"{100 * np.mean(o['test_accuracy']['fp32']):.2f}% on average; without scaling "
-                     f"{span('noscale')}; fp16-mixed {span('scaled')}")
-    if r["status"]["noscale"] != "completed":
-        lines.append(f"the no-scaling arm {r['status']['noscale']}")
+    lines = []
+    for p in r["points"]:
+        acc, d, fr = p["test_accuracy"], p["difference_to_fp32"], p["fractions"]
+        lines.append(
+            f"{point_label(p['weight'])} ({len(p['seeds'])} seeds): fp32 {100 * np.mean(acc['fp32']):.2f}%; "
+            f"no scaling {100 * np.mean(acc['noscale']):.2f}%, {_difference_text(d['noscale'])}; "
+            f"fp16-mixed {100 * np.mean(acc['scaled']):.2f}%, {_difference_text(d['scaled'])}; "
+            f"activation / weight gradients flushed without scaling "
+            f"{100 * fr['noscale']['activation_grads']['flushed']:.3g}% / "
+            f"{100 * fr['noscale']['weight_grads']['flushed']:.3g}%, with it "
+            f"{100 * fr['scaled']['activation_grads']['flushed']:.3g}% / "
+            f"{100 * fr['scaled']['weight_grads']['flushed']:.3g}%")
+    spread = r["fp32_accuracy_spread_across_weights"]
+    same = r["fp32_same_losses_across_weights"] and spread == 0
+    lines.append("the fp32 arm is the same run at every k: " +
+                 ("per seed, every step's loss (bit for bit) and the accuracy are identical across the weights"
+                  if same else f"NO: per seed, the losses {'agree' if r['fp32_same_losses_across_weights'] else 'differ'}"
+                  f" and the accuracies differ by up to {100 * spread:.3g} points across the weights"))
+    s = r["showcase"]
+    a, w = s["activation_grads"], s["weight_grads"]
+    lines.append(
+        f"at {point_label(s['weight'])}, seed {s['seed']} (the figures): FP16's subnormal range [2^-24, 2^-14) "
+        f"holds {100 * a['noscale_subnormal']:.3g}% of the activation and {100 * w['noscale_subnormal']:.3g}% of "
+        f"the weight gradients without scaling, {100 * a['scaled_subnormal']:.3g}% and "
+        f"{100 * w['scaled_subnormal']:.3g}% with it; weight gradients exactly zero before rounding: fp32 "
+        f"{100 * w['zero']['fp32']:.3g}%, no scaling {100 * w['zero']['noscale']:.3g}%; fp16-mixed's final scale "
+        f"{s['final_loss_scale']:g}, {s['skipped_steps_scaled']} steps skipped")
+    hurting = [p for p in r["points"] if p["hurts"]]
     if r["hurts"] and r["restored"]:
-        lines.append("verdict: precision hurts here (FP16 without scaling loses a point or more on average, "
+        ks = ", ".join(f"2^-{p['k']:g}" for p in hurting)
+        lines.append(f"verdict: precision hurts at w = {ks} (FP16 without scaling loses a point or more on average, "
                      "significant over the seeds) and loss scaling restores FP32 parity (within 1 point on average)")
-    elif r["hurts"]:
-        lines.append("verdict: FP16 without scaling loses accuracy on average, but loss scaling does not "
-                     "restore parity")
-    elif r["loses_on_average"] and len(o["seeds"]) > 1:
-        d = o["difference_to_fp32"]["noscale"]
-        p = "n/a" if d["paired_p"] is None else f"{d['paired_p']:.2g}"
-        lines.append(f"verdict: FP16 without scaling loses {100 * -d['mean']:.2f} points on average, but the seeds "
-                     f"disagree (from {100 * d['min']:+.2f} to {100 * d['max']:+.2f}, paired p = {p}): not "
-                     f"significant with {len(o['seeds'])} seeds, so this setting does not show that precision hurts")
+    elif hurting:
+        lines.append("verdict: FP16 without scaling loses accuracy, but loss scaling does not restore parity")
     elif r["steps"] < 200:
-        lines.append(f"verdict: no loss of 1 point or more without scaling in {r['steps']} steps "
+        lines.append(f"verdict: no significant loss without scaling in {r['steps']} steps "
                      "(too short to show it: run the full config)")
     else:
-        lines.append("verdict: no loss of 1 point or more without scaling on average here")
+        lines.append("verdict: no significant loss of a point or more without scaling at any weight")
     return "\n".join(lines)
 
 
@@ -331,9 +414,9 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and findings JSON")
     args = parser.parse_args(argv)
     with ml.open_log(args.log) as f:
-        roles = find_arms(f)
-        figs = [(f"precision_hurts_{name}", fig) for name, fig in all_figures(f, roles)]
-        r = findings(f, roles)
+        points = arms_by_point(f)
+        r = findings(f, points)
+        figs = [(f"precision_hurts_{name}", fig) for name, fig in all_figures(f, points, r)]
     for path in figures.save_study(args.out, figs, r, "precision_hurts_findings.json")[:-1]:
         print(path)
     print(verdict(r))

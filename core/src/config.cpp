@@ -278,6 +278,15 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
   if (c.train.batch_size < 1 || c.train.eval_batch < 1) throw ConfigError("train.batch_size and train.eval_batch must be >= 1");
   if (c.train.epochs < 1) throw ConfigError("train.epochs must be >= 1");
 
+  Section loss(top.subtable("loss"), "loss");
+  std::string reduction = c.train.loss.reduction == LossReduction::mean ? "mean" : "sum";
+  loss.read_choice("reduction", reduction, {"mean", "sum"});
+  c.train.loss.reduction = reduction == "mean" ? LossReduction::mean : LossReduction::sum;
+  loss.read("weight", c.train.loss.weight);
+  loss.check_unknown();
+  if (!(c.train.loss.weight > 0) || !is_finite(c.train.loss.weight))
+    throw ConfigError("loss.weight must be a finite number > 0 (it multiplies the loss the backward pass differentiates)");
+
   Section opt(top.subtable("optimizer"), "optimizer");
   opt.read_choice("kind", c.optimizer.kind, {"sgd", "adam", "adamw"});
   opt.read("lr", c.optimizer.lr);
@@ -363,6 +372,8 @@ std::string ExperimentConfig::to_toml() const {
                             {"eval_batch", train.eval_batch},
                             {"stats_interval", train.stats_interval},
                             {"threads", train.threads}}},
+      {"loss", toml::table{{"reduction", train.loss.reduction == LossReduction::mean ? "mean" : "sum"},
+                           {"weight", train.loss.weight}}},
       {"optimizer", toml::table{{"kind", optimizer.kind},
                                 {"lr", optimizer.lr},
                                 {"momentum", optimizer.momentum},

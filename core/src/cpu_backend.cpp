@@ -396,11 +396,14 @@ class CpuBackend final : public Backend {
 
   LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
                                    Tensor& d_logits) override {
+    return softmax_rows(logits, labels, grad_scale / static_cast<float>(logits.rows()), d_logits);
+  }
+  // d_logits = (softmax - onehot) * factor.
+  static LossResult softmax_rows(const Tensor& logits, const Tensor& labels, float factor, Tensor& d_logits) {
     const std::int64_t rows = logits.rows(), cols = logits.cols();
     const float *z = data(logits), *y = data(labels);
     float* dz = data(d_logits);
     LossResult result;
-    const float factor = grad_scale / static_cast<float>(rows);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = z + r * cols;
       const auto label = static_cast<std::int64_t>(y[r]);
@@ -501,8 +504,9 @@ class CpuBackend final : public Backend {
   }
 
   // --- The training step: its scalars live on the host here ---------------------------------------------------
-  void start_steps(const LossScaling& scaling) override {
+  void start_steps(const LossScaling& scaling, const LossDefinition& loss) override {
     scaling_ = scaling;
+    loss_ = loss;
     scaler_ = initial_loss_scale(scaling);
     current_ = {};
     steps_.clear();
@@ -510,7 +514,8 @@ class CpuBackend final : public Backend {
     optimizer_steps_ = 0;
   }
   void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
-    const LossResult r = softmax_cross_entropy(logits, labels, static_cast<float>(scaler_.scale), d_logits);
+    const LossResult r =
+        softmax_rows(logits, labels, loss_gradient_factor(scaler_.scale, loss_, logits.rows()), d_logits);
     current_.loss_sum += r.loss_sum;
     current_.correct += r.correct;
   }
@@ -573,6 +578,7 @@ class CpuBackend final : public Backend {
   std::vector<double> scratch_;
   // The training step's state (start_steps .. take_steps).
   LossScaling scaling_;
+  LossDefinition loss_;
   LossScaleState scaler_;
   StepScalars current_;
   std::vector<StepScalars> steps_;

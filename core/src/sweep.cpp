@@ -70,6 +70,18 @@ std::string short_key(const std::string& key) {
   return dot == std::string::npos ? key : key.substr(dot + 1);
 }
 
+// "loss.weight+optimizer.lr" -> {"loss.weight", "optimizer.lr"}
+std::vector<std::string> split_keys(const std::string& name) {
+  std::vector<std::string> keys;
+  std::size_t start = 0;
+  for (std::size_t plus; (plus = name.find('+', start)) != std::string::npos; start = plus + 1)
+    keys.push_back(name.substr(start, plus - start));
+  keys.push_back(name.substr(start));
+  for (const std::string& key : keys)
+    if (key.empty()) throw ConfigError("sweep.\"" + name + "\": an empty key between '+' signs");
+  return keys;
+}
+
 std::string label_value(std::string value) {
   if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
   return value;
@@ -95,8 +107,20 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
       const toml::array* values = node->as_array();
       if (!values || values->empty())
         throw ConfigError("sweep.\"" + key + "\" must be a non-empty array of values, e.g. \"optimizer.lr\" = [0.01, 0.1]");
-      SweepAxis axis{key, {}};
-      for (const toml::node& v : *values) axis.values.push_back(value_text(v));
+      SweepAxis axis{split_keys(key), {}};
+      for (const toml::node& v : *values) {
+        if (axis.keys.size() == 1) {
+          axis.values.push_back({value_text(v)});
+          continue;
+        }
+        const toml::array* tuple = v.as_array();
+        if (!tuple || tuple->size() != axis.keys.size())
+          throw ConfigError("sweep.\"" + key + "\": keys joined by '+' vary together; each value must be an array of " +
+                            std::to_string(axis.keys.size()) + " values, one per key, e.g. [[1.0, 0.05], [0.25, 0.2]]");
+        std::vector<std::string> texts;
+        for (const toml::node& t : *tuple) texts.push_back(value_text(t));
+        axis.values.push_back(std::move(texts));
+      }
       axes.push_back(std::move(axis));
     }
   }
@@ -116,8 +140,12 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     if (values.size() > 1) {
       // An override with several values replaces an axis of the same key.
       const std::string key = o.substr(0, eq);
-      std::erase_if(axes, [&](const SweepAxis& a) { return a.key == key; });
-      axes.push_back({key, values});
+      if (key.find('+') != std::string::npos)
+        throw ConfigError("override " + o + ": keys that vary together go in a [sweep] table, not on the command line");
+      std::erase_if(axes, [&](const SweepAxis& a) { return a.keys.size() == 1 && a.keys.front() == key; });
+      SweepAxis axis{{key}, {}};
+      for (const std::string& v : values) axis.values.push_back({v});
+      axes.push_back(std::move(axis));
     } else {
       fixed.push_back(o);
     }
@@ -125,15 +153,17 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
 
   // Axes in the order of their keys (a TOML table has no order of its own),
   // so a written config runs the points in the same order.
-  std::stable_sort(axes.begin(), axes.end(), [](const SweepAxis& a, const SweepAxis& b) { return a.key < b.key; });
+  std::stable_sort(axes.begin(), axes.end(), [](const SweepAxis& a, const SweepAxis& b) { return a.name() < b.name(); });
   std::vector<SweepPoint> points(1);
   for (const SweepAxis& axis : axes) {
     std::vector<SweepPoint> next;
     for (const SweepPoint& p : points)
-      for (const std::string& value : axis.values) {
+      for (const std::vector<std::string>& value : axis.values) {
         SweepPoint q = p;
-        q.overrides.push_back(axis.key + "=" + value);
-        q.label += (q.label.empty() ? "" : ",") + short_key(axis.key) + "=" + label_value(value);
+        for (std::size_t k = 0; k < axis.keys.size(); ++k) {
+          q.overrides.push_back(axis.keys[k] + "=" + value[k]);
+          q.label += (q.label.empty() ? "" : ",") + short_key(axis.keys[k]) + "=" + label_value(value[k]);
+        }
         std::replace(q.label.begin(), q.label.end(), '/', ':');  // labels name HDF5 groups
         next.push_back(std::move(q));
       }
@@ -153,20 +183,31 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
   return {std::move(axes), std::move(points)};
 }
 
+std::string SweepAxis::name() const {
+  std::string joined;
+  for (const std::string& key : keys) joined += (joined.empty() ? "" : "+") + key;
+  return joined;
+}
+
 std::string Sweep::to_toml() const {
   std::string text = points.front().config.to_toml();
   if (axes.empty()) return text;
   text += "\n[sweep]\n";
+  const auto toml_value = [](std::string v) {
+    try {
+      (void)toml::parse("v = " + v);
+    } catch (const toml::parse_error&) {
+      v = "\"" + v + "\"";  // a bare string from the command line
+    }
+    return v;
+  };
   for (const SweepAxis& axis : axes) {
-    text += "\"" + axis.key + "\" = [";
+    text += "\"" + axis.name() + "\" = [";
     for (std::size_t i = 0; i < axis.values.size(); ++i) {
-      std::string v = axis.values[i];
-      try {
-        (void)toml::parse("v = " + v);
-      } catch (const toml::parse_error&) {
-        v = "\"" + v + "\"";  // a bare string from the command line
-      }
-      text += (i ? ", " : "") + v;
+      text += i ? ", " : "";
+      if (axis.keys.size() > 1) text += "[";
+      for (std::size_t k = 0; k < axis.values[i].size(); ++k) text += (k ? ", " : "") + toml_value(axis.values[i][k]);
+      if (axis.keys.size() > 1) text += "]";
     }
     text += "]\n";
   }

@@ -81,7 +81,7 @@ class Arm {
     std::int64_t total = t.epochs * per_epoch;
     if (t.max_steps > 0) total = std::min(total, t.max_steps);
     const auto layer_count = model_.layers().size() + 1;  // + loss
-    backend_.start_steps(policy_.loss_scaling);
+    backend_.start_steps(policy_.loss_scaling, t.loss);
 
     ArmResult result;
     std::vector<float> images, labels;

@@ -546,12 +546,12 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- The training step: its scalars stay on the device (kernels_step.cu) -----------------------------------------
-  void start_steps(const core::LossScaling& scaling) override {
+  void start_steps(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
     scaling_ = scaling;
     pending_ = 0;
     taken_.clear();
     steps_started_ = 0;
-    kernels::step_start(step_.data(), scaling, stream());
+    kernels::step_start(step_.data(), scaling, loss, stream());
   }
   void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const auto scratch = queue_softmax("step_loss", logits, labels, 0.0f, step_.data(), d_logits);

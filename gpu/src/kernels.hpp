@@ -103,6 +103,7 @@ struct StepRecord {
 };
 struct StepState {
   core::LossScaleState scaler;
+  core::LossDefinition loss;  // what the backward pass differentiates
   double loss_sum, grad_sum_squares;  // of the step under way
   unsigned long long correct;
   // The step just decided (step_end): the optimiser kernels' gate.
@@ -111,7 +112,8 @@ struct StepState {
   int skip;             // inf or NaN found: no optimiser step
   long long optimizer_steps;  // steps that ran: Adam's t
 };
-void step_start(StepState* state, const core::LossScaling& scaling, cudaStream_t stream);
+void step_start(StepState* state, const core::LossScaling& scaling, const core::LossDefinition& loss,
+                cudaStream_t stream);
 // Adds the rows' losses (binary64, in row order, as the CPU) and correct counts.
 void step_add_loss(const float* row_results, std::int64_t rows, StepState* state, cudaStream_t stream);
 // Adds *value (a sum_squares result) to the step's gradient sum of squares.
@@ -128,8 +130,8 @@ void push_amax(float* ring, int length, const unsigned int* amax, const StepStat
 // Writes d_logits and, per row, row_results[r] = the row's loss (binary32, as
 // the CPU computes it before widening) and row_results[rows + r] = 1 when the
 // argmax is the label, else 0. A label outside [0, cols) gives a NaN loss.
-// With scale_from, factor is ignored: the gradient's factor is (binary32)
-// the step's loss scale / rows, as the CPU computes it.
+// With scale_from, factor is ignored: the gradient's factor is
+// core::loss_gradient_factor of the step's loss scale and loss, as the CPU's.
 void softmax_cross_entropy(const float* logits, const float* labels, std::int64_t rows, std::int64_t cols,
                            float factor, float* d_logits, float* row_results, const StepState* scale_from,
                            cudaStream_t stream);

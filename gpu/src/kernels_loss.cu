@@ -10,7 +10,7 @@ namespace {
 __global__ void softmax_cross_entropy_kernel(const float* logits, const float* labels, std::int64_t rows,
                                              std::int64_t cols, float factor, float* d_logits, float* row_results,
                                              const StepState* scale_from) {
-  if (scale_from) factor = __fdiv_rn(static_cast<float>(scale_from->scaler.scale), static_cast<float>(rows));
+  if (scale_from) factor = core::loss_gradient_factor(scale_from->scaler.scale, scale_from->loss, rows);
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
     const float* row = logits + r * cols;
     float* d = d_logits + r * cols;

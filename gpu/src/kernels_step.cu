@@ -8,9 +8,10 @@
 namespace mpsim::gpu::kernels {
 namespace {
 
-__global__ void start_kernel(StepState* state, core::LossScaling scaling) {
+__global__ void start_kernel(StepState* state, core::LossScaling scaling, core::LossDefinition loss) {
   StepState s{};
   s.scaler = core::initial_loss_scale(scaling);
+  s.loss = loss;
   s.inverse_scale = 1.0f;
   *state = s;
 }
@@ -67,8 +68,9 @@ __global__ void push_amax_kernel(float* ring, int length, const unsigned int* am
 
 }  // namespace
 
-void step_start(StepState* state, const core::LossScaling& scaling, cudaStream_t stream) {
-  start_kernel<<<1, 1, 0, stream>>>(state, scaling);
+void step_start(StepState* state, const core::LossScaling& scaling, const core::LossDefinition& loss,
+                cudaStream_t stream) {
+  start_kernel<<<1, 1, 0, stream>>>(state, scaling, loss);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

@@ -63,6 +63,27 @@ TEST_CASE("sweep: a [sweep] table and overrides expand to the cartesian product"
   CHECK(u.points[2].config.arms == std::vector<std::string>{"fp8"});
 }
 
+TEST_CASE("sweep: keys joined by '+' vary together", "[sweep][config]") {
+  const std::string text = base + "[sweep]\n\"loss.weight+optimizer.lr\" = [[1.0, 0.05], [0.25, 0.2]]\n"
+                                  "train.epochs = [1, 2]\n";
+  const Sweep s = parse_sweep(text, "t");
+  REQUIRE(labels(s) == std::vector<std::string>{"weight=1.0,lr=0.05,epochs=1", "weight=1.0,lr=0.05,epochs=2",
+                                                "weight=0.25,lr=0.2,epochs=1", "weight=0.25,lr=0.2,epochs=2"});
+  CHECK(s.points[2].config.train.loss.weight == 0.25);
+  CHECK(s.points[2].config.optimizer.lr == 0.2);
+  CHECK(s.points[1].config.train.loss.weight == 1.0);
+  CHECK(s.points[1].config.optimizer.lr == 0.05);
+  const Sweep again = parse_sweep(s.to_toml(), "resolved");
+  CHECK(labels(again) == labels(s));
+  CHECK(again.axes.front().name() == "loss.weight+optimizer.lr");
+  CHECK_THAT(sweep_error(base + "[sweep]\n\"loss.weight+optimizer.lr\" = [[1.0, 0.05], [0.25]]\n"),
+             Catch::Matchers::Contains("each value must be an array of 2 values, one per key"));
+  CHECK_THAT(sweep_error(base + "[sweep]\n\"loss.weight+\" = [[1.0, 0.05]]\n"),
+             Catch::Matchers::Contains("an empty key between '+' signs"));
+  CHECK_THAT(sweep_error(base, {"loss.weight+optimizer.lr=1,2"}),
+             Catch::Matchers::Contains("keys that vary together go in a [sweep] table"));
+}
+
 TEST_CASE("sweep: the written config gives the same points", "[sweep][config]") {
   const Sweep s = parse_sweep(base + "[sweep]\noptimizer.lr = [0.01, 0.1]\n", "t", {"arms=fp32,fp16-mixed"});
   const Sweep again = parse_sweep(s.to_toml(), "resolved");

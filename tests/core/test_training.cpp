@@ -180,6 +180,47 @@ TEST_CASE("fp16-naive flushes tiny activation gradients that FP32 keeps", "[trai
   CHECK(flushed_naive <= log_naive.total(TensorKind::activation_grads, Counter::nonzero));
 }
 
+TEST_CASE("a loss weight of 2^-k moves every gradient k binades down and changes nothing in FP32 with SGD",
+          "[training][loss]") {
+  static_assert(loss_gradient_factor(65536.0, {}, 128) == 512.0f);
+  static_assert(loss_gradient_factor(65536.0, {LossReduction::sum, 0x1p-20}, 128) == 0.0625f);
+  static_assert(loss_gradient_factor(1.0, {LossReduction::mean, 0.1}, 3) == 0.1f / 3.0f);
+  const Policy fp32 = *preset_policy("fp32"), naive = *preset_policy("fp16-naive"), mixed = *preset_policy("fp16-mixed");
+  const auto setup = [](const Policy& p, double weight, LossReduction reduction = LossReduction::mean) {
+    ArmSetup s = small_setup(p);
+    s.train.loss = {reduction, weight};
+    s.optimizer.lr = 0.05 / weight;  // SGD: u = -lr * m, and m carries the weight
+    s.train.max_steps = 12;
+    return s;
+  };
+  MemoryLog plain, weighted, summed;
+  const ArmResult a = run(setup(fp32, 1.0), plain), b = run(setup(fp32, 0x1p-12), weighted);
+  // Powers of two scale binary32 exactly (nothing here nears its subnormals),
+  // so the weighted FP32 arm is the same run: same losses, same weights.
+  CHECK(a.losses == b.losses);
+  CHECK(a.test_accuracy == b.test_accuracy);
+  REQUIRE(plain.steps.size() == weighted.steps.size());
+  for (std::size_t i = 0; i < plain.steps.size(); ++i) CHECK(weighted.steps[i].grad_norm == plain.steps[i].grad_norm / 4096);
+  // A sum over the batch of 32 with weight 1/32 is the mean, bit for bit.
+  ArmSetup sum_setup = setup(fp32, 1.0 / 32, LossReduction::sum);
+  sum_setup.optimizer.lr = 0.05;
+  const ArmResult c = run(sum_setup, summed);
+  CHECK(c.losses == a.losses);
+  // The histogram of the weighted run's activation gradients is the plain
+  // run's moved 12 binades down: more of them below 2^-24.
+  CHECK(weighted.total(TensorKind::activation_grads, Counter::below_2_24) >
+        plain.total(TensorKind::activation_grads, Counter::below_2_24) + 1000);
+  // In FP16 without loss scaling the weight flushes gradients that the
+  // unweighted run keeps; the dynamic loss scaler (2^16) lifts them back.
+  MemoryLog naive_plain, naive_weighted, mixed_weighted;
+  run(setup(naive, 1.0), naive_plain);
+  run(setup(naive, 0x1p-12), naive_weighted);
+  run(setup(mixed, 0x1p-12), mixed_weighted);
+  const auto flushed = [](const MemoryLog& log) { return log.total(TensorKind::activation_grads, Counter::flushed); };
+  CHECK(flushed(naive_weighted) > 10 * (flushed(naive_plain) + 100));
+  CHECK(flushed(mixed_weighted) * 10 < flushed(naive_weighted));
+}
+
 TEST_CASE("master weights prevent swallowed updates", "[training][policy]") {
   // With a tiny learning rate, w + dw rounds back to w in FP16 for most
   // weights; an FP32 master copy keeps the updates.
@@ -360,6 +401,8 @@ TEST_CASE("config errors name the key and what is accepted", "[training][config]
   CHECK_THAT(error(base, {"train.epochs"}), Catch::Matchers::Contains("is not key=value"));
   CHECK_THAT(error(base, {"optimizer.kind=lion"}), Catch::Matchers::Contains("expected one of: sgd, adam, adamw"));
   CHECK_THAT(error(base + "[model]\nhidden = [0]\n"), Catch::Matchers::Contains("model.hidden"));
+  CHECK_THAT(error(base + "[loss]\nweight = 0.0\n"), Catch::Matchers::Contains("loss.weight must be a finite number > 0"));
+  CHECK_THAT(error(base, {"loss.reduction=median"}), Catch::Matchers::Contains("expected one of: mean, sum"));
   CHECK_THAT(error("arms = [\"fp32\"\n"), Catch::Matchers::Contains("test.toml:"));
   CHECK(error(base, {"train.epochs=2", "policies.fp16-mixed.loss_scale.initial=1024"}) == "no error");
 
@@ -371,4 +414,6 @@ TEST_CASE("config errors name the key and what is accepted", "[training][config]
   const ExperimentConfig again = parse_config(c.to_toml(), "resolved");
   CHECK(again.policies.at("mine").weight_storage == c.policies.at("mine").weight_storage);
   CHECK(again.arms == c.arms);
+  const ExperimentConfig weighted = parse_config(base, "t", {"loss.reduction=sum", "loss.weight=0.125"});
+  CHECK(parse_config(weighted.to_toml(), "resolved").train.loss == LossDefinition{LossReduction::sum, 0.125});
 }

@@ -861,8 +861,9 @@ TEST_CASE("the step ops decide on the device as the CPU does: scales, skips, upd
   scaling.initial_scale = 16.0;
   scaling.growth_interval = 2;
   scaling.hysteresis = 2;
-  b.cpu->start_steps(scaling);
-  b.gpu->start_steps(scaling);
+  const core::LossDefinition loss{core::LossReduction::mean, 0.5};  // a weight: the factor's path on both
+  b.cpu->start_steps(scaling, loss);
+  b.gpu->start_steps(scaling, loss);
   const std::int64_t n = 5003, rows = 64, classes = 10;
   const auto labels = b.upload(small_integers(rows, 900, 0, classes - 1), {rows});
   for (const auto kind : {core::OptimizerKind::sgd, core::OptimizerKind::adamw}) {

@@ -13,8 +13,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 
 smoke_run precision_hurts
 study_module precision_hurts
-grep -A9 "^test accuracy" "$work/figures.txt"
-require_pngs "$work/figures/precision_hurts_" accuracy gradient_histograms underflow_by_layer activation_grads_noscale weight_grads_noscale
+grep -A9 "^w = 1 " "$work/figures.txt" || fail "no verdict line for the unweighted point (w = 1)"
+grep -q "the fp32 arm is the same run at every k: per seed, every step.s loss (bit for bit) and the accuracy are identical" "$work/figures.txt" ||
+  fail "the fp32 arm differs between loss weights: a power-of-two loss weight with a matching SGD rate must not change it"
+require_pngs "$work/figures/precision_hurts_" accuracy_vs_weight accuracy gradient_histograms underflow_by_layer activation_grads_noscale weight_grads_noscale
 [ -s "$work/figures/precision_hurts_findings.json" ] || fail "no precision_hurts_findings.json"
 
 echo "== precision_hurts.ipynb (nbconvert --execute)"

@@ -161,10 +161,10 @@ class Backend {
   // gradient, end_step, then per parameter optimizer_step and round_state.
 
   // Starts the loss scaler afresh; forgets steps not taken and the
-  // optimiser's step count.
-  virtual void start_steps(const LossScaling& scaling) = 0;
-  // softmax_cross_entropy with grad_scale = the scaler's current scale; the
-  // step keeps the loss and the count.
+  // optimiser's step count. `loss` says what the backward pass differentiates.
+  virtual void start_steps(const LossScaling& scaling, const LossDefinition& loss) = 0;
+  // softmax_cross_entropy, but with d_logits' factor loss_gradient_factor(the
+  // scaler's current scale, loss, rows); the step keeps the loss and the count.
   virtual void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
   // Adds sum_squares(grad) to the step's.
   virtual void step_check_gradient(const Tensor& grad) = 0;

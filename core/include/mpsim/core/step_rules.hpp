@@ -76,6 +76,30 @@ constexpr bool update_loss_scale(LossScaleState& s, const LossScaling& config, b
   return false;
 }
 
+// What the backward pass differentiates: the batch's softmax cross-entropy,
+// averaged over the batch (PyTorch's reduction="mean") or summed, times
+// `weight`, as a loss term's coefficient in a weighted sum of losses. The
+// logged loss is always the plain batch mean, so arms stay comparable. With
+// SGD, a weight of 2^-k and a learning rate 2^k times larger give the same
+// binary32 trajectory as weight 1 (powers of two scale exactly), while every
+// gradient sits k binades lower: how far below FP16's window gradients are is
+// a property of the loss's definition, not of the problem (Micikevicius et
+// al., "Mixed Precision Training", ICLR 2018, section 3.2).
+enum class LossReduction : std::uint8_t { mean, sum };
+struct LossDefinition {
+  LossReduction reduction = LossReduction::mean;
+  double weight = 1.0;
+  friend bool operator==(const LossDefinition&, const LossDefinition&) = default;
+};
+
+// The factor of the loss gradient d_logits = (softmax - onehot) * factor over
+// `rows` rows, in binary32 as every backend computes it: (scale * weight)
+// rounded once, then divided by rows for a mean.
+constexpr float loss_gradient_factor(double loss_scale, const LossDefinition& loss, std::int64_t rows) {
+  const auto scaled = static_cast<float>(loss_scale * loss.weight);
+  return loss.reduction == LossReduction::mean ? scaled / static_cast<float>(rows) : scaled;
+}
+
 // Delayed scaling's factor for a point whose format's largest finite value is
 // `largest`, given the largest amax of its history: the power of two 2^e with
 // e = floor(log2(largest / amax)) - margin, clamped to binary32's normal

@@ -1,7 +1,9 @@
 #pragma once
 // Sweeps: one experiment over the cartesian product of config values. Axes
 // come from a `[sweep]` table (dotted key = array of values) and from
-// overrides with several values (`optimizer.lr=0.01,0.1`); `[smoke]` holds
+// overrides with several values (`optimizer.lr=0.01,0.1`). Keys joined by '+'
+// vary together, one array of values per point of the axis:
+// `"loss.weight+optimizer.lr" = [[1.0, 0.05], [0.25, 0.2]]`. `[smoke]` holds
 // the overrides `--smoke` applies. Each point is a whole ExperimentConfig
 // whose arms share the experiment's HDF5 file. docs/configs.md describes it.
 
@@ -14,8 +16,9 @@
 namespace mpsim::core {
 
 struct SweepAxis {
-  std::string key;                  // dotted config key
-  std::vector<std::string> values;  // as TOML value texts
+  std::vector<std::string> keys;                // dotted config keys: one, or several that vary together
+  std::vector<std::vector<std::string>> values;  // per point of the axis, a TOML value text per key
+  std::string name() const;                      // the keys joined by '+'
 };
 
 struct SweepPoint {
