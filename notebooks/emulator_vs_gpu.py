@@ -17,7 +17,6 @@ prints the verdict.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections import defaultdict
@@ -233,18 +232,17 @@ def verdict(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Figures and verdict of the emulator-vs-GPU study.")
-    parser.add_argument("log", help="HDF5 log of experiments/configs/emulator_vs_gpu.toml")
-    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and findings JSON")
-    args = parser.parse_args(argv)
-    with ml.open_log(args.log) as f:
+def write_all(path, out_dir="docs/figures"):
+    """Writes every figure and emulator_vs_gpu_findings.json; returns (paths, verdict)."""
+    with ml.open_log(path) as f:
         figs = [(f"emulator_vs_gpu_{name}", fig) for name, fig in all_figures(f)]
         r = findings(f)
-    for path in figures.save_study(args.out, figs, r, "emulator_vs_gpu_findings.json")[:-1]:
-        print(path)
-    print(verdict(r))
-    return 0
+    return figures.save_study(out_dir, figs, r, "emulator_vs_gpu_findings.json"), verdict(r)
+
+
+def main(argv=None) -> int:
+    return figures.study_main(argv, __doc__.splitlines()[0], "emulator_vs_gpu.toml",
+                              lambda args: write_all(args.log, args.out))
 
 
 if __name__ == "__main__":

@@ -444,6 +444,29 @@ def save_study(out_dir, figs, findings: dict, findings_name: str, dpi: int = 110
     return written
 
 
+def study_main(argv, description: str, config: str, write, add_arguments=None) -> int:
+    """The command line every study module shares: `STUDY.py LOG [--out DIR]`.
+    write(args) writes the figures and findings and returns (paths, verdict
+    text); the paths and the verdict are printed. A log that cannot be read
+    gives a message naming it and exit status 1. add_arguments(parser) adds a
+    module's own options."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("log", help=f"HDF5 log of `mpsim run experiments/configs/{config}`")
+    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and the findings JSON")
+    if add_arguments:
+        add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        paths, text = write(args)
+    except (OSError, KeyError, ValueError) as e:
+        print(f"{parser.prog}: {args.log}: {e}", file=sys.stderr)
+        return 1
+    for p in paths:
+        print(p)
+    print(text)
+    return 0
+
+
 def write_all(path, out_dir=None, arm=None, layer=None, dpi: int = 120) -> list[Path]:
     """Writes every figure as a PNG; returns the paths."""
     path = Path(path)

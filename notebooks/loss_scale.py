@@ -17,7 +17,6 @@ their policy (the `policy_description` attribute), so arms named by a sweep (`fp
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -371,19 +370,11 @@ def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path],
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="HDF5 log of `mpsim run experiments/configs/loss_scale.toml`")
-    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and the JSON")
-    args = parser.parse_args(argv)
-    try:
+    def write(args):
         written, found = write_all(args.log, args.out)
-    except (OSError, KeyError, ValueError) as e:
-        print(f"loss_scale.py: {e}", file=sys.stderr)
-        return 1
-    for p in written:
-        print(p)
-    print(verdict(found))
-    return 0
+        return written, verdict(found)
+
+    return fg.study_main(argv, __doc__.splitlines()[0], "loss_scale.toml", write)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ records, so it works on sweeps and on logs of separate runs alike.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -264,11 +263,5 @@ def save_all(path, out_dir):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="the HDF5 log of experiments/configs/master_weights.toml")
-    parser.add_argument("--out", default="docs/figures")
-    args = parser.parse_args()
-    paths, text = save_all(args.log, args.out)
-    for p in paths:
-        print(p)
-    print(text)
+    sys.exit(figures.study_main(None, __doc__.splitlines()[0], "master_weights.toml",
+                                lambda args: save_all(args.log, args.out)))

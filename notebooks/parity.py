@@ -16,7 +16,6 @@ spreads. Both tests are reported. Needs scipy (scipy.stats).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
@@ -311,13 +310,8 @@ def save_all(path, out_dir, paper_csv=PAPER_CSV, prefix="parity"):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="the HDF5 log of experiments/configs/parity.toml")
-    parser.add_argument("--out", default="docs/figures")
-    parser.add_argument("--prefix", default="parity",
-                        help="file name prefix of the figures and findings (parity_cnn for parity_cnn.toml's log)")
-    args = parser.parse_args()
-    paths, text = save_all(args.log, args.out, prefix=args.prefix)
-    for p in paths:
-        print(p)
-    print(text)
+    sys.exit(figures.study_main(
+        None, __doc__.splitlines()[0], "parity.toml", lambda args: save_all(args.log, args.out, prefix=args.prefix),
+        add_arguments=lambda parser: parser.add_argument(
+            "--prefix", default="parity",
+            help="file name prefix of the figures and findings (parity_cnn for parity_cnn.toml's log)")))

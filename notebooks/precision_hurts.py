@@ -19,7 +19,6 @@ prints the verdict.
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -408,19 +407,18 @@ def verdict(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description="Figures and verdict of the precision-hurts study.")
-    parser.add_argument("log", help="HDF5 log of experiments/configs/precision_hurts.toml")
-    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and findings JSON")
-    args = parser.parse_args(argv)
-    with ml.open_log(args.log) as f:
+def write_all(path, out_dir="docs/figures"):
+    """Writes every figure and precision_hurts_findings.json; returns (paths, verdict)."""
+    with ml.open_log(path) as f:
         points = arms_by_point(f)
         r = findings(f, points)
         figs = [(f"precision_hurts_{name}", fig) for name, fig in all_figures(f, points, r)]
-    for path in figures.save_study(args.out, figs, r, "precision_hurts_findings.json")[:-1]:
-        print(path)
-    print(verdict(r))
-    return 0
+    return figures.save_study(out_dir, figs, r, "precision_hurts_findings.json"), verdict(r)
+
+
+def main(argv=None) -> int:
+    return figures.study_main(argv, __doc__.splitlines()[0], "precision_hurts.toml",
+                              lambda args: write_all(args.log, args.out))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ writes underflow_*.png and underflow_findings.json into --out and prints the ver
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import sys
@@ -332,19 +331,11 @@ def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path],
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("log", help="HDF5 log of `mpsim run experiments/configs/underflow.toml`")
-    parser.add_argument("--out", default="docs/figures", help="directory for the PNGs and the JSON")
-    args = parser.parse_args(argv)
-    try:
+    def write(args):
         written, found = write_all(args.log, args.out)
-    except (OSError, KeyError, ValueError) as e:
-        print(f"underflow.py: {e}", file=sys.stderr)
-        return 1
-    for p in written:
-        print(p)
-    print(verdict(found))
-    return 0
+        return written, verdict(found)
+
+    return fg.study_main(argv, __doc__.splitlines()[0], "underflow.toml", write)
 
 
 if __name__ == "__main__":
