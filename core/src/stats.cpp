@@ -56,21 +56,30 @@ void resolve_special(const float* v, std::size_t m, FieldCounts& out) {
 }
 
 // A few values (fewer than a chunk): four interleaved tables, so that
-// repeated fields rarely wait on each other's increments.
+// repeated fields rarely wait on each other's increments. The tables stay
+// zero between calls: only the fields seen, {0} u [lo, hi] u {255}, are read
+// back and cleared, which keeps the cost of a call of 10 or 256 values (a
+// bias and its gradient) small.
 void count_fields_small(std::span<const float> values, FieldCounts& out) {
   alignas(8) std::array<std::uint8_t, chunk> keys;
-  std::array<std::array<std::uint32_t, 256>, 4> field{};
-  std::uint8_t lo = 255, hi = 0;
+  thread_local std::array<std::array<std::uint32_t, 256>, 4> field{};
+  std::uint8_t lo_m1 = 255, hi_p1 = 0;
   for (std::size_t start = 0; start < values.size(); start += chunk) {
     const std::size_t m = std::min(chunk, values.size() - start);
-    if (extract_fields(values.data() + start, m, keys.data(), lo, hi) != 0)
+    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1) != 0)
       resolve_special(values.data() + start, m, out);
     std::size_t i = 0;
     for (; i + 4 <= m; i += 4)
       for (int t = 0; t < 4; ++t) ++field[t][keys[i + t]];
     for (; i < m; ++i) ++field[0][keys[i]];
   }
-  for (int e = 0; e < 256; ++e) out.field[e] += std::uint64_t{field[0][e]} + field[1][e] + field[2][e] + field[3][e];
+  auto drain = [&](int e) {
+    out.field[e] += std::uint64_t{field[0][e]} + field[1][e] + field[2][e] + field[3][e];
+    for (auto& table : field) table[e] = 0;
+  };
+  drain(0);
+  drain(255);
+  for (int e = std::max(1, lo_m1 + 1); e <= std::min(254, hi_p1 - 1); ++e) drain(e);
 }
 
 // Adds counts[0..n) to field[0..n), clears them and returns their sum.
@@ -144,18 +153,25 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
 
 #if MPSIM_HISTOGRAM_AVX512
 // Many values on a CPU with AVX-512 VBMI2: no per-value memory increments for
-// almost all values. Each block of 64 values is reduced to 64 exponent bytes
-// and compared with field 0 (zeros) and a window of 12 adjacent fields, each
-// match adding 1 to an 8-bit counter per lane and field (a masked byte add).
-// Fields outside the window are compressed into a list, which a second pass
-// compares with a second window of 24 (cheap: it sees only the outliers);
-// what is left is counted one by one.
-// Weights, activations and gradients mostly span fewer than 36 binades, with
+// almost all values. Each block of 64 values is reduced to 64 exponent bytes.
+// Those in a window of 16 adjacent fields become one-hot bytes, one bit per
+// field, in two vectors (fields base..base+7 and base+8..base+15), and a
+// positional population count adds them up: a carry-save adder tree over 16
+// blocks (Harley-Seal; Mula, Kurz and Lemire, "Faster population counts using
+// AVX2 instructions", Computer Journal 61(1), 2018; applied per bit position as
+// in Klarqvist, Mula and Lemire, "Efficient computation of positional population
+// counts using SIMD instructions", 2021) costs about two logic operations per
+// vector, and only its 16s are counted bit by bit. Zeros (field 0) are counted
+// by a mask population count. Fields outside {0} u window are compressed into
+// a list, which a second pass compares with a second window of 24 (cheap: it
+// sees only the outliers); what is left is counted one by one.
+// Weights, activations and gradients mostly span fewer than 40 binades, with
 // two modes at times (a layer's inputs that are often exactly zero make
 // gradients in two clusters). The windows are placed by the first 256
-// values and moved when a chunk has many values outside both. About 1.6x
-// faster than pair counting on such data (bench_stats, 2026-11-21).
-constexpr int window_width = 12, second_width = 24;
+// values and moved when a chunk has many values outside both. This first pass
+// replaced one that compared every byte with each of 12 fields (a masked byte
+// add per field), and is about 1.6x faster than it (bench_stats, 2026-11-22).
+constexpr int window_width = 16, second_width = 24;
 #define MPSIM_TARGET_AVX512_VBMI2 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt")))
 
 // Adds 1 to counts[j] in the lanes where offset == j, j < width.
@@ -177,55 +193,126 @@ MPSIM_TARGET_AVX512_VBMI2 std::uint32_t byte_total(__m512i counts) {
   return static_cast<std::uint32_t>(total);
 }
 
+// One carry-save adder: a + b + c = 2 * carry + sum, bit by bit.
+MPSIM_TARGET_AVX512_VBMI2 inline void carry_save(__m512i& carry, __m512i& sum, __m512i a, __m512i b, __m512i c) {
+  sum = _mm512_ternarylogic_epi32(a, b, c, 0x96);    // a ^ b ^ c
+  carry = _mm512_ternarylogic_epi32(a, b, c, 0xe8);  // majority(a, b, c)
+}
+
+// field[first + j] += weight * (number of bytes of `bits` with bit j set), j < 8.
+MPSIM_TARGET_AVX512_VBMI2 void add_bit_counts(__m512i bits, std::uint32_t weight, std::uint32_t* field) {
+  for (int j = 0; j < 8; ++j) {
+    const __mmask64 set = _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(1 << j)));
+    field[j] += weight * static_cast<std::uint32_t>(__builtin_popcountll(set));
+  }
+}
+
 struct FirstPass {
   std::size_t outliers = 0;  // fields outside {0} u window, stored in the list
   bool maybe_subnormal = false;
 };
 
-// Counts blocks * 64 values of v (at most 64 blocks, so that no 8-bit
-// counter wraps): fields in {0} u [base, base + window_width) into `field`,
-// the others into `outliers`.
+// Counts blocks * 64 values of v (at most 64 blocks): fields in
+// {0} u [base, base + window_width) into `field`, the others into `outliers`.
 MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size_t blocks, int base,
                                                        std::uint32_t* field, std::uint8_t* outliers) {
   // Byte 3 of each 32-bit lane of (bits + bits) is the exponent field. One
   // permutation gathers those of two vectors into bytes 0..31, another those
-  // of the next two, kept in bytes 32..63.
+  // of the next two, kept in bytes 32..63: byte 16 i + k is lane k of vector i.
   alignas(64) std::uint8_t gather[64];
   for (int i = 0; i < 64; ++i) gather[i] = static_cast<std::uint8_t>((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + 3);
+  // One-hot tables, indexed by the low 4 bits of field - base (per 128-bit lane).
+  alignas(64) std::uint8_t low_table[64], high_table[64];
+  for (int i = 0; i < 64; ++i) {
+    const int offset = i % 16;
+    low_table[i] = static_cast<std::uint8_t>(offset < 8 ? 1 << offset : 0);
+    high_table[i] = static_cast<std::uint8_t>(offset < 8 ? 0 : 1 << (offset - 8));
+  }
   const __m512i gather_index = _mm512_load_si512(gather);
-  const __m512i ones = _mm512_set1_epi8(1), zero = _mm512_setzero_si512(), two = _mm512_set1_epi32(2);
-  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), width = _mm512_set1_epi8(window_width);
-  __m512i zeros = zero, in_window[window_width];
-  for (auto& c : in_window) c = zero;
-  __m512i min_nonzero = _mm512_set1_epi32(-1);  // min of 2|x| - 2 as unsigned bits
+  const __m512i low_onehot = _mm512_load_si512(low_table), high_onehot = _mm512_load_si512(high_table);
+  const __m512i zero = _mm512_setzero_si512(), magnitude = _mm512_set1_epi32(0x7fffffff);
+  // (field - base) + 0x70 with unsigned saturation: offsets 0..15 become
+  // 0x70..0x7f, the others have bit 7 set and look up zero. field 0 and 255
+  // are outside: base >= 1 and base + 15 <= 254.
+  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), bias = _mm512_set1_epi8(0x70);
   std::size_t n_out = 0;
-  for (std::size_t b = 0; b < blocks; ++b) {
+  std::uint64_t zeros = 0;
+  __mmask16 subnormal = 0;
+  // One block: its one-hot vectors for the low and high 8 fields.
+  auto one_hot = [&](std::size_t b, __m512i& low, __m512i& high) MPSIM_TARGET_AVX512_VBMI2 {
+    if (b >= blocks) {
+      low = high = zero;
+      return;
+    }
     const float* p = v + 64 * b;
-    const __m512i x0 = _mm512_loadu_si512(p), x1 = _mm512_loadu_si512(p + 16);
-    const __m512i x2 = _mm512_loadu_si512(p + 32), x3 = _mm512_loadu_si512(p + 48);
-    const __m512i y0 = _mm512_add_epi32(x0, x0), y1 = _mm512_add_epi32(x1, x1);
-    const __m512i y2 = _mm512_add_epi32(x2, x2), y3 = _mm512_add_epi32(x3, x3);
-    const __m512i m01 = _mm512_min_epu32(_mm512_sub_epi32(y0, two), _mm512_sub_epi32(y1, two));
-    const __m512i m23 = _mm512_min_epu32(_mm512_sub_epi32(y2, two), _mm512_sub_epi32(y3, two));
-    min_nonzero = _mm512_min_epu32(min_nonzero, _mm512_min_epu32(m01, m23));
-    const __m512i fields = _mm512_mask_blend_epi8(0xffffffff00000000ull, _mm512_permutex2var_epi8(y0, gather_index, y1),
-                                                  _mm512_permutex2var_epi8(y2, gather_index, y3));
+    const __m512i x[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 16), _mm512_loadu_si512(p + 32),
+                          _mm512_loadu_si512(p + 48)};
+    const __m512i fields =
+        _mm512_mask_blend_epi8(0xffffffff00000000ull,
+                               _mm512_permutex2var_epi8(_mm512_add_epi32(x[0], x[0]), gather_index,
+                                                        _mm512_add_epi32(x[1], x[1])),
+                               _mm512_permutex2var_epi8(_mm512_add_epi32(x[2], x[2]), gather_index,
+                                                        _mm512_add_epi32(x[3], x[3])));
     const __mmask64 is_zero = _mm512_cmpeq_epi8_mask(fields, zero);
-    zeros = _mm512_mask_add_epi8(zeros, is_zero, zeros, ones);
-    const __m512i offset = _mm512_sub_epi8(fields, base_vec);
-    count_offsets<window_width>(offset, in_window);
-    const __mmask64 outside = ~(_mm512_cmplt_epu8_mask(offset, width) | is_zero);
+    zeros += static_cast<std::uint64_t>(__builtin_popcountll(is_zero));
+    // Field 0 with a nonzero magnitude is subnormal. Bits 16 i .. 16 i + 15 of is_zero are vector i's lanes.
+    if (is_zero != 0)
+      for (int i = 0; i < 4; ++i)
+        subnormal |= _mm512_mask_test_epi32_mask(static_cast<__mmask16>(is_zero >> (16 * i)), x[i], magnitude);
+    const __m512i offset = _mm512_adds_epu8(_mm512_sub_epi8(fields, base_vec), bias);
+    low = _mm512_shuffle_epi8(low_onehot, offset);
+    high = _mm512_shuffle_epi8(high_onehot, offset);
+    const __m512i any = _mm512_or_si512(low, high);
+    const __mmask64 outside = _mm512_testn_epi8_mask(any, any) & ~is_zero;
     _mm512_storeu_si512(outliers + n_out, _mm512_maskz_compress_epi8(outside, fields));
     n_out += static_cast<std::size_t>(__builtin_popcountll(outside));
+  };
+  // The adder tree, for the low [0] and high [1] one-hot vectors: the running
+  // 1s, 2s, 4s and 8s bit planes, and partial results of the current group of
+  // 16 blocks (8 pairs) that wait for their partner.
+  __m512i ones[2] = {zero, zero}, twos[2] = {zero, zero}, fours[2] = {zero, zero}, eights[2] = {zero, zero};
+  __m512i twos_a[2] = {zero, zero}, fours_a[2] = {zero, zero}, eights_a[2] = {zero, zero};
+  std::size_t pair = 0;
+  for (std::size_t b = 0; b < blocks; b += 2, ++pair) {
+    __m512i d[2][2];
+    one_hot(b, d[0][0], d[1][0]);
+    one_hot(b + 1, d[0][1], d[1][1]);
+    for (int g = 0; g < 2; ++g) {
+      __m512i twos_b, fours_b, eights_b, sixteens;
+      if (pair % 2 == 0) {
+        carry_save(twos_a[g], ones[g], ones[g], d[g][0], d[g][1]);
+        continue;
+      }
+      carry_save(twos_b, ones[g], ones[g], d[g][0], d[g][1]);
+      if (pair % 4 == 1) {
+        carry_save(fours_a[g], twos[g], twos[g], twos_a[g], twos_b);
+        continue;
+      }
+      carry_save(fours_b, twos[g], twos[g], twos_a[g], twos_b);
+      if (pair % 8 == 3) {
+        carry_save(eights_a[g], fours[g], fours[g], fours_a[g], fours_b);
+        continue;
+      }
+      carry_save(eights_b, fours[g], fours[g], fours_a[g], fours_b);
+      carry_save(sixteens, eights[g], eights[g], eights_a[g], eights_b);
+      add_bit_counts(sixteens, 16, field + base + 8 * g);
+    }
   }
-  field[0] += byte_total(zeros);
-  for (int j = 0; j < window_width; ++j) field[base + j] += byte_total(in_window[j]);
-  alignas(64) std::uint32_t mins[16];
-  _mm512_store_si512(mins, min_nonzero);
+  for (int g = 0; g < 2; ++g) {
+    std::uint32_t* const f = field + base + 8 * g;
+    add_bit_counts(ones[g], 1, f);
+    add_bit_counts(twos[g], 2, f);
+    add_bit_counts(fours[g], 4, f);
+    add_bit_counts(eights[g], 8, f);
+    // Partial results still waiting for a partner (the last group had fewer than 8 pairs).
+    if (pair % 2 == 1) add_bit_counts(twos_a[g], 2, f);
+    if (pair % 4 >= 2) add_bit_counts(fours_a[g], 4, f);
+    if (pair % 8 >= 4) add_bit_counts(eights_a[g], 8, f);
+  }
+  field[0] += static_cast<std::uint32_t>(zeros);
   FirstPass result;
   result.outliers = n_out;
-  // Subnormal: 0 < |x| < 2^23 as bits, so 2|x| - 2 <= 2^24 - 4; zero wraps around, normals are larger.
-  for (const std::uint32_t m : mins) result.maybe_subnormal |= m < 0xfffffdu;
+  result.maybe_subnormal = subnormal != 0;
   return result;
 }
 
@@ -275,16 +362,33 @@ std::pair<int, int> place_windows(std::array<std::uint32_t, 256> counts) {
 }
 
 void count_fields_window(std::span<const float> values, FieldCounts& out) {
-  static_assert(chunk % 64 == 0 && chunk / 64 <= 255);
+  // Counts of the chunks so far, added to `out` every 2^30 values and at the end.
+  constexpr std::size_t flush_interval = std::size_t{1} << 30;
+  static_assert(flush_interval % chunk == 0);
   alignas(64) std::array<std::uint8_t, chunk + 64> outliers;
-  std::array<std::uint32_t, 256> counts;  // of one chunk
-  std::pair<int, int> windows{0, 0};
+  std::array<std::uint32_t, 256> counts{};
+  auto flush = [&] {
+    for (int e = 0; e < 256; ++e) out.field[e] += counts[e];
+    counts.fill(0);
+  };
+  // The windows start where a sample of the values is: 16 runs of 16 values
+  // (a cache line each) spread over the span, since the magnitudes often
+  // drift along a tensor (rows of a weight gradient that see different inputs).
+  std::pair<int, int> windows;
+  {
+    std::array<std::uint32_t, 256> sample{};
+    const std::size_t run = 16, runs = 16, stride = values.size() / runs;
+    for (std::size_t r = 0; r < runs; ++r)
+      for (std::size_t i = r * stride; i < std::min(values.size(), r * stride + run); ++i)
+        ++sample[(std::bit_cast<std::uint32_t>(values[i]) >> 23) & 0xffu];
+    windows = place_windows(sample);
+  }
   bool moved = false;  // the windows were moved after the last chunk
   std::size_t start = 0;
   for (; start < values.size(); start += chunk) {
     const float* v = values.data() + start;
     const std::size_t m = std::min(chunk, values.size() - start);
-    counts.fill(0);
+    const std::array<std::uint32_t, 256> before = counts;  // a 1 KiB copy: this chunk's counts are the difference
     bool special = false;
     auto count_one_by_one = [&](std::size_t from, std::size_t to) {
       for (std::size_t i = from; i < to; ++i) {
@@ -293,34 +397,36 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
         special |= bits - 1u < 0x7fffffu || bits >= 0x7f800000u;
       }
     };
-    // No windows yet: place them by the first 256 values.
-    std::size_t head = 0;
-    if (windows.first == 0) {
-      head = std::min<std::size_t>(m, 256);
-      count_one_by_one(0, head);
-      windows = place_windows(counts);
+    const std::size_t blocks = m / 64;
+    const auto first = count_first_window(v, blocks, windows.first, counts.data(), outliers.data());
+    // A short list is cheaper to count one by one than to pass through the second window.
+    std::size_t outside_both = 0;
+    if (first.outliers >= 64) {
+      outside_both = count_second_window(outliers.data(), first.outliers, windows.second, counts.data());
+      for (std::size_t k = 0; k < outside_both; ++k) ++counts[outliers[k]];
+    } else {
+      for (std::size_t k = 0; k < first.outliers; ++k) ++counts[outliers[k]];
     }
-    const std::size_t blocks = (m - head) / 64;
-    const auto first = count_first_window(v + head, blocks, windows.first, counts.data(), outliers.data());
-    const std::size_t left = count_second_window(outliers.data(), first.outliers, windows.second, counts.data());
-    for (std::size_t k = 0; k < left; ++k) ++counts[outliers[k]];
-    count_one_by_one(head + 64 * blocks, m);
-    if (special || first.maybe_subnormal || counts[255] != 0) resolve_special(v, m, out);
-    for (int e = 0; e < 256; ++e) out.field[e] += counts[e];
-    if (left > m / 16) {
-      // Many values outside both windows: move them to where this chunk's
-      // values are, or, when the values span too many binades for any two
-      // windows, count pairs.
-      if (moved && left > m / 4) {
+    count_one_by_one(64 * blocks, m);
+    if (special || first.maybe_subnormal || counts[255] != before[255]) resolve_special(v, m, out);
+    if ((start + m) % flush_interval == 0) flush();
+    if (outside_both > m / 64) {
+      // More than a few values outside both windows (each costs a memory
+      // increment): move them to where this chunk's values are, or, when the
+      // values span too many binades for any two windows, count pairs.
+      if (moved && outside_both > m / 4) {
         start += chunk;
         break;
       }
-      windows = place_windows(counts);
+      std::array<std::uint32_t, 256> this_chunk;
+      for (int e = 0; e < 256; ++e) this_chunk[e] = counts[e] - before[e];
+      windows = place_windows(this_chunk);
       moved = true;
     } else {
       moved = false;
     }
   }
+  flush();
   if (start < values.size()) count_fields_pairs(values.subspan(start), out);
 }
 
