@@ -212,7 +212,7 @@ struct FirstPass {
   bool maybe_subnormal = false;
 };
 
-// Counts blocks * 64 values of v (at most 64 blocks): fields in
+// Counts blocks * 64 values of v (at most chunk / 64 blocks: the list holds a chunk): fields in
 // {0} u [base, base + window_width) into `field`, the others into `outliers`.
 MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size_t blocks, int base,
                                                        std::uint32_t* field, std::uint8_t* outliers) {
