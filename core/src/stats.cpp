@@ -167,8 +167,9 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
 // sees only the outliers); what is left is counted one by one.
 // Weights, activations and gradients mostly span fewer than 40 binades, with
 // two modes at times (a layer's inputs that are often exactly zero make
-// gradients in two clusters). The windows are placed by the first 256
-// values and moved when a chunk has many values outside both. This first pass
+// gradients in two clusters). The windows are placed by a sample spread over
+// the array and moved when a chunk has more than a few values outside both
+// (count_fields_window). This first pass
 // replaced one that compared every byte with each of 12 fields (a masked byte
 // add per field), and is about 1.6x faster than it (bench_stats, 2026-11-22).
 constexpr int window_width = 16, second_width = 24;
@@ -199,7 +200,7 @@ MPSIM_TARGET_AVX512_VBMI2 inline void carry_save(__m512i& carry, __m512i& sum, _
   carry = _mm512_ternarylogic_epi32(a, b, c, 0xe8);  // majority(a, b, c)
 }
 
-// field[first + j] += weight * (number of bytes of `bits` with bit j set), j < 8.
+// field[j] += weight * (number of bytes of `bits` with bit j set), j < 8.
 MPSIM_TARGET_AVX512_VBMI2 void add_bit_counts(__m512i bits, std::uint32_t weight, std::uint32_t* field) {
   for (int j = 0; j < 8; ++j) {
     const __mmask64 set = _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(1 << j)));
@@ -209,7 +210,7 @@ MPSIM_TARGET_AVX512_VBMI2 void add_bit_counts(__m512i bits, std::uint32_t weight
 
 struct FirstPass {
   std::size_t outliers = 0;  // fields outside {0} u window, stored in the list
-  bool maybe_subnormal = false;
+  bool has_subnormal = false;  // a block held a subnormal value
 };
 
 // Counts blocks * 64 values of v (at most chunk / 64 blocks: the list holds a chunk): fields in
@@ -312,7 +313,7 @@ MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size
   field[0] += static_cast<std::uint32_t>(zeros);
   FirstPass result;
   result.outliers = n_out;
-  result.maybe_subnormal = subnormal != 0;
+  result.has_subnormal = subnormal != 0;
   return result;
 }
 
@@ -400,15 +401,11 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
     const std::size_t blocks = m / 64;
     const auto first = count_first_window(v, blocks, windows.first, counts.data(), outliers.data());
     // A short list is cheaper to count one by one than to pass through the second window.
-    std::size_t outside_both = 0;
-    if (first.outliers >= 64) {
-      outside_both = count_second_window(outliers.data(), first.outliers, windows.second, counts.data());
-      for (std::size_t k = 0; k < outside_both; ++k) ++counts[outliers[k]];
-    } else {
-      for (std::size_t k = 0; k < first.outliers; ++k) ++counts[outliers[k]];
-    }
+    std::size_t left = first.outliers, outside_both = 0;
+    if (left >= 64) left = outside_both = count_second_window(outliers.data(), left, windows.second, counts.data());
+    for (std::size_t k = 0; k < left; ++k) ++counts[outliers[k]];
     count_one_by_one(64 * blocks, m);
-    if (special || first.maybe_subnormal || counts[255] != before[255]) resolve_special(v, m, out);
+    if (special || first.has_subnormal || counts[255] != before[255]) resolve_special(v, m, out);
     if ((start + m) % flush_interval == 0) flush();
     if (outside_both > m / 64) {
       // More than a few values outside both windows (each costs a memory
