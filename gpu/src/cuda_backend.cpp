@@ -5,11 +5,21 @@
 // docs/gpu.md says which ops give the same bits and which agree within
 // stated bounds, and which calls wait for the device.
 //
-// Memory: a tensor's opaque buffer is a device allocation from a caching pool
-// (like the CPU backend's BufferPool). A tensor released on the host goes back
-// to the pool at once, while kernels that use it may still be queued: that is
-// safe because the pool only hands it out again to work enqueued later on the
-// same stream, which runs after them.
+// Memory: a tensor's opaque buffer is a TensorStorage, whose device memory
+// comes from a caching pool (like the CPU backend's BufferPool). Memory
+// released on the host goes back to the pool at once, while kernels that use
+// it may still be queued: that is safe because the pool only hands it out
+// again to work enqueued later on the same stream, which runs after them.
+//
+// Storage: a tensor holds binary32 values until a rounding point rounds it
+// to a format of at most 16 bits (binary16, bfloat16, FP8, custom); from
+// then on it holds that format's encodings (device_storage.hpp: the bits of
+// __half, __nv_bfloat16, __nv_fp8_*), 1 or 2 bytes a value, until an op
+// writes it again. cuBLAS reads binary16 and bfloat16 tensors as stored; the
+// other ops read a narrow tensor through a binary32 copy widened into pool
+// memory just before them (in()), and write binary32 (out(), inout()). Every
+// value is the one the CPU backend holds: the codec and the widening are
+// exact, and the rounding happened once, in the rounding kernel.
 #include <algorithm>
 #include <array>
 #include <climits>
@@ -17,6 +27,7 @@
 #include <cstddef>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -29,6 +40,7 @@
 #include "mpsim/gpu/backend.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "mpsim/gpu/device_format.hpp"
+#include "mpsim/gpu/device_storage.hpp"
 
 namespace mpsim::gpu {
 namespace {
@@ -41,7 +53,35 @@ using core::Shape;
 using core::Tensor;
 using core::TensorStats;
 
-float* data(const Tensor& t) { return static_cast<float*>(t.buffer()); }
+// A tensor's device memory: binary32 values, or (narrow) the encodings of a
+// format of at most 16 bits, laid out as the binary32 factor that widening
+// multiplies by at byte 0 and the codes from byte narrow_offset.
+struct TensorStorage {
+  std::shared_ptr<void> memory;  // from the pool
+  bool narrow = false;
+  DeviceFormat format{};  // narrow: the codes' format
+  int exponent_bits = 0, mantissa_bits = 0;
+  bool has_infinity = false;
+  bool unscaled = false;  // narrow: the factor is known to be 1 (cuBLAS may read the codes)
+};
+constexpr std::size_t narrow_offset = 256;  // cudaMalloc's alignment, kept for cuBLAS
+
+// What an op reads: a tensor's binary32 memory, or, for a narrow tensor, a
+// binary32 copy widened into pool memory that `hold` keeps until the op is
+// queued (CudaBackend::in). Take every input before any output (out, inout): an output may
+// share the input's buffer.
+struct Input {
+  const float* values = nullptr;
+  std::shared_ptr<void> hold;
+  operator const float*() const { return values; }  // NOLINT: reads like the pointer it stands for
+};
+
+TensorStorage* buffer_of(const Tensor& t) { return static_cast<TensorStorage*>(t.buffer()); }
+
+// Whether a rounding to `format` stores the tensor narrow.
+bool stored_narrow(const Format& format) {
+  return format.invalid_reason() == std::nullopt && fits_in_float(format) && format.total_bits() <= 16;
+}
 
 void require(bool ok, const char* what) {
   if (!ok) throw std::logic_error(std::string("cuda backend: ") + what);
@@ -256,6 +296,10 @@ GemmInput gemm_input_for(const Format& a, const Format& b) {
 }
 
 std::string inexact_operand_message(unsigned flags) {
+  if (flags & kernels::inexact_storage)
+    return "cuda backend: weights or optimiser state stored in their format held a value that format does not "
+           "represent (a weight or state tensor not rounded to its storage point before the step?). Values stored "
+           "since the last synchronisation are not the CPU backend's.";
   std::string types;
   const auto add = [&](unsigned bit, const char* name) {
     if ((flags & bit) == 0) return;
@@ -319,31 +363,40 @@ class CudaBackend final : public core::Backend {
   // --- Memory ------------------------------------------------------------------------------------------------------
   Tensor zeros(const Shape& shape) override {
     Tensor t = empty(shape);
-    if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(data(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
+    if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(out(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
     return t;
   }
   Tensor empty(const Shape& shape) override {
     const std::int64_t n = core::element_count(shape);
     require(n >= 0, "empty: negative size");
-    return Tensor(shape, pool_->get(static_cast<std::size_t>(n) * sizeof(float), pool_));
+    auto buffer = std::make_shared<TensorStorage>();
+    buffer->memory = pool_->get(static_cast<std::size_t>(n) * sizeof(float), pool_);
+    return Tensor(shape, std::move(buffer));
   }
   Tensor from_host(std::span<const float> values, const Shape& shape) override {
     require(static_cast<std::int64_t>(values.size()) == core::element_count(shape),
             "from_host: size does not match shape");
     Tensor t = empty(shape);
-    if (!values.empty()) uploads_.copy(data(t), values.data(), values.size_bytes(), stream());
+    if (!values.empty()) uploads_.copy(out(t), values.data(), values.size_bytes(), stream());
     return t;
   }
-  void to_host(const Tensor& t, std::span<float> out) override {
-    require(static_cast<std::int64_t>(out.size()) == t.numel(), "to_host: size does not match");
-    if (out.empty()) return;
-    MPSIM_CUDA_CHECK(cudaMemcpyAsync(out.data(), data(t), out.size_bytes(), cudaMemcpyDeviceToHost, stream()));
+  void to_host(const Tensor& t, std::span<float> host) override {
+    require(static_cast<std::int64_t>(host.size()) == t.numel(), "to_host: size does not match");
+    if (host.empty()) return;
+    const Input values = in(t);
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(host.data(), values, host.size_bytes(), cudaMemcpyDeviceToHost, stream()));
     synchronize();
   }
   void copy(const Tensor& from, Tensor& to) override {
     require(from.numel() == to.numel(), "copy: sizes differ");
-    if (from.numel() > 0 && from.buffer() != to.buffer())
-      MPSIM_CUDA_CHECK(cudaMemcpyAsync(data(to), data(from), bytes(from), cudaMemcpyDeviceToDevice, stream()));
+    if (from.numel() == 0 || from.buffer() == to.buffer()) return;
+    const TensorStorage& source = *buffer_of(from);
+    if (source.narrow) {  // widened straight into the destination
+      kernels::widen(codes(source), source.format, descale(source), out(to), from.numel(), stream());
+      return;
+    }
+    const Input values = in(from);
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(out(to), values, bytes(from), cudaMemcpyDeviceToDevice, stream()));
   }
 
   // --- Rounding: one pass of the rounding kernel (quantize.cu) -----------------------------------------------------
@@ -358,6 +411,8 @@ class CudaBackend final : public core::Backend {
     launch.scale_before = launch.scale_after = scaled;
     launch.before = scale;
     launch.after = 1.0f / scale;  // exact: scale is a power of two (as the CPU computes it)
+    float* values = inout(t);
+    const std::shared_ptr<void> narrow = rounds ? narrow_store(point, n, launch) : nullptr;
     const bool fetch = stats != nullptr || point.delayed_scaling;
     if (fetch) {
       clear_stats();
@@ -367,7 +422,8 @@ class CudaBackend final : public core::Backend {
       }
       if (point.delayed_scaling) launch.amax = device_amax();
     }
-    detail::launch_round(data(t), static_cast<std::size_t>(n), launch, this->stream());
+    detail::launch_round(values, static_cast<std::size_t>(n), launch, this->stream());
+    if (narrow) store_narrow(t, narrow, point.format, launch.format, !scaled);
     if (!fetch) return result;
     const unsigned long long* host = fetch_round_stats();  // waits: the interface returns amax and counts now
     if (point.delayed_scaling) result.amax = host_amax();
@@ -386,14 +442,15 @@ class CudaBackend final : public core::Backend {
     // with a model keeps accumulation at binary32 (core's gemm_model checks), so such GEMMs go to cuBLAS.
     if (!numerics.accumulation.is_identity()) {
       const kernels::GemmShape shape{m, n, k, ta, tb, a.cols(), b.cols()};
-      kernels::gemm_rounding_every_addition(data(a), data(b), data(c), shape,
+      const Input a_values = in(a), b_values = in(b);
+      kernels::gemm_rounding_every_addition(a_values, b_values, out(c), shape,
                                             make_device_format(numerics.accumulation.format),
                                             make_device_rounding(numerics.accumulation.rounding), draws_of(stream),
                                             this->stream());
       return;
     }
     if (k == 0) {
-      MPSIM_CUDA_CHECK(cudaMemsetAsync(data(c), 0, bytes(c), this->stream()));
+      MPSIM_CUDA_CHECK(cudaMemsetAsync(out(c), 0, bytes(c), this->stream()));
       return;
     }
     cublas_gemm(a, ta, b, tb, c, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"),
@@ -402,15 +459,17 @@ class CudaBackend final : public core::Backend {
 
   void add_row_vector(Tensor& x, const Tensor& row) override {
     require(row.numel() == x.cols(), "add_row_vector: sizes differ");
-    kernels::add_row_vector(data(x), data(row), x.rows(), x.cols(), stream());
+    const Input r = in(row);
+    kernels::add_row_vector(inout(x), r, x.rows(), x.cols(), stream());
   }
   void column_sums(const Tensor& x, Tensor& sums) override {
     require(sums.numel() == x.cols(), "column_sums: sizes differ");
     const std::int64_t words = kernels::column_sums_scratch(x.rows(), x.cols());
     const auto scratch = pool_->get(static_cast<std::size_t>(words) * sizeof(float), pool_);
-    kernels::column_sums(data(x), x.rows(), x.cols(), data(sums), static_cast<float*>(scratch.get()), stream());
+    const Input values = in(x);
+    kernels::column_sums(values, x.rows(), x.cols(), out(sums), static_cast<float*>(scratch.get()), stream());
   }
-  void scale(Tensor& x, float factor) override { kernels::scale(data(x), x.numel(), factor, stream()); }
+  void scale(Tensor& x, float factor) override { kernels::scale(inout(x), x.numel(), factor, stream()); }
   double sum_squares(const Tensor& x) override {
     const QueuedSum sum = queue_sum_squares(x);
     MPSIM_CUDA_CHECK(
@@ -422,19 +481,23 @@ class CudaBackend final : public core::Backend {
   // --- Activations and LayerNorm -----------------------------------------------------------------------------------
   void relu_forward(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "relu_forward: sizes differ");
-    kernels::relu_forward(data(x), data(y), x.numel(), stream());
+    const Input v = in(x);
+    kernels::relu_forward(v, out(y), x.numel(), stream());
   }
   void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     require(x.numel() == dy.numel() && x.numel() == dx.numel(), "relu_backward: sizes differ");
-    kernels::relu_backward(data(x), data(dy), data(dx), x.numel(), stream());
+    const Input v = in(x), g = in(dy);
+    kernels::relu_backward(v, g, out(dx), x.numel(), stream());
   }
   void gelu_forward(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "gelu_forward: sizes differ");
-    kernels::gelu_forward(data(x), data(y), x.numel(), gelu_constants(), stream());
+    const Input v = in(x);
+    kernels::gelu_forward(v, out(y), x.numel(), gelu_constants(), stream());
   }
   void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     require(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes differ");
-    kernels::gelu_backward(data(x), data(dy), data(dx), x.numel(), gelu_constants(), stream());
+    const Input v = in(x), g = in(dy);
+    kernels::gelu_backward(v, g, out(dx), x.numel(), gelu_constants(), stream());
   }
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {
@@ -442,8 +505,8 @@ class CudaBackend final : public core::Backend {
     require(gamma.numel() == cols && beta.numel() == cols && y.numel() == x.numel() && mean.numel() == rows &&
                 rstd.numel() == rows,
             "layer_norm_forward: sizes differ");
-    kernels::layer_norm_forward(data(x), data(gamma), data(beta), eps, rows, cols, data(y), data(mean), data(rstd),
-                                stream());
+    const Input v = in(x), g = in(gamma), b = in(beta);
+    kernels::layer_norm_forward(v, g, b, eps, rows, cols, out(y), out(mean), out(rstd), stream());
   }
   void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
@@ -452,8 +515,9 @@ class CudaBackend final : public core::Backend {
                 dx.numel() == x.numel() && dgamma.numel() == cols && dbeta.numel() == cols,
             "layer_norm_backward: sizes differ");
     const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
-    kernels::layer_norm_backward(data(x), data(gamma), data(mean), data(rstd), data(dy), rows, cols, data(dx),
-                                 data(dgamma), data(dbeta), static_cast<float*>(scratch.get()), stream());
+    const Input v = in(x), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
+    kernels::layer_norm_backward(v, g, mu, rs, gy, rows, cols, out(dx), out(dgamma), out(dbeta),
+                                 static_cast<float*>(scratch.get()), stream());
   }
 
   // --- Convolution layout and pooling ------------------------------------------------------------------------------
@@ -461,36 +525,41 @@ class CudaBackend final : public core::Backend {
     require_geometry(g, x);
     require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
             "im2col: output size");
-    kernels::im2col(data(x), geometry_of(g), data(columns), stream());
+    const Input v = in(x);
+    kernels::im2col(v, geometry_of(g), out(columns), stream());
   }
   void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
     require_geometry(g, dx);
     require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
             "col2im: input size");
-    kernels::col2im(data(columns), geometry_of(g), data(dx), stream());
+    const Input v = in(columns);
+    kernels::col2im(v, geometry_of(g), inout(dx), stream());
   }
   void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
     require(rows.rows() == batch * h * w && nchw.numel() == rows.numel(), "rows_to_nchw: sizes differ");
-    kernels::rows_to_nchw(data(rows), batch, rows.cols(), h * w, data(nchw), stream());
+    const Input v = in(rows);
+    kernels::rows_to_nchw(v, batch, rows.cols(), h * w, out(nchw), stream());
   }
   void nchw_to_rows(const Tensor& nchw, Tensor& rows) override {
     const Shape& s = nchw.shape();
     require(s.size() == 4 && rows.numel() == nchw.numel(), "nchw_to_rows: expects NCHW of the rows' size");
-    kernels::nchw_to_rows(data(nchw), s[0], s[1], s[2] * s[3], data(rows), stream());
+    const Input v = in(nchw);
+    kernels::nchw_to_rows(v, s[0], s[1], s[2] * s[3], out(rows), stream());
   }
   void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
     require_geometry(g, x);
     const std::int64_t outputs = g.batch * g.channels * g.out_height() * g.out_width();
     require(y.numel() == outputs && argmax.numel() == outputs, "max_pool_forward: output size");
-    kernels::max_pool_forward(data(x), geometry_of(g), data(y), data(argmax), stream());
+    const Input v = in(x);
+    kernels::max_pool_forward(v, geometry_of(g), out(y), out(argmax), stream());
   }
   void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
     const Shape& in = dx.shape();
     const Shape& out = dy.shape();
     require(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1] && argmax.numel() == dy.numel(),
             "max_pool_backward: expects NCHW gradients of one batch and channel count");
-    kernels::max_pool_backward(data(dy), data(argmax), in[0] * in[1], in[2] * in[3], out[2] * out[3], data(dx),
-                               stream());
+    const Input g = this->in(dy), where = this->in(argmax);
+    kernels::max_pool_backward(g, where, in[0] * in[1], in[2] * in[3], out[2] * out[3], this->out(dx), stream());
   }
 
   // --- Loss --------------------------------------------------------------------------------------------------------
@@ -522,8 +591,9 @@ class CudaBackend final : public core::Backend {
     const std::int64_t n = weight.numel();
     require(grad.numel() == n && update.numel() == n && (momentum_factor == 0.0f || momentum.numel() == n),
             "sgd_update: sizes differ");
-    kernels::sgd_update(data(weight), data(grad), data(momentum), data(update), n, lr, momentum_factor, weight_decay,
-                        first_step, nullptr, stream());
+    const Input w = in(weight), g = in(grad);
+    kernels::sgd_update(w, g, inout(momentum), out(update), n, lr, momentum_factor, weight_decay, first_step, nullptr,
+                        stream());
   }
   void adam_update(const Tensor& weight, const Tensor& grad, Tensor& m, Tensor& v, const core::AdamParams& p,
                    Tensor& update) override {
@@ -533,7 +603,8 @@ class CudaBackend final : public core::Backend {
     const AdamBias b = adam_bias(p.beta1, p.beta2, p.step);
     c.step_size = p.lr / b.bias1;
     c.bias2_sqrt = b.bias2_sqrt;
-    kernels::adam_update(data(weight), data(grad), data(m), data(v), data(update), n, c, nullptr, stream());
+    const Input w = in(weight), g = in(grad);
+    kernels::adam_update(w, g, inout(m), inout(v), out(update), n, c, nullptr, stream());
   }
   void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                     TensorStats* stats) override {
@@ -574,16 +645,17 @@ class CudaBackend final : public core::Backend {
     require(grad.numel() == n && update.numel() == n, "optimizer_step: sizes differ");
     if (p.kind == core::OptimizerKind::sgd) {
       require(p.momentum == 0.0f || state1.numel() == n, "optimizer_step: momentum size differs");
-      kernels::sgd_update(data(weight), data(grad), data(state1), data(update), n, p.lr, p.momentum, p.weight_decay,
-                          false, step_.data(), this->stream());
+      const Input w = in(weight), g = in(grad);
+      kernels::sgd_update(w, g, inout(state1), out(update), n, p.lr, p.momentum, p.weight_decay, false, step_.data(),
+                          this->stream());
     } else {
       require(state1.numel() == n && state2.numel() == n, "optimizer_step: Adam state sizes differ");
       kernels::AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
                                                 p.kind == core::OptimizerKind::adamw);
       c.lr = p.lr;
       c.bias = adam_bias_table(p.beta1, p.beta2, steps_started_);
-      kernels::adam_update(data(weight), data(grad), data(state1), data(state2), data(update), n, c, step_.data(),
-                           this->stream());
+      const Input w = in(weight), g = in(grad);
+      kernels::adam_update(w, g, inout(state1), inout(state2), out(update), n, c, step_.data(), this->stream());
     }
     apply_update_gated(weight, update, storage, stream, stats, step_.data());
   }
@@ -596,7 +668,8 @@ class CudaBackend final : public core::Backend {
     if (point.is_identity() || state.numel() == 0) return;
     detail::RoundLaunch launch = round_launch(point, stream);
     launch.skip = skip_flag();
-    detail::launch_round(data(state), static_cast<std::size_t>(state.numel()), launch, this->stream());
+    detail::launch_round(inout(state), static_cast<std::size_t>(state.numel()), launch, this->stream());
+    store_values_narrow(state, point);
   }
   std::vector<core::StepScalars> take_steps() override {
     keep_records();
@@ -614,7 +687,8 @@ class CudaBackend final : public core::Backend {
     auto scratch = pool_->get((kernels::sum_squares_blocks + 1) * sizeof(double), pool_);
     double* partial = static_cast<double*>(scratch.get());
     double* value = partial + kernels::sum_squares_blocks;
-    kernels::sum_squares(data(x), x.numel(), partial, value, stream());
+    const Input values = in(x);
+    kernels::sum_squares(values, x.numel(), partial, value, stream());
     return {std::move(scratch), value};
   }
 
@@ -630,8 +704,9 @@ class CudaBackend final : public core::Backend {
     if (rows == 0) return nullptr;
     if (cols <= 0) fail(": no classes");
     auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
-    kernels::softmax_cross_entropy(data(logits), data(labels), rows, cols, factor, data(d_logits),
-                                   static_cast<float*>(scratch.get()), scale_from, stream());
+    const Input z = in(logits), y = in(labels);
+    kernels::softmax_cross_entropy(z, y, rows, cols, factor, out(d_logits), static_cast<float*>(scratch.get()),
+                                   scale_from, stream());
     return scratch;
   }
 
@@ -646,7 +721,8 @@ class CudaBackend final : public core::Backend {
     float* scale = static_cast<float*>(scratch.get());
     auto* amax = reinterpret_cast<unsigned int*>(scale + 1);
     detail::RoundLaunch launch = round_launch(point, stream);
-    kernels::delayed_scale_from_ring(data(history), length, point.format.largest_finite(), margin, scale, amax, gate,
+    float* ring = inout(history);
+    kernels::delayed_scale_from_ring(ring, length, point.format.largest_finite(), margin, scale, amax, gate,
                                      this->stream());
     launch.device_scale = scale;
     launch.amax = amax;
@@ -656,8 +732,13 @@ class CudaBackend final : public core::Backend {
       launch.counters = device_stats_.data() + counters_at;
       launch.bins = device_stats_.data() + bins_at;
     }
-    detail::launch_round(data(t), static_cast<std::size_t>(t.numel()), launch, this->stream());
-    if (record) kernels::push_amax(data(history), length, amax, gate, this->stream());
+    float* values = inout(t);
+    // A gated rounding may not run (a skipped step), so it keeps binary32 storage: a store must always be written.
+    const std::shared_ptr<void> narrow =
+        gate == nullptr && !point.is_identity() ? narrow_store(point, t.numel(), launch) : nullptr;
+    detail::launch_round(values, static_cast<std::size_t>(t.numel()), launch, this->stream());
+    if (narrow) store_narrow(t, narrow, point.format, launch.format, false);
+    if (record) kernels::push_amax(ring, length, amax, gate, this->stream());
     if (stats) add_round_stats(*stats, fetch_round_stats(), t.numel(), !point.is_identity());
   }
 
@@ -778,18 +859,19 @@ class CudaBackend final : public core::Backend {
       format = make_device_format(storage.format);  // throws unless fits_in_float, before anything is queued
       rounding = make_device_rounding(storage.rounding);
     }
+    const Input u = in(update);
+    float* w = inout(weight);
     unsigned long long* counters = nullptr;
     if (stats) {
       clear_stats();
-      detail::launch_histogram(data(update), static_cast<std::size_t>(n), device_stats_.data() + bins_at,
-                               this->stream());
+      detail::launch_histogram(u, static_cast<std::size_t>(n), device_stats_.data() + bins_at, this->stream());
       counters = device_stats_.data() + counters_at;
     }
     if (rounds)
-      kernels::apply_update_rounded(data(weight), data(update), n, format, rounding, draws_of(stream), counters, gate,
-                                    this->stream());
+      kernels::apply_update_rounded(w, u, n, format, rounding, draws_of(stream), counters, gate, this->stream());
     else
-      kernels::apply_update_binary32(data(weight), data(update), n, counters, gate, this->stream());
+      kernels::apply_update_binary32(w, u, n, counters, gate, this->stream());
+    if (rounds) store_values_narrow(weight, storage);
     if (!stats) return;
     fetch_stats();  // waits: the interface adds to *stats now (only at the logging interval)
     const unsigned long long* host = host_stats_.data();
@@ -819,38 +901,123 @@ class CudaBackend final : public core::Backend {
   void cublas_gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, int m, int n, int k,
                    GemmInput input) {
     const int lda = as_int(a.cols(), "a's row length"), ldb = as_int(b.cols(), "b's row length");
-    const void* a_in = data(a);
-    const void* b_in = data(b);
-    std::shared_ptr<void> a16, b16;  // converted copies, back to the pool after the GEMM is queued
     cudaDataType_t type = CUDA_R_32F;
     cublasComputeType_t compute = CUBLAS_COMPUTE_32F_PEDANTIC;  // binary32 products and sums, never TF32
+    Input a_in, b_in;  // what cuBLAS reads, kept until the GEMM is queued
     switch (input) {
       case GemmInput::binary16:
       case GemmInput::bfloat16: {
         const bool bf = input == GemmInput::bfloat16;
-        a16 = pool_->get(static_cast<std::size_t>(a.numel()) * 2, pool_);
-        b16 = pool_->get(static_cast<std::size_t>(b.numel()) * 2, pool_);
-        kernels::convert_for_gemm(data(a), a16.get(), a.numel(), bf, status_.data(), stream());
-        kernels::convert_for_gemm(data(b), b16.get(), b.numel(), bf, status_.data(), stream());
-        a_in = a16.get();
-        b_in = b16.get();
+        a_in = operand_16(a, bf);
+        b_in = operand_16(b, bf);
         type = bf ? CUDA_R_16BF : CUDA_R_16F;
         compute = CUBLAS_COMPUTE_32F;  // binary32 accumulation on Tensor Cores
         break;
       }
       case GemmInput::tf32:
         // The values are TF32's already (checked), so cuBLAS's own conversion cannot change them.
-        kernels::check_tf32(data(a), a.numel(), status_.data(), stream());
-        kernels::check_tf32(data(b), b.numel(), status_.data(), stream());
+        a_in = in(a);
+        b_in = in(b);
+        kernels::check_tf32(a_in, a.numel(), status_.data(), stream());
+        kernels::check_tf32(b_in, b.numel(), status_.data(), stream());
         compute = CUBLAS_COMPUTE_32F_FAST_TF32;
         break;
-      case GemmInput::binary32: break;
+      case GemmInput::binary32:
+        a_in = in(a);
+        b_in = in(b);
+        break;
     }
     const float alpha = 1.0f, beta = 0.0f;  // read by cuBLAS when the call is made (host pointer mode)
     MPSIM_CUBLAS_CHECK(cublasGemmEx(blas_.handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, n, m,
-                                    k, &alpha, b_in, type, ldb, a_in, type, lda, &beta, data(c), CUDA_R_32F, n, compute,
-                                    CUBLAS_GEMM_DEFAULT));
+                                    k, &alpha, b_in.values, type, ldb, a_in.values, type, lda, &beta, out(c),
+                                    CUDA_R_32F, n, compute, CUBLAS_GEMM_DEFAULT));
   }
+
+  // A GEMM operand as a 16-bit Tensor Core input type: the tensor's own codes
+  // when it is stored unscaled in that type's layout (no copy, no check: its
+  // values are the type's), else a converted copy in pool memory (any value
+  // that changes sets the inexact-operand flag).
+  Input operand_16(const Tensor& t, bool bfloat16) {
+    const TensorStorage* b = buffer_of(t);
+    const Format& type = bfloat16 ? formats::bfloat16 : formats::binary16;
+    if (b->narrow && b->unscaled && b->has_infinity && b->exponent_bits == type.exponent_bits &&
+        b->mantissa_bits == type.mantissa_bits)
+      return {static_cast<const float*>(codes(*b)), nullptr};  // the codes, typed as cuBLAS's type says
+    const Input values = in(t);
+    auto converted = pool_->get(static_cast<std::size_t>(t.numel()) * 2, pool_);
+    kernels::convert_for_gemm(values, converted.get(), t.numel(), bfloat16, status_.data(), stream());
+    return {static_cast<const float*>(converted.get()), converted};
+  }
+
+  // --- Storage: TensorStorage ---------------------------------------------------------------------------------------
+  Input in(const Tensor& t) {
+    const TensorStorage* b = buffer_of(t);
+    if (!b) return {};
+    if (!b->narrow) return {static_cast<const float*>(b->memory.get()), nullptr};
+    auto wide = pool_->get(bytes(t), pool_);
+    kernels::widen(codes(*b), b->format, descale(*b), static_cast<float*>(wide.get()), t.numel(), stream());
+    return {static_cast<const float*>(wide.get()), std::move(wide)};
+  }
+  // The binary32 memory of a tensor that an op writes whole: a narrow
+  // tensor's codes are dropped for fresh binary32 memory.
+  float* out(const Tensor& t) {
+    TensorStorage* b = buffer_of(t);
+    if (!b) return nullptr;
+    if (b->narrow) {
+      b->memory = pool_->get(bytes(t), pool_);
+      b->narrow = false;
+    }
+    return static_cast<float*>(b->memory.get());
+  }
+  // The binary32 memory of a tensor that an op reads and writes: a narrow tensor is widened into it first.
+  float* inout(const Tensor& t) {
+    TensorStorage* b = buffer_of(t);
+    if (!b) return nullptr;
+    if (b->narrow) {
+      auto wide = pool_->get(bytes(t), pool_);
+      kernels::widen(codes(*b), b->format, descale(*b), static_cast<float*>(wide.get()), t.numel(), stream());
+      b->memory = std::move(wide);
+      b->narrow = false;
+    }
+    return static_cast<float*>(b->memory.get());
+  }
+  // Pool memory for n values of point's format stored narrow, wired into the
+  // launch as its store; null when that format is not stored narrow.
+  std::shared_ptr<void> narrow_store(const RoundingPoint& point, std::int64_t n, detail::RoundLaunch& launch) {
+    if (!stored_narrow(point.format)) return nullptr;
+    auto memory = pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(launch.format), pool_);
+    launch.store_descale = static_cast<float*>(memory.get());
+    launch.store = static_cast<char*>(memory.get()) + narrow_offset;
+    return memory;
+  }
+  // Stores narrow, when its format is, a tensor whose values are all the
+  // point's format's: after a rounding that a skipped step may have left
+  // undone (the weights and optimiser state, rounded at their point every
+  // step that ran, and before the first). A value that is not the format's
+  // is reported at the next synchronisation.
+  void store_values_narrow(const Tensor& t, const RoundingPoint& point) {
+    if (!stored_narrow(point.format) || point.delayed_scaling || t.numel() == 0) return;
+    const DeviceFormat format = make_device_format(point.format);
+    const std::int64_t n = t.numel();
+    auto memory = pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(format), pool_);
+    kernels::narrow(inout(t), format, static_cast<char*>(memory.get()) + narrow_offset,
+                    static_cast<float*>(memory.get()), n, status_.data(), stream());
+    store_narrow(t, std::move(memory), point.format, format, true);
+  }
+  // Makes the store just queued the tensor's storage.
+  static void store_narrow(const Tensor& t, std::shared_ptr<void> memory, const Format& format,
+                           const DeviceFormat& device, bool unscaled) {
+    TensorStorage* b = buffer_of(t);
+    b->memory = std::move(memory);
+    b->narrow = true;
+    b->format = device;
+    b->exponent_bits = format.exponent_bits;
+    b->mantissa_bits = format.mantissa_bits;
+    b->has_infinity = format.has_infinity();
+    b->unscaled = unscaled;
+  }
+  static const void* codes(const TensorStorage& b) { return static_cast<const char*>(b.memory.get()) + narrow_offset; }
+  static const float* descale(const TensorStorage& b) { return static_cast<const float*>(b.memory.get()); }
 
   // --- Synchronisation: every wait of the backend goes through here ------------------------------------------------
   // Waits for the stream, then reports an inexact GEMM operand flagged since the last wait.
@@ -936,6 +1103,12 @@ void* cuda_stream_of(core::Backend& backend) {
 
 std::uint64_t cuda_synchronisations(core::Backend& backend) {
   return cuda_backend_of(backend, "cuda_synchronisations").synchronisations();
+}
+
+int cuda_storage_bytes(core::Backend& backend, const core::Tensor& tensor) {
+  cuda_backend_of(backend, "cuda_storage_bytes");
+  const TensorStorage* b = buffer_of(tensor);
+  return b && b->narrow ? storage_bytes(b->format) : 4;
 }
 
 }  // namespace mpsim::gpu

@@ -170,9 +170,22 @@ void apply_update_rounded(float* weight, const float* update, std::int64_t n, De
                           DeviceRounding rounding, Draws draws, unsigned long long* counters, const StepState* gate,
                           cudaStream_t stream);
 
+// --- Narrow storage (device_storage.hpp) ---------------------------------------------
+// out[i] = decode_storage(codes[i]) * *descale (the multiplication skipped
+// when *descale is 1); codes hold storage_bytes(format) bytes each.
+void widen(const void* codes, DeviceFormat format, const float* descale, float* out, std::int64_t n,
+           cudaStream_t stream);
+// codes[i] = encode_storage(values[i]), *descale = 1, for values that are
+// the format's; sets inexact_storage in *flag when one is not (its code
+// would decode to another value).
+void narrow(const float* values, DeviceFormat format, void* codes, float* descale, std::int64_t n, unsigned int* flag,
+            cudaStream_t stream);
+
 // --- GEMM helpers ---------------------------------------------------------------------
 // Bits of the inexact-operand flag: which Tensor Core input type met a value it does not hold.
 inline constexpr unsigned inexact_binary16 = 1, inexact_bfloat16 = 2, inexact_tf32 = 4;
+// ... and the bit of narrow(): a value stored narrow was not its format's.
+inline constexpr unsigned inexact_storage = 8;
 // out[i] = in[i] as __half (bfloat16 = false) or __nv_bfloat16, rounded to
 // nearest-even; sets the type's bit in *flag when a non-NaN value changes.
 void convert_for_gemm(const float* in, void* out, std::int64_t n, bool bfloat16, unsigned int* flag,

@@ -60,6 +60,14 @@ struct RoundLaunch {
   const float* device_scale = nullptr;
   // When not null and nonzero, the kernel does nothing (a skipped step's gate).
   const int* skip = nullptr;
+  // Narrow storage (device_storage.hpp): when not null, the rounded values
+  // are written here in the format's encoding (storage_bytes(format) bytes
+  // each), before the multiplication by `after`, and `values` is left as it
+  // was; *store_descale gets `after` (1 when not scaled after), which the
+  // widening kernel applies. Needs round, and no skip: a skipped launch
+  // would leave the store unwritten.
+  void* store = nullptr;
+  float* store_descale = nullptr;
 };
 
 // Rounds n values in place, in stream order; never synchronises.

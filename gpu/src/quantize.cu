@@ -10,6 +10,7 @@
 #include "mpsim/gpu/device.hpp"
 #include "mpsim/gpu/device_format.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
+#include "mpsim/gpu/device_storage.hpp"
 
 namespace mpsim::gpu {
 namespace detail {
@@ -30,6 +31,8 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
     for (int b = threadIdx.x; b < histogram_bins; b += blockDim.x) bins[b] = 0;
     __syncthreads();
   }
+  const int store_bytes = p.store ? storage_bytes(p.format) : 4;
+  if (p.store && blockIdx.x == 0 && threadIdx.x == 0) *p.store_descale = p.scale_after ? p.after : 1.0f;
   unsigned int local[rounding_counter_count] = {};
   unsigned int largest = 0;
   const bool stochastic = p.rounding.mode == device_mode::stochastic;
@@ -53,6 +56,12 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
       local[counter::nan] += r.nan;
       // Counted before unscaling, as the CPU does.
       local[counter::infinite] += (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u;
+    }
+    if (p.store) {
+      const std::uint32_t code = encode_storage(x, p.format);  // x is a value of the format: exact
+      if (store_bytes == 1) static_cast<std::uint8_t*>(p.store)[i] = static_cast<std::uint8_t>(code);
+      else static_cast<std::uint16_t*>(p.store)[i] = static_cast<std::uint16_t>(code);
+      continue;
     }
     if (p.scale_after) x = __fmul_rn(x, p.after);
     values[i] = x;
@@ -79,6 +88,9 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
 
 void launch_round(float* values, std::size_t n, const RoundLaunch& launch, cudaStream_t stream) {
   if (n == 0) return;
+  if (launch.store && (!launch.round || launch.skip || !launch.store_descale || storage_bytes(launch.format) == 4))
+    throw std::logic_error("launch_round: narrow storage needs a rounding to a format of at most 16 bits, a descale "
+                           "slot and no skip gate");
   round_in_place<<<blocks_for(n, round_threads), round_threads, 0, stream>>>(values, n, launch);
   MPSIM_CUDA_CHECK_LAUNCH();
 }

@@ -551,6 +551,85 @@ TEST_CASE("GEMMs rounding after every addition match the CPU bit for bit", "[gpu
   }
 }
 
+// Narrow storage (issue #4 §1): a tensor rounded to a format of at most 16
+// bits is held on the device in that format's encoding, and every op reads it
+// as the CPU backend reads its binary32 copy of the same values.
+TEST_CASE("rounded tensors are stored in their format and read back as the CPU's values", "[gpu][backend][storage]") {
+  require_device();
+  Backends b;
+  const std::int64_t rows = 64, cols = 96, n = rows * cols;
+  const FVec x = mixed_values(static_cast<std::size_t>(n), 11);
+  struct Case {
+    Format format;
+    float scale;
+    int bytes;
+  };
+  const Case cases[] = {{formats::binary16, 1.0f, 2}, {formats::bfloat16, 1.0f, 2}, {formats::e4m3, 0x1p-7f, 1},
+                        {formats::e5m2, 1.0f, 1},     {formats::tf32, 1.0f, 4},     {*parse_format("e3m4"), 0x1p3f, 1}};
+  for (const Case& c : cases) {
+    INFO(c.format.name() << ", scale " << c.scale);
+    const core::RoundingPoint p = point(c.format, RoundingMode::stochastic, 32, c.scale != 1.0f);
+    const StochasticStream s = stream_of(3, 5, 17);
+    auto t = b.upload(x, {rows, cols});
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu) == 4);
+    b.cpu->round(t.cpu, p, c.scale, s, nullptr);
+    b.gpu->round(t.gpu, p, c.scale, s, nullptr);
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu) == c.bytes);
+    check_same("stored values", b, t);
+    // A reshaped view shares the storage.
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu.reshaped({n})) == c.bytes);
+    // Read by an element-wise op, a reduction and a copy; the outputs are binary32.
+    auto y = b.empty({rows, cols});
+    b.cpu->relu_forward(t.cpu, y.cpu);
+    b.gpu->relu_forward(t.gpu, y.gpu);
+    check_same("relu of a stored tensor", b, y);
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, y.gpu) == 4);
+    CHECK(std::isnan(b.cpu->sum_squares(t.cpu)) == std::isnan(b.gpu->sum_squares(t.gpu)));
+    auto copied = b.empty({rows, cols});
+    b.cpu->copy(t.cpu, copied.cpu);
+    b.gpu->copy(t.gpu, copied.gpu);
+    check_same("copy of a stored tensor", b, copied);
+    // Written in place: widened first, then binary32.
+    b.cpu->scale(t.cpu, 0.75f);
+    b.gpu->scale(t.gpu, 0.75f);
+    check_same("scaled in place", b, t);
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu) == 4);
+    // An op's output that was stored narrow gets binary32 memory again.
+    b.gpu->round(y.gpu, p, c.scale, s, nullptr);
+    b.gpu->relu_forward(copied.gpu, y.gpu);
+    b.cpu->relu_forward(copied.cpu, y.cpu);
+    check_same("output over a stored tensor", b, y);
+  }
+  SECTION("delayed scaling stores the scaled codes and the device's scale") {
+    const core::RoundingPoint p = point(formats::e4m3, RoundingMode::nearest_even, 32, true);
+    auto history = b.zeros({5});
+    for (int step = 0; step < 3; ++step) {
+      auto t = b.upload(normal_values(static_cast<std::size_t>(n), 40 + step, 1e-3f), {rows, cols});
+      b.cpu->round_delayed(t.cpu, p, history.cpu, 0, true, {}, nullptr);
+      b.gpu->round_delayed(t.gpu, p, history.gpu, 0, true, {}, nullptr);
+      CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu) == 1);
+      check_same("delayed-scaled values, step " + std::to_string(step), b, t);
+    }
+  }
+  SECTION("GEMMs read binary16 and bfloat16 storage as cuBLAS operands, exact on small integers") {
+    for (const Format& f : {formats::binary16, formats::bfloat16, formats::e4m3}) {
+      INFO(f.name());
+      const std::int64_t m = 48, k = 80, nn = 40;
+      auto a = b.upload(small_integers(static_cast<std::size_t>(m * k), 21), {m, k});
+      auto bt = b.upload(small_integers(static_cast<std::size_t>(k * nn), 22), {k, nn});
+      for (auto* pair : {&a, &bt}) {
+        b.cpu->round(pair->cpu, point(f), 1.0f, {}, nullptr);
+        b.gpu->round(pair->gpu, point(f), 1.0f, {}, nullptr);
+      }
+      auto c = b.empty({m, nn});
+      const core::GemmNumerics g = gemm_numerics(f, f);
+      b.cpu->gemm(a.cpu, false, bt.cpu, false, c.cpu, g, {});
+      b.gpu->gemm(a.gpu, false, bt.gpu, false, c.gpu, g, {});
+      check_same("gemm on stored operands", b, c);
+    }
+  }
+}
+
 TEST_CASE("softmax cross-entropy within the expf/logf bounds, argmax exactly", "[gpu][backend]") {
   require_device();
   Backends b;

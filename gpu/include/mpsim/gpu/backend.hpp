@@ -28,4 +28,10 @@ void* cuda_stream_of(core::Backend& backend);
 // for a backend not made by make_cuda_backend.
 std::uint64_t cuda_synchronisations(core::Backend& backend);
 
+// Bytes per value a tensor of that backend holds on the device now: 1 or 2
+// once a rounding point has rounded it to a format of at most 8 or 16 bits
+// (stored in the format's own encoding, device_storage.hpp), 4 (binary32)
+// otherwise. std::invalid_argument for a backend not made by make_cuda_backend.
+int cuda_storage_bytes(core::Backend& backend, const core::Tensor& tensor);
+
 }  // namespace mpsim::gpu
