@@ -57,13 +57,25 @@ using core::TensorStats;
 // format of at most 16 bits, laid out as the binary32 factor that widening
 // multiplies by at byte 0 and the codes from byte narrow_offset.
 struct TensorStorage {
+  static constexpr std::uint32_t cuda_tag = 0x6d707367;  // "mpsg": made by this backend (cuda_storage_bytes checks)
+  std::uint32_t tag = cuda_tag;
   std::shared_ptr<void> memory;  // from the pool
   bool narrow = false;
   DeviceFormat format{};  // narrow: the codes' format
-  int exponent_bits = 0, mantissa_bits = 0;
-  bool has_infinity = false;
   bool unscaled = false;  // narrow: the factor is known to be 1 (cuBLAS may read the codes)
+  bool zeros = false;     // binary32 +0.0 everywhere (zeros(), not written since): values of every format
 };
+
+bool same_values(const DeviceFormat& a, const DeviceFormat& b) {
+  return a.exponent_bits == b.exponent_bits && a.mantissa_bits == b.mantissa_bits &&
+         a.flush_to_zero == b.flush_to_zero && a.has_infinity == b.has_infinity;
+}
+
+// Whether every value of t is known to be a value of `format`, unscaled:
+// stored narrow in it, or all zeros.
+bool holds_values_of(const TensorStorage* b, const DeviceFormat& format) {
+  return b && (b->zeros || (b->narrow && b->unscaled && same_values(b->format, format)));
+}
 constexpr std::size_t narrow_offset = 256;  // cudaMalloc's alignment, kept for cuBLAS
 
 // What an op reads: a tensor's binary32 memory, or, for a narrow tensor, a
@@ -296,10 +308,13 @@ GemmInput gemm_input_for(const Format& a, const Format& b) {
 }
 
 std::string inexact_operand_message(unsigned flags) {
+  std::string message;
   if (flags & kernels::inexact_storage)
-    return "cuda backend: weights or optimiser state stored in their format held a value that format does not "
-           "represent (a weight or state tensor not rounded to its storage point before the step?). Values stored "
-           "since the last synchronisation are not the CPU backend's.";
+    message = "cuda backend: weights or optimiser state stored in their format held a value that format does not "
+              "represent (a bug: the backend stores them narrow only when they are its values). Values stored "
+              "since the last synchronisation are not the CPU backend's.";
+  if ((flags & ~kernels::inexact_storage) == 0) return message;
+  if (!message.empty()) message += " Also: ";
   std::string types;
   const auto add = [&](unsigned bit, const char* name) {
     if ((flags & bit) == 0) return;
@@ -309,7 +324,7 @@ std::string inexact_operand_message(unsigned flags) {
   add(kernels::inexact_binary16, "binary16");
   add(kernels::inexact_bfloat16, "bfloat16");
   add(kernels::inexact_tf32, "tf32");
-  return "cuda backend: a GEMM operand held values that its Tensor Core input type (" + types +
+  return message + "cuda backend: a GEMM operand held values that its Tensor Core input type (" + types +
          ") does not represent, although GemmNumerics named formats that type holds (a scaled rounding point whose "
          "values left the type's range?). GEMM results computed since the last synchronisation are not the exact "
          "products the CPU backend computes.";
@@ -364,6 +379,7 @@ class CudaBackend final : public core::Backend {
   Tensor zeros(const Shape& shape) override {
     Tensor t = empty(shape);
     if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(out(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
+    buffer_of(t)->zeros = true;
     return t;
   }
   Tensor empty(const Shape& shape) override {
@@ -411,7 +427,9 @@ class CudaBackend final : public core::Backend {
     launch.scale_before = launch.scale_after = scaled;
     launch.before = scale;
     launch.after = 1.0f / scale;  // exact: scale is a power of two (as the CPU computes it)
-    float* values = inout(t);
+    // A pass that only counts (no rounding, no scaling) writes back what it read: it may read a widened copy.
+    const Input counted = !rounds && !scaled ? in(t) : Input{};
+    float* values = counted.values ? const_cast<float*>(counted.values) : inout(t);
     const std::shared_ptr<void> narrow = rounds ? narrow_store(point, n, launch) : nullptr;
     const bool fetch = stats != nullptr || point.delayed_scaling;
     if (fetch) {
@@ -423,7 +441,7 @@ class CudaBackend final : public core::Backend {
       if (point.delayed_scaling) launch.amax = device_amax();
     }
     detail::launch_round(values, static_cast<std::size_t>(n), launch, this->stream());
-    if (narrow) store_narrow(t, narrow, point.format, launch.format, !scaled);
+    if (narrow) store_narrow(t, narrow, launch.format, !scaled);
     if (!fetch) return result;
     const unsigned long long* host = fetch_round_stats();  // waits: the interface returns amax and counts now
     if (point.delayed_scaling) result.amax = host_amax();
@@ -608,7 +626,7 @@ class CudaBackend final : public core::Backend {
   }
   void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                     TensorStats* stats) override {
-    apply_update_gated(weight, update, storage, stream, stats, nullptr);
+    apply_update_gated(weight, update, storage, stream, stats, nullptr, !storage.is_identity());
   }
 
   void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
@@ -643,9 +661,12 @@ class CudaBackend final : public core::Backend {
                       TensorStats* stats) override {
     const std::int64_t n = weight.numel();
     require(grad.numel() == n && update.numel() == n, "optimizer_step: sizes differ");
+    // Asked before anything widens the weights; they are widened once, here, for both kernels.
+    const bool narrow = !storage.is_identity() && narrow_after_gated(weight, storage);
+    const float* w = inout(weight);
     if (p.kind == core::OptimizerKind::sgd) {
       require(p.momentum == 0.0f || state1.numel() == n, "optimizer_step: momentum size differs");
-      const Input w = in(weight), g = in(grad);
+      const Input g = in(grad);
       kernels::sgd_update(w, g, inout(state1), out(update), n, p.lr, p.momentum, p.weight_decay, false, step_.data(),
                           this->stream());
     } else {
@@ -654,10 +675,10 @@ class CudaBackend final : public core::Backend {
                                                 p.kind == core::OptimizerKind::adamw);
       c.lr = p.lr;
       c.bias = adam_bias_table(p.beta1, p.beta2, steps_started_);
-      const Input w = in(weight), g = in(grad);
+      const Input g = in(grad);
       kernels::adam_update(w, g, inout(state1), inout(state2), out(update), n, c, step_.data(), this->stream());
     }
-    apply_update_gated(weight, update, storage, stream, stats, step_.data());
+    apply_update_gated(weight, update, storage, stream, stats, step_.data(), narrow);
   }
   void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
                    StochasticStream stream) override {
@@ -668,8 +689,9 @@ class CudaBackend final : public core::Backend {
     if (point.is_identity() || state.numel() == 0) return;
     detail::RoundLaunch launch = round_launch(point, stream);
     launch.skip = skip_flag();
+    const bool narrow = narrow_after_gated(state, point);
     detail::launch_round(inout(state), static_cast<std::size_t>(state.numel()), launch, this->stream());
-    store_values_narrow(state, point);
+    if (narrow) store_values_narrow(state, point);
   }
   std::vector<core::StepScalars> take_steps() override {
     keep_records();
@@ -737,7 +759,7 @@ class CudaBackend final : public core::Backend {
     const std::shared_ptr<void> narrow =
         gate == nullptr && !point.is_identity() ? narrow_store(point, t.numel(), launch) : nullptr;
     detail::launch_round(values, static_cast<std::size_t>(t.numel()), launch, this->stream());
-    if (narrow) store_narrow(t, narrow, point.format, launch.format, false);
+    if (narrow) store_narrow(t, narrow, launch.format, false);
     if (record) kernels::push_amax(ring, length, amax, gate, this->stream());
     if (stats) add_round_stats(*stats, fetch_round_stats(), t.numel(), !point.is_identity());
   }
@@ -847,8 +869,9 @@ class CudaBackend final : public core::Backend {
     return static_cast<const float*>(adam_table_.get());
   }
 
+  // narrow: store the weights narrow afterwards (every value is then storage's: see narrow_after_gated).
   void apply_update_gated(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
-                          StochasticStream stream, TensorStats* stats, const kernels::StepState* gate) {
+                          StochasticStream stream, TensorStats* stats, const kernels::StepState* gate, bool narrow) {
     const std::int64_t n = weight.numel();
     require(update.numel() == n, "apply_update: sizes differ");
     if (n == 0) return;
@@ -871,7 +894,7 @@ class CudaBackend final : public core::Backend {
       kernels::apply_update_rounded(w, u, n, format, rounding, draws_of(stream), counters, gate, this->stream());
     else
       kernels::apply_update_binary32(w, u, n, counters, gate, this->stream());
-    if (rounds) store_values_narrow(weight, storage);
+    if (narrow) store_values_narrow(weight, storage);
     if (!stats) return;
     fetch_stats();  // waits: the interface adds to *stats now (only at the logging interval)
     const unsigned long long* host = host_stats_.data();
@@ -940,8 +963,8 @@ class CudaBackend final : public core::Backend {
   Input operand_16(const Tensor& t, bool bfloat16) {
     const TensorStorage* b = buffer_of(t);
     const Format& type = bfloat16 ? formats::bfloat16 : formats::binary16;
-    if (b->narrow && b->unscaled && b->has_infinity && b->exponent_bits == type.exponent_bits &&
-        b->mantissa_bits == type.mantissa_bits)
+    if (b->narrow && b->unscaled && b->format.has_infinity && b->format.exponent_bits == type.exponent_bits &&
+        b->format.mantissa_bits == type.mantissa_bits)
       return {static_cast<const float*>(codes(*b)), nullptr};  // the codes, typed as cuBLAS's type says
     const Input values = in(t);
     auto converted = pool_->get(static_cast<std::size_t>(t.numel()) * 2, pool_);
@@ -967,6 +990,7 @@ class CudaBackend final : public core::Backend {
       b->memory = pool_->get(bytes(t), pool_);
       b->narrow = false;
     }
+    b->zeros = false;
     return static_cast<float*>(b->memory.get());
   }
   // The binary32 memory of a tensor that an op reads and writes: a narrow tensor is widened into it first.
@@ -979,6 +1003,7 @@ class CudaBackend final : public core::Backend {
       b->memory = std::move(wide);
       b->narrow = false;
     }
+    b->zeros = false;
     return static_cast<float*>(b->memory.get());
   }
   // Pool memory for n values of point's format stored narrow, wired into the
@@ -990,11 +1015,18 @@ class CudaBackend final : public core::Backend {
     launch.store = static_cast<char*>(memory.get()) + narrow_offset;
     return memory;
   }
-  // Stores narrow, when its format is, a tensor whose values are all the
-  // point's format's: after a rounding that a skipped step may have left
-  // undone (the weights and optimiser state, rounded at their point every
-  // step that ran, and before the first). A value that is not the format's
-  // is reported at the next synchronisation.
+  // Whether a rounding at `point` that a skipped step may leave undone (the
+  // gated update of the weights, the optimiser state's) leaves t with the
+  // format's values either way, so that store_values_narrow may store it:
+  // true when t holds them before (stored narrow in the format, or zeros).
+  // Asked before the op writes t.
+  static bool narrow_after_gated(const Tensor& t, const RoundingPoint& point) {
+    return stored_narrow(point.format) && !point.delayed_scaling &&
+           holds_values_of(buffer_of(t), make_device_format(point.format));
+  }
+  // Stores t narrow in point's format, all of whose values are the format's
+  // (just rounded there; or see narrow_after_gated). A value that is not the
+  // format's is reported at the next synchronisation.
   void store_values_narrow(const Tensor& t, const RoundingPoint& point) {
     if (!stored_narrow(point.format) || point.delayed_scaling || t.numel() == 0) return;
     const DeviceFormat format = make_device_format(point.format);
@@ -1002,19 +1034,16 @@ class CudaBackend final : public core::Backend {
     auto memory = pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(format), pool_);
     kernels::narrow(inout(t), format, static_cast<char*>(memory.get()) + narrow_offset,
                     static_cast<float*>(memory.get()), n, status_.data(), stream());
-    store_narrow(t, std::move(memory), point.format, format, true);
+    store_narrow(t, std::move(memory), format, true);
   }
   // Makes the store just queued the tensor's storage.
-  static void store_narrow(const Tensor& t, std::shared_ptr<void> memory, const Format& format,
-                           const DeviceFormat& device, bool unscaled) {
+  static void store_narrow(const Tensor& t, std::shared_ptr<void> memory, const DeviceFormat& device, bool unscaled) {
     TensorStorage* b = buffer_of(t);
     b->memory = std::move(memory);
     b->narrow = true;
     b->format = device;
-    b->exponent_bits = format.exponent_bits;
-    b->mantissa_bits = format.mantissa_bits;
-    b->has_infinity = format.has_infinity();
     b->unscaled = unscaled;
+    b->zeros = false;
   }
   static const void* codes(const TensorStorage& b) { return static_cast<const char*>(b.memory.get()) + narrow_offset; }
   static const float* descale(const TensorStorage& b) { return static_cast<const float*>(b.memory.get()); }
@@ -1108,6 +1137,8 @@ std::uint64_t cuda_synchronisations(core::Backend& backend) {
 int cuda_storage_bytes(core::Backend& backend, const core::Tensor& tensor) {
   cuda_backend_of(backend, "cuda_storage_bytes");
   const TensorStorage* b = buffer_of(tensor);
+  if (b && b->tag != TensorStorage::cuda_tag)
+    throw std::invalid_argument("cuda_storage_bytes: the tensor was not made by a cuda backend");
   return b && b->narrow ? storage_bytes(b->format) : 4;
 }
 

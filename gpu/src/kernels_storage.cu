@@ -40,6 +40,7 @@ __global__ void narrow_kernel(const float* values, DeviceFormat format, Code* co
 
 void narrow(const float* values, DeviceFormat format, void* codes, float* descale, std::int64_t n, unsigned int* flag,
             cudaStream_t stream) {
+  if (storage_bytes(format) == 4) throw std::logic_error("kernels::narrow: the format is not stored narrow");
   if (n == 0) return;
   if (storage_bytes(format) == 1)
     narrow_kernel<<<blocks(n), threads, 0, stream>>>(values, format, static_cast<std::uint8_t*>(codes), descale, n,
@@ -52,6 +53,7 @@ void narrow(const float* values, DeviceFormat format, void* codes, float* descal
 
 void widen(const void* codes, DeviceFormat format, const float* descale, float* out, std::int64_t n,
            cudaStream_t stream) {
+  if (storage_bytes(format) == 4) throw std::logic_error("kernels::widen: the format is not stored narrow");
   if (n == 0) return;
   if (storage_bytes(format) == 1)
     widen_kernel<<<blocks(n), threads, 0, stream>>>(static_cast<const std::uint8_t*>(codes), format, descale, out, n);

@@ -611,6 +611,27 @@ TEST_CASE("rounded tensors are stored in their format and read back as the CPU's
       check_same("delayed-scaled values, step " + std::to_string(step), b, t);
     }
   }
+  SECTION("weights updated into a 16-bit storage format are stored in it") {
+    const core::RoundingPoint storage = point(formats::binary16, RoundingMode::stochastic);
+    auto w = b.upload(normal_values(static_cast<std::size_t>(n), 50), {rows, cols});
+    const auto u = b.upload(normal_values(static_cast<std::size_t>(n), 51, 1e-3f), {rows, cols});
+    for (int step = 0; step < 2; ++step) {
+      const StochasticStream s = stream_of(9, 1, static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(n));
+      b.cpu->apply_update(w.cpu, u.cpu, storage, s, nullptr);
+      b.gpu->apply_update(w.gpu, u.gpu, storage, s, nullptr);
+      CHECK(gpu::cuda_storage_bytes(*b.gpu, w.gpu) == 2);
+      check_same("weights after update " + std::to_string(step), b, w);
+    }
+    // Zeros are every format's values; state rounded at a 16-bit point is stored in it.
+    auto state = b.zeros({rows, cols});
+    const core::RoundingPoint state_point = point(formats::bfloat16);
+    b.gpu->start_steps({}, {});
+    b.gpu->end_step();  // a step that found nothing: the gated rounding runs
+    b.gpu->round_state(state.gpu, state_point, nullptr, 0, {});
+    b.cpu->round_state(state.cpu, state_point, nullptr, 0, {});
+    CHECK(gpu::cuda_storage_bytes(*b.gpu, state.gpu) == 2);
+    check_same("state", b, state);
+  }
   SECTION("GEMMs read binary16 and bfloat16 storage as cuBLAS operands, exact on small integers") {
     for (const Format& f : {formats::binary16, formats::bfloat16, formats::e4m3}) {
       INFO(f.name());

@@ -63,7 +63,8 @@ MPSIM_HOST_DEVICE inline std::uint32_t encode_storage(float x, const DeviceForma
   // k = M >> (emin - m - eff + 150) = M >> (min_normal_exponent - eff + shift).
   const std::uint32_t eff = exponent > 1 ? exponent : 1;
   const std::uint32_t significand = a - ((eff - 1) << trailing_bits);
-  return sign | (significand >> (f.min_normal_exponent - eff + f.shift));
+  const std::uint32_t count = f.min_normal_exponent - eff + f.shift;  // < 24 for a value of f
+  return sign | (count < 32 ? significand >> count : 0u);  // not f's value: a code that decodes to another value
 }
 
 // The binary32 pattern of an encoding of f, as a float. A flush-to-zero
