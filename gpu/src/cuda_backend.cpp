@@ -408,7 +408,7 @@ class CudaBackend final : public core::Backend {
     if (from.numel() == 0 || from.buffer() == to.buffer()) return;
     const TensorStorage& source = *buffer_of(from);
     if (source.narrow) {  // widened straight into the destination
-      kernels::widen(codes(source), source.format, descale(source), out(to), from.numel(), stream());
+      widen_into(source, out(to), from.numel());
       return;
     }
     const Input values = in(from);
@@ -977,8 +977,7 @@ class CudaBackend final : public core::Backend {
     const TensorStorage* b = buffer_of(t);
     if (!b) return {};
     if (!b->narrow) return {static_cast<const float*>(b->memory.get()), nullptr};
-    auto wide = pool_->get(bytes(t), pool_);
-    kernels::widen(codes(*b), b->format, descale(*b), static_cast<float*>(wide.get()), t.numel(), stream());
+    auto wide = widened(t);
     return {static_cast<const float*>(wide.get()), std::move(wide)};
   }
   // The binary32 memory of a tensor that an op writes whole: a narrow
@@ -998,19 +997,31 @@ class CudaBackend final : public core::Backend {
     TensorStorage* b = buffer_of(t);
     if (!b) return nullptr;
     if (b->narrow) {
-      auto wide = pool_->get(bytes(t), pool_);
-      kernels::widen(codes(*b), b->format, descale(*b), static_cast<float*>(wide.get()), t.numel(), stream());
-      b->memory = std::move(wide);
+      b->memory = widened(t);
       b->narrow = false;
     }
     b->zeros = false;
     return static_cast<float*>(b->memory.get());
   }
+  // Queues the widening of a narrow tensor's n values into `out`.
+  void widen_into(const TensorStorage& b, float* out, std::int64_t n) {
+    kernels::widen(codes(b), b.format, descale(b), out, n, stream());
+  }
+  // Fresh pool memory holding a narrow tensor's values widened to binary32.
+  std::shared_ptr<void> widened(const Tensor& t) {
+    auto wide = pool_->get(bytes(t), pool_);
+    widen_into(*buffer_of(t), static_cast<float*>(wide.get()), t.numel());
+    return wide;
+  }
+  // Pool memory for n codes of `format`, after the slot of the factor that widening multiplies by.
+  std::shared_ptr<void> narrow_memory(const DeviceFormat& format, std::int64_t n) {
+    return pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(format), pool_);
+  }
   // Pool memory for n values of point's format stored narrow, wired into the
   // launch as its store; null when that format is not stored narrow.
   std::shared_ptr<void> narrow_store(const RoundingPoint& point, std::int64_t n, detail::RoundLaunch& launch) {
     if (!stored_narrow(point.format)) return nullptr;
-    auto memory = pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(launch.format), pool_);
+    auto memory = narrow_memory(launch.format, n);
     launch.store_descale = static_cast<float*>(memory.get());
     launch.store = static_cast<char*>(memory.get()) + narrow_offset;
     return memory;
@@ -1031,7 +1042,7 @@ class CudaBackend final : public core::Backend {
     if (!stored_narrow(point.format) || point.delayed_scaling || t.numel() == 0) return;
     const DeviceFormat format = make_device_format(point.format);
     const std::int64_t n = t.numel();
-    auto memory = pool_->get(narrow_offset + static_cast<std::size_t>(n) * storage_bytes(format), pool_);
+    auto memory = narrow_memory(format, n);
     kernels::narrow(inout(t), format, static_cast<char*>(memory.get()) + narrow_offset,
                     static_cast<float*>(memory.get()), n, status_.data(), stream());
     store_narrow(t, std::move(memory), format, true);
