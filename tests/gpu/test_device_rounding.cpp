@@ -28,36 +28,16 @@
 #include "mpsim/emulation/rounding.hpp"
 #include "mpsim/gpu/device_format.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
+#include "host_check.hpp"
 
 namespace mpsim::gpu {
 namespace {
 
+using namespace host_check;
+
 std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 
-// Presets and custom formats that exercise every branch: flushing (also at
-// binary32's own subnormals), saturation, NaN-only overflow, no mantissa bits,
-// a one-bit mantissa (no NaN payload room).
-const Format kFormats[] = {
-    formats::binary16,
-    formats::bfloat16,
-    formats::tf32,
-    formats::e4m3,
-    formats::e5m2,
-    formats::binary32,
-    Format{6, 9, Subnormals::flush_to_zero},
-    Format{5, 7, Subnormals::gradual, Overflow::saturate},
-};
-const Format kEdgeFormats[] = {
-    Format{8, 7, Subnormals::flush_to_zero},                         // bfloat16, flushing
-    Format{8, 23, Subnormals::flush_to_zero},                        // binary32, flushing
-    Format{4, 3, Subnormals::gradual, Overflow::ieee, Specials::nan_only},  // e4m3 overflowing to NaN
-    Format{5, 2, Subnormals::flush_to_zero, Overflow::saturate, Specials::nan_only},
-    Format{8, 0},  // no mantissa bits: no subnormals, no infinity
-    Format{3, 0, Subnormals::gradual, Overflow::saturate},
-    Format{2, 1},
-    Format{7, 16, Subnormals::flush_to_zero, Overflow::saturate},
-};
 
 const Rounding kRoundings[] = {
     {RoundingMode::nearest_even},    {RoundingMode::nearest_away},    {RoundingMode::toward_zero},
@@ -65,11 +45,6 @@ const Rounding kRoundings[] = {
     {RoundingMode::stochastic, 32},  {RoundingMode::stochastic, 8},   {RoundingMode::stochastic, 1},
 };
 
-std::string hex_bits(std::uint32_t bits) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08X", bits);
-  return text;
-}
 
 std::string describe(float x) {
   char text[48];
@@ -93,20 +68,6 @@ QuantizeCounts counts_of(const RoundedFloat& r) {
   return {1, r.inexact, r.flushed_to_zero, r.subnormal, r.overflow, r.nan};
 }
 
-// Mismatches between the device rounding and the emulator, the first few described.
-struct Tally {
-  std::uint64_t compared = 0, mismatched = 0;
-  std::string first;
-  void add(const std::string& what) {
-    if (++mismatched <= 8) first += "\n  " + what;
-  }
-  Tally& operator+=(const Tally& other) {
-    compared += other.compared;
-    mismatched += other.mismatched;
-    first += other.first;
-    return *this;
-  }
-};
 
 // Compares one case on `in`; element i is stream index first_index + i.
 // quantize runs on blocks: outputs compared bit for bit, counts against the

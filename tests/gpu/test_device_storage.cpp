@@ -14,7 +14,6 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -23,6 +22,7 @@
 #include "mpsim/gpu/device_format.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 #include "mpsim/gpu/device_storage.hpp"
+#include "host_check.hpp"
 
 namespace mpsim::gpu {
 namespace {
@@ -30,37 +30,19 @@ namespace {
 std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
 float float_of(std::uint32_t u) { return std::bit_cast<float>(u); }
 
-const Format kStoredFormats[] = {
-    formats::binary16,
-    formats::bfloat16,
-    formats::e4m3,
-    formats::e5m2,
-    Format{6, 9, Subnormals::flush_to_zero},
-    Format{5, 7, Subnormals::gradual, Overflow::saturate},
-    Format{8, 7, Subnormals::flush_to_zero},
-    Format{4, 3, Subnormals::gradual, Overflow::ieee, Specials::nan_only},
-    Format{5, 2, Subnormals::flush_to_zero, Overflow::saturate, Specials::nan_only},
-    Format{8, 0},
-    Format{3, 0, Subnormals::gradual, Overflow::saturate},
-    Format{2, 1},
-    Format{3, 4},
-    Format{6, 1},
-};
+using namespace host_check;
 
-std::string hex(std::uint32_t bits) {
-  char text[16];
-  std::snprintf(text, sizeof text, "0x%08X", bits);
-  return text;
+// The formats of at most 16 bits that the rounding tests run, and two more
+// small custom ones.
+std::vector<Format> stored_formats() {
+  std::vector<Format> list;
+  for (const auto* group : {&kFormats, &kEdgeFormats})
+    for (const Format& f : *group)
+      if (f.total_bits() <= 16) list.push_back(f);
+  list.push_back(Format{3, 4});
+  list.push_back(Format{6, 1});
+  return list;
 }
-
-// Mismatches, the first few described.
-struct Mismatches {
-  std::uint64_t count = 0;
-  std::string first;
-  void add(const std::string& what) {
-    if (++count <= 8) first += "\n  " + what;
-  }
-};
 
 TEST_CASE("storage_bytes: 1 byte up to 8 bits, 2 up to 16, else binary32", "[gpu][storage]") {
   CHECK(storage_bytes(make_device_format(formats::e4m3)) == 1);
@@ -74,11 +56,11 @@ TEST_CASE("storage_bytes: 1 byte up to 8 bits, 2 up to 16, else binary32", "[gpu
 }
 
 TEST_CASE("decode_storage is to_float on every encoding", "[gpu][storage]") {
-  for (const Format& f : kStoredFormats) {
+  for (const Format& f : stored_formats()) {
     INFO(f.name());
     const DeviceFormat df = make_device_format(f);
     REQUIRE(storage_bytes(df) < 4);
-    Mismatches bad;
+    Tally bad;
     const std::uint32_t count = std::uint32_t{1} << f.total_bits();
     for (std::uint32_t code = 0; code < count; ++code) {
       const float expected = to_float(f, Bits{code});
@@ -86,10 +68,10 @@ TEST_CASE("decode_storage is to_float on every encoding", "[gpu][storage]") {
       const bool signaling = classify(f, Bits{code}) == FloatClass::nan && is_signaling_nan(f, Bits{code});
       const bool same = signaling ? std::isnan(got) && std::signbit(got) == std::signbit(expected)
                                   : bits_of(got) == bits_of(expected);
-      if (!same) bad.add("code " + hex(code) + ": got " + hex(bits_of(got)) + ", to_float " + hex(bits_of(expected)));
+      if (!same) bad.add("code " + hex_bits(code) + ": got " + hex_bits(bits_of(got)) + ", to_float " + hex_bits(bits_of(expected)));
     }
-    INFO(bad.count << " of " << count << " encodings differ:" << bad.first);
-    CHECK(bad.count == 0);
+    INFO(bad.mismatched << " of " << count << " encodings differ:" << bad.first);
+    CHECK(bad.mismatched == 0);
   }
 }
 
@@ -117,13 +99,13 @@ TEST_CASE("encode_storage is the emulator's encoding of every rounded value, and
   const Rounding roundings[] = {{RoundingMode::nearest_even}, {RoundingMode::toward_zero},
                                 {RoundingMode::toward_positive}, {RoundingMode::odd}, {RoundingMode::stochastic, 32}};
   const DrawKey key = make_draw_key({42, 7});
-  for (const Format& f : kStoredFormats) {
+  for (const Format& f : stored_formats()) {
     const DeviceFormat df = make_device_format(f);
     const std::vector<float> in = inputs_for(f);
     for (const Rounding& r : roundings) {
       INFO(f.name() << ", " << to_string(r.mode));
       const DeviceRounding dr = make_device_rounding(r);
-      Mismatches bad;
+      Tally bad;
       for (std::size_t i = 0; i < in.size(); ++i) {
         const std::uint32_t draw = random_draw(key, i);
         const float value = round_float(in[i], df, dr, draw).value;
@@ -131,11 +113,11 @@ TEST_CASE("encode_storage is the emulator's encoding of every rounded value, and
         const std::uint32_t code = encode_storage(value, df);
         const float back = decode_storage(code, df);
         if (code != expected || bits_of(back) != bits_of(value))
-          bad.add("input " + hex(bits_of(in[i])) + ": value " + hex(bits_of(value)) + ", code " + hex(code) +
-                  ", round_to_format " + hex(expected) + ", decoded " + hex(bits_of(back)));
+          bad.add("input " + hex_bits(bits_of(in[i])) + ": value " + hex_bits(bits_of(value)) + ", code " + hex_bits(code) +
+                  ", round_to_format " + hex_bits(expected) + ", decoded " + hex_bits(bits_of(back)));
       }
-      INFO(bad.count << " of " << in.size() << " differ:" << bad.first);
-      CHECK(bad.count == 0);
+      INFO(bad.mismatched << " of " << in.size() << " differ:" << bad.first);
+      CHECK(bad.mismatched == 0);
     }
   }
 }
