@@ -50,7 +50,7 @@ class Linear final : public Layer {
     input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
     Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
     ctx.backend.gemm(input_, false, weight_.working, true, y, numerics(p, p.activations, p.weights),
-                     ctx.stream(Site::output));
+                     ctx.stream(Site::output_sum));
     ctx.backend.add_row_vector(y, bias_.working);
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
     return y;
@@ -61,7 +61,7 @@ class Linear final : public Layer {
     Backend& b = ctx.backend;
     const Tensor dyq = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
     b.gemm(dyq, true, input_, false, weight_.grad, numerics(p, p.gradient_operands, p.activations),
-           ctx.stream(Site::weight_grad));
+           ctx.stream(Site::weight_grad_sum));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     b.column_sums(dy, bias_.grad);
     ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
@@ -69,7 +69,7 @@ class Linear final : public Layer {
     if (need_input_grad) {
       dx = b.empty(input_.shape());
       b.gemm(dyq, false, weight_.working, false, dx, numerics(p, p.gradient_operands, p.weights),
-             ctx.stream(Site::input_grad));
+             ctx.stream(Site::input_grad_sum));
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
       dx = dx.reshaped(input_shape_);
     }
@@ -122,7 +122,7 @@ class Conv2d final : public Layer {
     b.im2col(xq, geometry_, columns_);
     Tensor rows = b.empty(with_rows(patches, cout_));
     b.gemm(columns_, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), true, rows,
-           numerics(p, p.activations, p.weights), ctx.stream(Site::output));
+           numerics(p, p.activations, p.weights), ctx.stream(Site::output_sum));
     b.add_row_vector(rows, bias_.working);
     Tensor y = b.empty(output_shape(x.shape()));
     b.rows_to_nchw(rows, geometry_.batch, geometry_.out_height(), geometry_.out_width(), y);
@@ -141,13 +141,13 @@ class Conv2d final : public Layer {
     const Tensor dyq = operand(ctx, dy_rows, p.gradient_operands, Site::output_grad_operand);
     Tensor dw = weight_.grad.reshaped(with_rows(cout_, columns_.cols()));
     b.gemm(dyq, true, columns_, false, dw, numerics(p, p.gradient_operands, p.activations),
-           ctx.stream(Site::weight_grad));
+           ctx.stream(Site::weight_grad_sum));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     Tensor dx;
     if (need_input_grad) {
       Tensor dcols = b.empty(columns_.shape());
       b.gemm(dyq, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), false, dcols,
-             numerics(p, p.gradient_operands, p.weights), ctx.stream(Site::input_grad));
+             numerics(p, p.gradient_operands, p.weights), ctx.stream(Site::input_grad_sum));
       dx = b.zeros({geometry_.batch, cin_, geometry_.height, geometry_.width});
       b.col2im(dcols, geometry_, dx);  // overlapping patches add in binary32
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <numbers>
@@ -36,14 +37,37 @@ std::string_view to_string(InitScheme scheme) {
   return "?";
 }
 
+namespace {
+constexpr std::array<std::string_view, site_count> site_names{
+    "input_operand", "weight_operand", "bias_operand", "output", "output_grad_operand", "weight_grad", "bias_grad",
+    "input_grad",    "",               "weight_storage", "bias_storage", "weight_state1", "weight_state2",
+    "bias_state1",   "bias_state2",    "output_sum",     "weight_grad_sum", "input_grad_sum"};
+}  // namespace
+
+std::string_view to_string(Site site) { return site_names.at(static_cast<std::size_t>(site)); }
+
+Site parameter_site(std::size_t index, ParameterRole role) {
+  if (index > 1)
+    throw std::invalid_argument("parameter " + std::to_string(index) +
+                                " of a layer has no rounding site: layers have at most a weight and a bias");
+  const bool weight = index == 0;
+  switch (role) {
+    case ParameterRole::operand: return weight ? Site::weight_operand : Site::bias_operand;
+    case ParameterRole::storage: return weight ? Site::weight_storage : Site::bias_storage;
+    case ParameterRole::state1: return weight ? Site::weight_state1 : Site::bias_state1;
+    case ParameterRole::state2: return weight ? Site::weight_state2 : Site::bias_state2;
+  }
+  throw std::invalid_argument("unknown parameter role");
+}
+
 StepContext::StepContext(Backend& b, const Policy& p, std::uint64_t s) : backend(b), policy(p), seed(s) {}
 
-StochasticStream StepContext::stream(Site site) const {
+StochasticStream StepContext::stream(Site site, std::int64_t at_step) const {
   StochasticStream s;
   s.key.seed = seed;
   s.key.stream = (static_cast<std::uint64_t>(layer) << 8) | static_cast<std::uint64_t>(site) |
                  (training ? 0 : (1ull << 40));
-  s.first_index = static_cast<std::uint64_t>(step) << 32;  // tensors have fewer than 2^32 elements
+  s.first_index = static_cast<std::uint64_t>(at_step) << 32;  // tensors have fewer than 2^32 elements
   return s;
 }
 

@@ -28,7 +28,7 @@ namespace {
 struct LayerParameter {
   int layer;
   Parameter* parameter;
-  Site site;     // weight_operand or bias_operand: keys its streams
+  std::size_t index;  // within its layer: keys its sites (parameter_site)
   Tensor update;  // the optimiser's update, reused every step
 };
 
@@ -50,7 +50,7 @@ class Arm {
       needs_input_grad_.push_back(earlier_has_parameters);
       auto params = layers[i]->parameters();
       for (std::size_t j = 0; j < params.size(); ++j)
-        parameters_.push_back({i, params[j], j == 0 ? Site::weight_operand : Site::bias_operand, Tensor()});
+        parameters_.push_back({i, params[j], j, Tensor()});
       earlier_has_parameters = earlier_has_parameters || !params.empty();
     }
     storage_ = policy_.master_weights ? RoundingPoint{} : policy_.weight_storage;
@@ -60,7 +60,8 @@ class Arm {
       p.master = backend_.from_host(p.initial, p.shape);
       if (!policy_.master_weights) {
         ctx_.layer = lp.layer;
-        ctx_.round(p.master, storage_, TensorKind::weights, lp.site);  // the weights exist only in storage format
+        // The weights exist only in storage format.
+        ctx_.round(p.master, storage_, TensorKind::weights, parameter_site(lp.index, ParameterRole::storage));
       }
       p.working = shares_working_ ? p.master : backend_.empty(p.shape);
       p.grad = backend_.zeros(p.shape);
@@ -211,7 +212,7 @@ class Arm {
       Parameter& p = *lp.parameter;
       ctx_.layer = lp.layer;
       if (!shares_working_) backend_.copy(p.master, p.working);
-      if (!shares_working_ || ctx_.stats) ctx_.round(p.working, policy_.weights, TensorKind::weights, lp.site);
+      if (!shares_working_ || ctx_.stats) ctx_.round(p.working, policy_.weights, TensorKind::weights, parameter_site(lp.index, ParameterRole::operand));
     }
   }
 
@@ -230,11 +231,13 @@ class Arm {
     for (auto& lp : parameters_) {
       Parameter& p = *lp.parameter;
       ctx_.layer = lp.layer;
-      backend_.optimizer_step(params, p.master, p.grad, p.state1, p.state2, lp.update, storage_, ctx_.stream(lp.site),
+      backend_.optimizer_step(params, p.master, p.grad, p.state1, p.state2, lp.update, storage_,
+                              ctx_.stream(parameter_site(lp.index, ParameterRole::storage), ctx_.step + 1),
                               ctx_.stats_for(TensorKind::updates));
       // Optimiser state is not one of the instrumented kinds: rounded, not counted.
-      ctx_.round_state(p.state1, policy_.optimizer_state, Site::extra_grad);
-      if (!p.state2.empty()) ctx_.round_state(p.state2, policy_.optimizer_state, Site::extra_grad);
+      ctx_.round_state(p.state1, policy_.optimizer_state, parameter_site(lp.index, ParameterRole::state1));
+      if (!p.state2.empty())
+        ctx_.round_state(p.state2, policy_.optimizer_state, parameter_site(lp.index, ParameterRole::state2));
     }
   }
 

@@ -10,11 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "mpsim/core/config.hpp"
 #include "mpsim/core/loss_scaler.hpp"
 #include "mpsim/core/trainer.hpp"
+#include "support/forwarding_backend.hpp"
 
 using namespace mpsim;
 using namespace mpsim::core;
@@ -416,4 +418,180 @@ TEST_CASE("config errors name the key and what is accepted", "[training][config]
   CHECK(again.arms == c.arms);
   const ExperimentConfig weighted = parse_config(base, "t", {"loss.reduction=sum", "loss.weight=0.125"});
   CHECK(parse_config(weighted.to_toml(), "resolved").train.loss == LossDefinition{LossReduction::sum, 0.125});
+}
+
+namespace {
+
+// Watches what the trainer asks the CPU backend to round, and with which
+// stochastic stream and amax history, leaving the arithmetic to it.
+class WatchingBackend final : public test::ForwardingBackend {
+ public:
+  WatchingBackend() : ForwardingBackend(make_cpu_backend()) {}
+
+  // One stochastic rounding call: what it rounded (the tensor, and whether
+  // as a GEMM's running sums, a rounding or a weight update) and its draws.
+  enum class What : std::uint8_t { gemm_sums, rounding, update };
+  struct Call {
+    const void* tensor;
+    What what;
+    std::uint64_t stream, first_index;
+  };
+  // One optimiser-state rounding: what the same probe values become when
+  // rounded as this state tensor is (its point, unscaled, and its stream).
+  struct StateCall {
+    std::int64_t step;
+    const void* tensor;
+    std::vector<float> probe;
+    const void* history;
+    float amax;  // of the state before rounding, NaN ignored
+  };
+  std::vector<Call> calls;
+  std::vector<StateCall> state_calls;
+  std::int64_t steps_ended = 0;
+
+  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                    TensorStats* stats) override {
+    if (point.rounding.mode == RoundingMode::stochastic)
+      calls.push_back({t.buffer(), What::rounding, stream.key.stream, stream.first_index});
+    return ForwardingBackend::round(t, point, scale, stream, stats);
+  }
+  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
+            StochasticStream stream) override {
+    if (numerics.accumulation.rounding.mode == RoundingMode::stochastic)
+      calls.push_back({c.buffer(), What::gemm_sums, stream.key.stream, stream.first_index});
+    ForwardingBackend::gemm(a, ta, b, tb, c, numerics, stream);
+  }
+  void optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+                      Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                      TensorStats* stats) override {
+    if (storage.rounding.mode == RoundingMode::stochastic)
+      calls.push_back({weight.buffer(), What::update, stream.key.stream, stream.first_index});
+    ForwardingBackend::optimizer_step(params, weight, grad, state1, state2, update, storage, stream, stats);
+  }
+  void end_step() override {
+    ++steps_ended;
+    ForwardingBackend::end_step();
+  }
+  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                   StochasticStream stream) override {
+    StateCall c{steps_ended, state.buffer(), {}, history ? history->buffer() : nullptr, 0.0f};
+    std::vector<float> values(static_cast<std::size_t>(state.numel()));
+    inner().to_host(state, values);
+    for (const float v : values)
+      if (!std::isnan(v)) c.amax = std::max(c.amax, std::fabs(v));
+    // Probe values spread over one bfloat16 spacing above 1 (2^-7):
+    // stochastic rounding sends each up or down by its draw.
+    std::vector<float> probe(4096);
+    for (std::size_t i = 0; i < probe.size(); ++i) probe[i] = 1.0f + (static_cast<float>(i) + 0.5f) * 0x1p-19f;
+    Tensor p = inner().from_host(probe, {static_cast<std::int64_t>(probe.size())});
+    RoundingPoint unscaled = point;
+    unscaled.delayed_scaling = false;
+    inner().round(p, unscaled, 1.0f, stream, nullptr);
+    c.probe.resize(probe.size());
+    inner().to_host(p, c.probe);
+    state_calls.push_back(std::move(c));
+    ForwardingBackend::round_state(state, point, history, margin, stream);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every rounded tensor draws its own random stream", "[training][identity]") {
+  // Issue 17: all optimiser state of a layer (momentum, Adam's m and v, of the
+  // weight and of the bias) rounded with one shared stream, so two state
+  // tensors holding the same values rounded them identically.
+  Policy policy = *preset_policy("fp32");
+  const RoundingPoint stochastic_bf16{formats::bfloat16, Rounding{RoundingMode::stochastic}, false};
+  policy.optimizer_state = stochastic_bf16;
+  SECTION("optimiser state, Adam") {}
+  SECTION("optimiser state and stored weights, SGD with momentum, no master copy") {
+    policy.master_weights = false;
+    policy.weight_storage = policy.weights = stochastic_bf16;
+    policy.accumulation = stochastic_bf16;  // GEMM sums round too, apart from their results
+    policy.gemm_output = policy.weight_grads = policy.activation_grads = stochastic_bf16;
+  }
+  ArmSetup setup = small_setup(policy);
+  setup.train.max_steps = 3;
+  setup.train.stats_interval = 0;
+  if (policy.master_weights) setup.optimizer.kind = "adam", setup.optimizer.lr = 1e-3;
+  else setup.optimizer.momentum = 0.9;
+  WatchingBackend backend;
+  MemoryLog log;
+  REQUIRE(train_arm(backend, setup, synthetic(), &log).status == "completed");
+
+  // The same probe values, rounded as two different state tensors of one step
+  // are, must not come out identical everywhere.
+  REQUIRE(backend.state_calls.size() >= 2 * 2 * 3);
+  std::size_t pairs = 0, identical = 0;
+  for (std::size_t i = 0; i < backend.state_calls.size(); ++i)
+    for (std::size_t j = i + 1; j < backend.state_calls.size(); ++j) {
+      const auto &a = backend.state_calls[i], &b = backend.state_calls[j];
+      if (a.step != b.step || a.tensor == b.tensor) continue;
+      ++pairs;
+      identical += a.probe == b.probe ? 1 : 0;
+    }
+  CHECK(pairs > 0);
+  CHECK(identical == 0);
+
+  // No two roundings draw from the same (stream, index) range: a tensor
+  // rounded again in the same way with its own draws is fine; a GEMM's sums
+  // and its result, or a weight's initial rounding and its first update,
+  // sharing draws is not.
+  std::map<std::pair<std::uint64_t, std::uint64_t>, std::pair<const void*, WatchingBackend::What>> owner;
+  std::size_t shared = 0;
+  for (const auto& c : backend.calls) {
+    const auto [it, added] = owner.try_emplace({c.stream, c.first_index}, c.tensor, c.what);
+    if (!added && it->second != std::pair{c.tensor, c.what}) {
+      ++shared;
+      UNSCOPED_INFO("stream " << c.stream << " at index " << c.first_index << " used by two roundings");
+    }
+  }
+  CHECK(shared == 0);
+  if (!policy.master_weights) CHECK(backend.calls.size() > 20);
+}
+
+TEST_CASE("every delayed-scaled tensor keeps its own amax history", "[training][identity]") {
+  // Adam's m and v, of the weight and of the bias, each scaled from its own
+  // amax only: the history each state tensor is rounded with holds exactly
+  // the amax of that tensor's last uses, in the ring's order.
+  Policy policy = *preset_policy("fp32");
+  policy.optimizer_state = RoundingPoint{formats::bfloat16, Rounding{}, true};
+  // Headroom for v, which grows by up to about 2x a step early in training:
+  // scaled to bfloat16's largest value with no margin, it overflows.
+  policy.delayed_scaling.margin = 4;
+  ArmSetup setup = small_setup(policy);
+  setup.optimizer.kind = "adam";
+  setup.optimizer.lr = 1e-3;
+  setup.train.max_steps = 20;  // more uses than the ring holds (16)
+  setup.train.stats_interval = 0;
+  WatchingBackend backend;
+  MemoryLog log;
+  // A history shared with another tensor scales by that tensor's amax: Adam's
+  // v is far smaller than m, so m overflowed and the arm stopped.
+  CHECK(train_arm(backend, setup, synthetic(), &log).status == "completed");
+
+  std::map<const void*, const void*> tensor_of_history;
+  std::map<const void*, std::vector<float>> amaxes_of_history;
+  std::size_t conflicts = 0;
+  for (const auto& c : backend.state_calls) {
+    REQUIRE(c.history != nullptr);
+    const auto [it, added] = tensor_of_history.try_emplace(c.history, c.tensor);
+    if (!added && it->second != c.tensor) ++conflicts;
+    amaxes_of_history[c.history].push_back(c.amax);
+  }
+  CHECK(conflicts == 0);
+  // 3 Linear layers, weight and bias, m and v.
+  CHECK(tensor_of_history.size() == 12);
+  // The ring's values: history[k % 16] is the amax of the k-th use.
+  const int length = policy.delayed_scaling.history;
+  for (const auto& [history, amaxes] : amaxes_of_history) {
+    std::vector<float> expected(static_cast<std::size_t>(length), 0.0f);
+    for (std::size_t k = 0; k < amaxes.size(); ++k) expected[k % static_cast<std::size_t>(length)] = amaxes[k];
+    // Read the ring back through a tensor that shares its buffer.
+    std::vector<float> ring(static_cast<std::size_t>(length) + 1);
+    backend.inner().to_host(Tensor({length + 1}, std::shared_ptr<void>(const_cast<void*>(history), [](void*) {})),
+                            ring);
+    ring.pop_back();
+    CHECK(ring == expected);
+  }
 }

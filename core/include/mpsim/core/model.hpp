@@ -28,12 +28,32 @@ struct Parameter {
   Tensor master, working, grad, state1, state2;
 };
 
-// Which rounding of a layer a value passes; with the layer index it keys the
-// stochastic stream and the FP8 amax history of that value.
+// Every tensor a layer rounds, one value each: with the layer index (and
+// whether the step trains) it is the tensor's identity, which keys its
+// stochastic stream and its delayed-scaling amax history (StepContext). Two
+// tensors never share an identity, so they never share random draws or a
+// scale. The first eight values are the stream keys logs were made with
+// before the parameters' storage and optimiser state got their own sites;
+// they must not be renumbered (same config, same bits).
 enum class Site : std::uint8_t {
   input_operand, weight_operand, bias_operand, output, output_grad_operand, weight_grad, bias_grad, input_grad,
-  extra_grad
+  // 8 was one site shared by all optimiser state of a layer: unused since.
+  weight_storage = 9, bias_storage,  // the stored weights (no master copy): rounded at the start and by each update
+  weight_state1, weight_state2, bias_state1, bias_state2,  // SGD momentum, Adam's m and v
+  // The running sums of a GEMM whose accumulation rounds (stochastically, say)
+  // after every addition, apart from the rounding of the result itself.
+  output_sum, weight_grad_sum, input_grad_sum,
 };
+inline constexpr int site_count = 18;
+// The sites' names, for messages and logs ("" for the unused value).
+std::string_view to_string(Site site);
+
+// What the optimiser keeps of a parameter, each rounded on its own.
+enum class ParameterRole : std::uint8_t { operand, storage, state1, state2 };
+// The site of parameter `index` of a layer (0: its weight, 1: its bias, as
+// Layer::parameters orders them) in `role`: the one place a parameter's
+// tensors get their identities. Throws for an index above 1.
+Site parameter_site(std::size_t index, ParameterRole role);
 
 class StepContext {
  public:
@@ -58,8 +78,13 @@ class StepContext {
   // Rounds optimiser state at `point` after the step's optimiser step, which
   // a skipped step leaves as it was (Backend::round_state).
   void round_state(Tensor& state, const RoundingPoint& point, Site site);
-  // A stochastic stream unique to (seed, layer, site, step).
-  StochasticStream stream(Site site) const;
+  // A stochastic stream unique to (seed, layer, site, step): the one place a
+  // tensor's identity becomes its random draws.
+  StochasticStream stream(Site site) const { return stream(site, step); }
+  // The same at another step: an optimiser step's update writes the weights
+  // of the next step, so their storage rounding draws as step + 1 (the
+  // initial weights draw as step 0).
+  StochasticStream stream(Site site, std::int64_t at_step) const;
   TensorStats* stats_for(TensorKind kind) const;
 
  private:
