@@ -424,40 +424,20 @@ class CpuBackend final : public Backend {
     return result;
   }
 
+  // The per-element rules are numerics.hpp's, which the CUDA kernels run too.
   void sgd_update(const Tensor& weight, const Tensor& grad, Tensor& momentum, float lr, float momentum_factor,
                   float weight_decay, bool first_step, Tensor& update) override {
     const float *w = data(weight), *g = data(grad);
     float *m = data(momentum), *u = data(update);
-    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) {
-      const float gi = weight_decay != 0.0f ? g[i] + weight_decay * w[i] : g[i];
-      if (momentum_factor != 0.0f) {
-        m[i] = first_step ? gi : momentum_factor * m[i] + gi;
-        u[i] = -lr * m[i];
-      } else {
-        u[i] = -lr * gi;
-      }
-    }
+    const SgdConstants c{-lr, momentum_factor, weight_decay, first_step};
+    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) u[i] = core::sgd_update(c, w[i], g[i], m[i]);
   }
   void adam_update(const Tensor& weight, const Tensor& grad, Tensor& m, Tensor& v, const AdamParams& p,
                    Tensor& update) override {
     const float *w = data(weight), *g = data(grad);
     float *mm = data(m), *vv = data(v), *u = data(update);
-    const double t = static_cast<double>(p.step);
-    const float bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(p.beta1), t));
-    const float bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(p.beta2), t)));
-    const float step_size = p.lr / bias1;
-    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) {
-      float gi = g[i];
-      float decay = 0.0f;
-      if (p.weight_decay != 0.0f) {
-        if (p.decoupled) decay = -p.lr * p.weight_decay * w[i];
-        else gi += p.weight_decay * w[i];
-      }
-      mm[i] = p.beta1 * mm[i] + (1.0f - p.beta1) * gi;
-      vv[i] = p.beta2 * vv[i] + (1.0f - p.beta2) * gi * gi;
-      const float denom = std::sqrt(vv[i]) / bias2_sqrt + p.eps;
-      u[i] = decay - step_size * mm[i] / denom;
-    }
+    const AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.decoupled, p.step);
+    for (std::int64_t i = 0, n = weight.numel(); i < n; ++i) u[i] = core::adam_update(c, w[i], g[i], mm[i], vv[i]);
   }
 
   void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
@@ -470,7 +450,7 @@ class CpuBackend final : public Backend {
     if (storage.is_identity()) {
       for (std::int64_t i = 0; i < n; ++i) {
         const float next = w[i] + u[i];
-        swallowed += (u[i] != 0.0f) & (next == w[i]);
+        swallowed += core::swallowed(u[i], w[i], next);
         w[i] = next;
       }
     } else {
@@ -482,7 +462,7 @@ class CpuBackend final : public Backend {
       if (stats) stats->add_rounding(counts);
       for (std::int64_t i = 0; i < n; ++i) {
         const auto next = static_cast<float>(sum[i]);  // exact: the storage format fits in binary32
-        swallowed += (u[i] != 0.0f) & (next == w[i]);
+        swallowed += core::swallowed(u[i], w[i], next);
         w[i] = next;
       }
     }
@@ -534,7 +514,10 @@ class CpuBackend final : public Backend {
                       Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                       TensorStats* stats) override {
     if (skip_) return;
-    if (unscale_) scale(grad, inverse_scale_);
+    if (unscale_) {  // numerics.hpp's unscale, element by element
+      float* g = data(grad);
+      for (std::int64_t i = 0, n = grad.numel(); i < n; ++i) g[i] = unscale(g[i], inverse_scale_);
+    }
     if (p.kind == OptimizerKind::sgd) {
       sgd_update(weight, grad, state1, p.lr, p.momentum, p.weight_decay, optimizer_steps_ == 1, update);
     } else {

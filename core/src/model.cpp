@@ -86,7 +86,7 @@ void StepContext::round(Tensor& t, const RoundingPoint& point, std::optional<Ten
   TensorStats* const counted = kind ? stats_for(*kind) : nullptr;
   if (point.is_identity() && counted == nullptr) return;
   // Delayed scaling (Transformer Engine): the scale comes from the amax of
-  // earlier uses, on the backend (step_rules.hpp's delayed_scale).
+  // earlier uses, on the backend (numerics.hpp's delayed_scale).
   if (Tensor* const ring = history(point, site))
     backend.round_delayed(t, point, *ring, policy.delayed_scaling.margin, training, stream(site), counted);
   else

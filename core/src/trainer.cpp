@@ -269,7 +269,7 @@ class Arm {
 
   // Takes the steps the backend decided since the last read and logs them.
   // The host's loss scaler replays each decision (the same rule,
-  // step_rules.hpp) and must agree with the scale the backend used.
+  // numerics.hpp) and must agree with the scale the backend used.
   // When a step without a loss scaler found inf or NaN, the arm ends
   // there, and the steps after it (already run, their updates computed from
   // the weights that step left) are dropped. Returns that step, if any.

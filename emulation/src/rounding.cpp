@@ -132,20 +132,6 @@ DrawKey make_draw_key(RandomKey key) {
   return {static_cast<std::uint32_t>(k), static_cast<std::uint32_t>(k >> 32)};
 }
 
-std::uint32_t random_draw(DrawKey key, std::uint64_t index) {
-  // A keyed form of Wellons' "lowbias32" integer hash: two multiply-xorshift
-  // rounds, with the key and the index's high word folded in between. Each step
-  // is a bijection of the 32-bit state, so distinct low words give distinct draws.
-  std::uint32_t x = static_cast<std::uint32_t>(index) ^ key.low;
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x ^= key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
-}
-
 namespace detail {
 
 Rounded round_exact(const Format& f, Rounding r, const Exact& x, std::uint32_t draw) {

@@ -617,10 +617,8 @@ class CudaBackend final : public core::Backend {
                    Tensor& update) override {
     const std::int64_t n = weight.numel();
     require(grad.numel() == n && m.numel() == n && v.numel() == n && update.numel() == n, "adam_update: sizes differ");
-    kernels::AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.decoupled);
-    const AdamBias b = adam_bias(p.beta1, p.beta2, p.step);
-    c.step_size = p.lr / b.bias1;
-    c.bias2_sqrt = b.bias2_sqrt;
+    const kernels::AdamConstants c{
+        core::adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay, p.decoupled, p.step), p.lr, nullptr};
     const Input w = in(weight), g = in(grad);
     kernels::adam_update(w, g, inout(m), inout(v), out(update), n, c, nullptr, stream());
   }
@@ -671,10 +669,10 @@ class CudaBackend final : public core::Backend {
                           this->stream());
     } else {
       require(state1.numel() == n && state2.numel() == n, "optimizer_step: Adam state sizes differ");
-      kernels::AdamConstants c = adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
-                                                p.kind == core::OptimizerKind::adamw);
-      c.lr = p.lr;
-      c.bias = adam_bias_table(p.beta1, p.beta2, steps_started_);
+      // step_size and bias2_sqrt come from the table at the gate's t.
+      const kernels::AdamConstants c{core::adam_constants(p.lr, p.beta1, p.beta2, p.eps, p.weight_decay,
+                                                          p.kind == core::OptimizerKind::adamw, 1),
+                                     p.lr, adam_bias_table(p.beta1, p.beta2, steps_started_)};
       const Input g = in(grad);
       kernels::adam_update(w, g, inout(state1), inout(state2), out(update), n, c, step_.data(), this->stream());
     }
@@ -824,30 +822,7 @@ class CudaBackend final : public core::Backend {
     pending_ = 0;
   }
 
-  static kernels::AdamConstants adam_constants(float lr, float beta1, float beta2, float eps, float weight_decay,
-                                               bool decoupled) {
-    kernels::AdamConstants c{};
-    c.beta1 = beta1;
-    c.beta2 = beta2;
-    c.one_minus_beta1 = 1.0f - beta1;
-    c.one_minus_beta2 = 1.0f - beta2;
-    c.eps = eps;
-    c.weight_decay = weight_decay;
-    c.neg_lr_weight_decay = -lr * weight_decay;
-    c.decoupled = decoupled;
-    return c;
-  }
-  // Adam's bias corrections at step t exactly as the CPU backend computes
-  // them (host binary64 pow and sqrt, then binary32).
-  struct AdamBias {
-    float bias1, bias2_sqrt;
-  };
-  static AdamBias adam_bias(float beta1, float beta2, std::int64_t step) {
-    const double t = static_cast<double>(step);
-    return {static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t)),
-            static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
-  }
-  // The device table of adam_bias for t = 1 .. at least `steps` (the gated
+  // The device table of core::adam_bias for t = 1 .. at least `steps` (the gated
   // kernel picks its t there): regrown, by doubling, on the host when the
   // steps could outrun it, and copied without waiting.
   const float* adam_bias_table(float beta1, float beta2, std::int64_t steps) {
@@ -856,7 +831,7 @@ class CudaBackend final : public core::Backend {
       while (size < steps) size *= 2;
       std::vector<float> table(2 * static_cast<std::size_t>(size));
       for (std::int64_t t = 1; t <= size; ++t) {
-        const AdamBias b = adam_bias(beta1, beta2, t);
+        const core::AdamBias b = core::adam_bias(beta1, beta2, t);
         table[2 * (t - 1)] = b.bias1;
         table[2 * (t - 1) + 1] = b.bias2_sqrt;
       }

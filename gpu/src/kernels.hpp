@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "check.hpp"
-#include "mpsim/core/step_rules.hpp"
+#include "mpsim/core/numerics.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu::kernels {
@@ -93,7 +93,7 @@ void layer_norm_backward(const float* x, const float* gamma, const float* mean, 
                          cudaStream_t stream);
 
 // --- The training step's scalars (core::Backend's step ops) --------------------------
-// They stay on the device: the loss scaler runs core's rule (step_rules.hpp)
+// They stay on the device: the loss scaler runs core's rule (numerics.hpp)
 // in a one-thread kernel, and the optimiser kernels read the decision, so a
 // step never waits for the host. The host reads the records when it logs.
 struct StepRecord {
@@ -143,15 +143,11 @@ void softmax_cross_entropy(const float* logits, const float* labels, std::int64_
 void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
                 float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
                 cudaStream_t stream);
-// The per-call constants, computed on the host exactly as the CPU backend does.
+// The per-call constants (core::adam_constants, as the CPU's). With a gate,
+// t is the gate's: step_size = lr / bias[2t - 2] and bias2_sqrt =
+// bias[2t - 1], a table of core::adam_bias the host computes.
 struct AdamConstants {
-  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
-  float neg_lr_weight_decay;  // -lr * weight_decay (AdamW's decoupled decay)
-  float step_size;            // lr / (1 - beta1^t)
-  float bias2_sqrt;           // sqrt(1 - beta2^t)
-  bool decoupled;
-  // With a gate, t is the gate's: step_size = lr / bias[2t - 2] and
-  // bias2_sqrt = bias[2t - 1], a table the host computes as the CPU does.
+  core::AdamConstants step;
   float lr;
   const float* bias;
 };

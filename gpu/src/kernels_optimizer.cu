@@ -1,6 +1,6 @@
 // The optimiser's update and its application to the weights, bit for bit
-// the CPU backend's: PyTorch's SGD and Adam/AdamW formulas as cpu_backend.cpp
-// writes them, one correctly rounded binary32 operation at a time, and the
+// the CPU backend's: PyTorch's SGD and Adam/AdamW formulas are
+// core/include/mpsim/core/numerics.hpp's, which the CPU backend calls too, and the
 // weight update either a binary32 addition or the exact sum rounded once to
 // the storage format (round_binary64.hpp).
 #include "kernels.hpp"
@@ -15,23 +15,17 @@ __device__ inline bool step_runs(const StepState* gate) { return gate == nullptr
 
 // The gradient as the optimiser reads it: unscaled when the gate says so.
 __device__ inline float unscaled(float g, const StepState* gate) {
-  return gate != nullptr && gate->unscale ? __fmul_rn(g, gate->inverse_scale) : g;
+  return gate != nullptr && gate->unscale ? core::unscale(g, gate->inverse_scale) : g;
 }
 
-__global__ void sgd_kernel(const float* w, const float* g, float* m, float* u, std::int64_t n, float neg_lr,
-                           float momentum_factor, float weight_decay, bool first_step, const StepState* gate) {
+__global__ void sgd_kernel(const float* w, const float* g, float* m, float* u, std::int64_t n,
+                           core::SgdConstants c, const StepState* gate) {
   if (!step_runs(gate)) return;
-  if (gate) first_step = gate->optimizer_steps == 1;
+  if (gate) c.first_step = gate->optimizer_steps == 1;
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float gv = unscaled(g[i], gate);
-    const float gi = weight_decay != 0.0f ? __fadd_rn(gv, __fmul_rn(weight_decay, w[i])) : gv;
-    if (momentum_factor != 0.0f) {
-      const float mi = first_step ? gi : __fadd_rn(__fmul_rn(momentum_factor, m[i]), gi);
-      m[i] = mi;
-      u[i] = __fmul_rn(neg_lr, mi);
-    } else {
-      u[i] = __fmul_rn(neg_lr, gi);
-    }
+    float mi = c.momentum != 0.0f ? m[i] : 0.0f;
+    u[i] = core::sgd_update(c, w[i], unscaled(g[i], gate), mi);
+    if (c.momentum != 0.0f) m[i] = mi;
   }
 }
 
@@ -40,22 +34,14 @@ __global__ void adam_kernel(const float* w, const float* g, float* m, float* v, 
   if (!step_runs(gate)) return;
   if (gate) {
     const long long t = gate->optimizer_steps;
-    c.step_size = __fdiv_rn(c.lr, c.bias[2 * t - 2]);
-    c.bias2_sqrt = c.bias[2 * t - 1];
+    c.step.step_size = c.lr / c.bias[2 * t - 2];
+    c.step.bias2_sqrt = c.bias[2 * t - 1];
   }
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    float gi = unscaled(g[i], gate);
-    float decay = 0.0f;
-    if (c.weight_decay != 0.0f) {
-      if (c.decoupled) decay = __fmul_rn(c.neg_lr_weight_decay, w[i]);
-      else gi = __fadd_rn(gi, __fmul_rn(c.weight_decay, w[i]));
-    }
-    const float mi = __fadd_rn(__fmul_rn(c.beta1, m[i]), __fmul_rn(c.one_minus_beta1, gi));
-    const float vi = __fadd_rn(__fmul_rn(c.beta2, v[i]), __fmul_rn(__fmul_rn(c.one_minus_beta2, gi), gi));
+    float mi = m[i], vi = v[i];
+    u[i] = core::adam_update(c.step, w[i], unscaled(g[i], gate), mi, vi);
     m[i] = mi;
     v[i] = vi;
-    const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.bias2_sqrt), c.eps);
-    u[i] = __fsub_rn(decay, __fdiv_rn(__fmul_rn(c.step_size, mi), denom));
   }
 }
 
@@ -68,9 +54,9 @@ __device__ void add_counts(const unsigned int (&local)[Count], unsigned long lon
   }
 }
 
-// A nonzero update that leaves the weight unchanged is swallowed.
+// numerics.hpp's rule, as a count.
 __device__ inline unsigned int swallowed(float update, float before, float after) {
-  return update != 0.0f && after == before ? 1u : 0u;
+  return core::swallowed(update, before, after) ? 1u : 0u;
 }
 
 __global__ void apply_binary32_kernel(float* w, const float* u, std::int64_t n, unsigned long long* counters,
@@ -78,7 +64,7 @@ __global__ void apply_binary32_kernel(float* w, const float* u, std::int64_t n, 
   if (!step_runs(gate)) return;
   unsigned int local[update_counter_count] = {};
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
-    const float before = w[i], next = __fadd_rn(before, u[i]);
+    const float before = w[i], next = before + u[i];
     local[swallowed_counter] += swallowed(u[i], before, next);
     w[i] = next;
   }
@@ -114,9 +100,9 @@ void sgd_update(const float* weight, const float* grad, float* momentum, float* 
                 float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
                 cudaStream_t stream) {
   if (n <= 0) return;
-  // -lr * m as the CPU writes it: the negation is exact, then one rounding.
-  sgd_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, momentum, update, n, -lr, momentum_factor, weight_decay,
-                                                first_step, gate);
+  sgd_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, momentum, update, n,
+                                                core::SgdConstants{-lr, momentum_factor, weight_decay, first_step},
+                                                gate);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,6 +1,6 @@
 // The training step's scalars on the device (kernels.hpp, "The training
 // step's scalars"): one-thread kernels that run core's rules
-// (step_rules.hpp) on values that never leave the device, so that the host
+// (numerics.hpp) on values that never leave the device, so that the host
 // queues a whole step without waiting. Each sum runs in the CPU backend's
 // order with one correctly rounded binary64 addition at a time.
 #include "kernels.hpp"

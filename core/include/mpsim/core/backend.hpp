@@ -17,7 +17,7 @@
 
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
-#include "mpsim/core/step_rules.hpp"
+#include "mpsim/core/numerics.hpp"
 #include "mpsim/core/tensor.hpp"
 #include "mpsim/emulation/quantize.hpp"
 
@@ -148,13 +148,13 @@ class Backend {
   // Delayed scaling (Transformer Engine) kept by the backend. `history` is a
   // backend tensor of DelayedScaling::history + 1 values, zeros at first: a
   // ring of the amax of earlier uses and the ring's next position. Rounds t
-  // with the scale delayed_scale (step_rules.hpp) computes from the ring's
+  // with the scale delayed_scale (numerics.hpp) computes from the ring's
   // largest amax, then, when `record`, writes t's amax into the ring.
   virtual void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
                              StochasticStream stream, TensorStats* stats) = 0;
 
   // --- The training step ---------------------------------------------------------------------------------------
-  // A step's loss, its inf/NaN check, the loss scaler (step_rules.hpp) and
+  // A step's loss, its inf/NaN check, the loss scaler (numerics.hpp) and
   // the decision to skip stay where the backend computes (device memory on a
   // GPU), so that a step never waits for them: the trainer reads them with
   // take_steps when it logs. In a step: step_loss, step_check_gradient per

@@ -1,9 +1,9 @@
 #pragma once
 // Loss scaling (Micikevicius et al. 2018, section 3.2) on the host: the rule
-// of step_rules.hpp (GradScaler; Megatron-LM's hysteresis and min/max) with
+// of numerics.hpp (GradScaler; Megatron-LM's hysteresis and min/max) with
 // its state. Backends run the same rule where they keep the scale.
 
-#include "mpsim/core/step_rules.hpp"
+#include "mpsim/core/numerics.hpp"
 
 namespace mpsim::core {
 

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mpsim/core/step_rules.hpp"
+#include "mpsim/core/numerics.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"

@@ -7,6 +7,7 @@
 #include <string_view>
 
 #include "mpsim/emulation/format.hpp"
+#include "mpsim/emulation/random_draw.hpp"
 
 namespace mpsim {
 
@@ -56,11 +57,8 @@ struct RandomKey {
   std::uint64_t seed = 0;
   std::uint64_t stream = 0;
 };
-struct DrawKey {
-  std::uint32_t low = 0, high = 0;
-};
 DrawKey make_draw_key(RandomKey key);
-std::uint32_t random_draw(DrawKey key, std::uint64_t index);
+// random_draw(DrawKey, index): random_draw.hpp, shared with the CUDA kernels.
 
 // --- One-step rounding ---------------------------------------------------------
 // Rounds the exact value of `value` into `format` once. `draw` is the 32-bit

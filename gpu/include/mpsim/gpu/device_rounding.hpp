@@ -14,11 +14,8 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define MPSIM_HOST_DEVICE __host__ __device__
-#else
-#define MPSIM_HOST_DEVICE
-#endif
+#include "mpsim/emulation/host_device.hpp"
+#include "mpsim/emulation/random_draw.hpp"
 
 namespace mpsim::gpu {
 
@@ -197,19 +194,10 @@ MPSIM_HOST_DEVICE inline RoundedFloat round_float(float x, DeviceFormat f, Devic
   return out;
 }
 
-// mpsim::random_draw (rounding.cpp) with the DrawKey's two words: a keyed form
-// of Wellons' "lowbias32" hash, two multiply-xorshift rounds with the key and
-// the index's high word folded in between. 32-bit operations only.
+// mpsim::random_draw (random_draw.hpp, the emulator's own) with the DrawKey's two words.
 MPSIM_HOST_DEVICE inline std::uint32_t device_random_draw(std::uint32_t key_low, std::uint32_t key_high,
                                                           std::uint64_t index) {
-  std::uint32_t x = static_cast<std::uint32_t>(index) ^ key_low;
-  x ^= x >> 16;
-  x *= 0x7FEB352Du;
-  x ^= x >> 15;
-  x ^= key_high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u;
-  x *= 0x846CA68Bu;
-  x ^= x >> 16;
-  return x;
+  return random_draw(DrawKey{key_low, key_high}, index);
 }
 
 }  // namespace mpsim::gpu

@@ -1,13 +1,22 @@
 #pragma once
-// The scalar rules of a training step, written once: the loss scaler's
-// update and delayed scaling's factor. They are constexpr functions of plain
-// values so that every backend runs this same code, the CPU backend on the
-// host and the CUDA backend in a one-thread kernel (nvcc's
-// --expt-relaxed-constexpr lets device code call constexpr functions). Nothing
-// here names CUDA, and only <bit> and <cstdint> are included.
+// The numerics of a training step, written once for every backend: the
+// scalar rules (the loss scaler, delayed scaling's factor, the loss
+// gradient's factor) and the per-element rules (unscaling, SGD, Adam and
+// AdamW, swallowed updates). The CPU backend calls them on the host, the CUDA
+// kernels on the device (MPSIM_HOST_DEVICE; nvcc's --expt-relaxed-constexpr
+// for the constexpr ones), so the ordinary CPU tests prove the GPU's
+// arithmetic. Nothing here names CUDA.
+//
+// Every binary32 operation is written as one operator, rounded once to
+// nearest even and never fused: the host build targets x86-64 without FMA,
+// and gpu/CMakeLists.txt compiles kernels with -fmad=false -prec-div=true
+// -prec-sqrt=true -ftz=false, so both sides compute the same bits.
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
+
+#include "mpsim/emulation/host_device.hpp"
 
 namespace mpsim::core {
 
@@ -112,6 +121,74 @@ constexpr float delayed_scale(float amax, double largest, int margin) {
   int e = static_cast<int>((std::bit_cast<std::uint64_t>(ratio) >> 52) & 0x7ff) - 1023 - margin;
   e = e < -126 ? -126 : (e > 127 ? 127 : e);
   return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+// --- Per-element rules ---------------------------------------------------------------------------------------------
+
+// GradScaler.unscale_: one binary32 multiplication by the inverse of the
+// step's scale (itself rounded once from binary64).
+MPSIM_HOST_DEVICE inline float unscale(float g, float inverse_scale) { return g * inverse_scale; }
+
+// SGD as PyTorch's torch.optim.SGD: g' = g + wd*w; m = momentum*m + g' (m = g'
+// at the first step); the update added to the weight is -lr*m (-lr*g'
+// without momentum).
+struct SgdConstants {
+  float neg_lr;  // -lr: the negation is exact
+  float momentum, weight_decay;
+  bool first_step;
+};
+MPSIM_HOST_DEVICE inline float sgd_update(const SgdConstants& c, float w, float g, float& m) {
+  const float gi = c.weight_decay != 0.0f ? g + c.weight_decay * w : g;
+  if (c.momentum == 0.0f) return c.neg_lr * gi;
+  m = c.first_step ? gi : c.momentum * m + gi;
+  return c.neg_lr * m;
+}
+
+// Adam and AdamW as PyTorch's torch.optim.Adam/AdamW at step t (1-based):
+// m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g; the update is
+// decay - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps), where
+// AdamW's decay is -lr*wd*w and Adam adds wd*w to g instead.
+struct AdamConstants {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, weight_decay;
+  float neg_lr_weight_decay;  // -lr * weight_decay (AdamW's decoupled decay)
+  float step_size;            // lr / (1 - beta1^t)
+  float bias2_sqrt;           // sqrt(1 - beta2^t)
+  bool decoupled;
+};
+// Adam's bias corrections at step t, in binary64 (pow, sqrt) rounded once to
+// binary32: the host computes them, for any backend.
+struct AdamBias {
+  float bias1, bias2_sqrt;  // 1 - beta1^t, sqrt(1 - beta2^t)
+};
+inline AdamBias adam_bias(float beta1, float beta2, std::int64_t step) {
+  const double t = static_cast<double>(step);
+  return {static_cast<float>(1.0 - std::pow(static_cast<double>(beta1), t)),
+          static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(beta2), t)))};
+}
+// The constants of step t; step_size and bias2_sqrt from adam_bias.
+inline AdamConstants adam_constants(float lr, float beta1, float beta2, float eps, float weight_decay, bool decoupled,
+                                    std::int64_t step) {
+  const AdamBias bias = adam_bias(beta1, beta2, step);
+  return {beta1, beta2, 1.0f - beta1, 1.0f - beta2, eps, weight_decay, -lr * weight_decay, lr / bias.bias1,
+          bias.bias2_sqrt, decoupled};
+}
+MPSIM_HOST_DEVICE inline float adam_update(const AdamConstants& c, float w, float g, float& m, float& v) {
+  float decay = 0.0f;
+  if (c.weight_decay != 0.0f) {
+    if (c.decoupled) decay = c.neg_lr_weight_decay * w;
+    else g = g + c.weight_decay * w;
+  }
+  m = c.beta1 * m + c.one_minus_beta1 * g;
+  v = c.beta2 * v + c.one_minus_beta2 * g * g;
+  const float denom = std::sqrt(v) / c.bias2_sqrt + c.eps;
+  return decay - c.step_size * m / denom;
+}
+
+// A nonzero update that leaves the weight unchanged was swallowed: the
+// weight's spacing is more than twice the update (Micikevicius et al. 2018,
+// section 3.1, the reason for FP32 master weights).
+MPSIM_HOST_DEVICE constexpr bool swallowed(float update, float before, float after) {
+  return update != 0.0f && after == before;
 }
 
 }  // namespace mpsim::core
