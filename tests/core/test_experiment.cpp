@@ -211,6 +211,42 @@ TEST_CASE("experiment: a serial run through the engine", "[experiment]") {
   fs::remove_all(output.parent_path());
 }
 
+TEST_CASE("experiment: child processes that fail are named and their output kept", "[experiment]") {
+  const fs::path output = scratch("failing.h5");
+  fs::remove(output);
+  fs::remove(fs::path(output).replace_extension(".toml"));
+  ExperimentOptions options;
+  options.output = output.string();
+  options.handle_signals = false;
+  options.jobs = 2;
+  std::vector<ChildArm> asked;
+  options.child_command = [&](const ChildArm& child) {
+    asked.push_back(child);
+    return std::vector<std::string>{"/bin/sh", "-c", "echo arm " + std::to_string(child.index) + " says no; exit 3"};
+  };
+  std::string message;
+  try {
+    run_experiment(parse_sweep(tiny, "tiny.toml"), options);
+  } catch (const std::runtime_error& e) {
+    message = e.what();
+  }
+  // Both started at once (jobs 2), so both ran and failed.
+  REQUIRE(asked.size() == 2);
+  CHECK(asked[0].index == 0);
+  CHECK(asked[1].index == 1);
+  CHECK(asked[0].overrides.empty());  // train.threads is 1, not 0 ("all cores")
+  CHECK(message.find("2 arm(s) failed; the log keeps the arms that finished:") == 0);
+  CHECK(message.find("arm fp32 failed (exit 3); its output: ") != std::string::npos);
+  const fs::path child_log = fs::path(asked[1].output).replace_extension(".log");
+  CHECK(message.find(child_log.string()) != std::string::npos);
+  std::ifstream in(child_log);
+  std::string said;
+  std::getline(in, said);
+  CHECK(said == "arm 1 says no");
+  CHECK(fs::exists(output));  // the log, with no arm
+  fs::remove_all(output.parent_path());
+}
+
 TEST_CASE("experiment: the summary table's layout", "[experiment]") {
   ExperimentResult result;
   ArmRow row;
