@@ -98,7 +98,7 @@ TEST_CASE("arm result file: every field of the table round-trips bit for bit", "
     CHECK(!f.doc.empty());
     std::visit([&](auto member) { CHECK(same_bits(read.*member, written.*member)); }, f.member);
   }
-  fs::remove(path);
+  fs::remove_all(path.parent_path());
 }
 
 TEST_CASE("arm result file: a short file says it is truncated and where", "[experiment][result-file]") {
@@ -117,8 +117,7 @@ TEST_CASE("arm result file: a short file says it is truncated and where", "[expe
   CHECK(read_error(cut) == "result file '" + cut.string() + "' is truncated in field 'stat_totals'");
   fs::resize_file(cut, 0);
   CHECK(read_error(cut) == "result file '" + cut.string() + "' is truncated in its header");
-  fs::remove(whole);
-  fs::remove(cut);
+  fs::remove_all(whole.parent_path());
 }
 
 TEST_CASE("arm result file: another file, version, field or tail is refused", "[experiment][result-file]") {
@@ -145,7 +144,7 @@ TEST_CASE("arm result file: another file, version, field or tail is refused", "[
   CHECK(read_error(path) == prefix + "has 5 bytes after its last field");
 
   CHECK(read_error(scratch("absent.result")).find("cannot read result file") == 0);
-  fs::remove(path);
+  fs::remove_all(path.parent_path());
 }
 
 TEST_CASE("experiment: the plan goes points, backends, seeds, then policies", "[experiment]") {
