@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "fp_command.hpp"
+#include "mpsim/core/experiment.hpp"
 #include "run_command.hpp"
 #include "tc_command.hpp"
 #include "usage_error.hpp"
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
     app.exit(e);
     return mpsim::cli::usage_exit_code;
   } catch (const mpsim::cli::UsageError& e) {
+    fmt::print(stderr, "mpsim: {}\n", e.what());
+    return mpsim::cli::usage_exit_code;
+  } catch (const mpsim::core::SetupError& e) {  // the experiment cannot start as asked: a usage error too
     fmt::print(stderr, "mpsim: {}\n", e.what());
     return mpsim::cli::usage_exit_code;
   } catch (const std::exception& e) {

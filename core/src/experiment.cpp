@@ -1,0 +1,384 @@
+// The experiment engine (experiment.hpp): checks, plans, trains the arms here
+// or in child processes, merges their logs and formats the summary.
+#include "mpsim/core/experiment.hpp"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "mpsim/core/arm_result_file.hpp"
+#include "mpsim/core/data.hpp"
+#include "mpsim/core/run_log.hpp"
+
+extern char** environ;
+
+namespace mpsim::core {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string now_utc() {
+  const std::time_t t = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof text, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return text;
+}
+
+std::string host_name() {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  return name;
+}
+
+// What decides the data an arm trains on, so points of a sweep share one load.
+std::string data_key(const ExperimentConfig& c) {
+  const DataSpec& d = c.data;
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}", d.dataset, d.path, d.train_limit, d.test_limit, d.synthetic_train,
+                     d.synthetic_test, d.dataset == "synthetic" ? c.seeds.front() : 0);
+}
+
+TrainTest load_data(const ExperimentConfig& c) {
+  if (c.data.dataset == "synthetic")
+    return make_synthetic(c.seeds.front(), c.data.synthetic_train, c.data.synthetic_test);
+  try {
+    return load_fashion_mnist(c.data.path, c.data.train_limit, c.data.test_limit);
+  } catch (const DataError& e) {
+    throw SetupError(std::string("data: ") + e.what());
+  }
+}
+
+// A file beside the log that keeps the resolved config: runs/x.h5 -> runs/x.toml.
+fs::path config_path_for(const fs::path& output) { return fs::path(output).replace_extension(".toml"); }
+
+void check_output(const fs::path& output, bool force) {
+  for (const fs::path& p : {output, config_path_for(output)}) {
+    if (fs::exists(p) && !force)
+      throw SetupError(fmt::format("output '{}' exists; pass --force to overwrite it, or set output=PATH", p.string()));
+  }
+  const fs::path dir = output.has_parent_path() ? output.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec || access(dir.c_str(), W_OK) != 0)
+    throw SetupError(fmt::format("output directory '{}' is not writable; choose another with output=PATH",
+                                 dir.string()));
+}
+
+std::string arm_name(const ExperimentConfig& c, const PlannedArm& arm, const std::string& sweep_point) {
+  std::string name = arm.policy;
+  if (c.backends.size() > 1) name = arm.backend + "." + name;
+  if (c.seeds.size() > 1) name += ".seed" + std::to_string(arm.seed);
+  if (!sweep_point.empty()) name += "@" + sweep_point;
+  return name;
+}
+
+ArmSetup make_setup(const ExperimentConfig& pc, const PlannedArm& arm, int threads) {
+  ArmSetup setup;
+  setup.policy = &pc.policies.at(arm.policy);
+  setup.model = pc.model;
+  setup.optimizer = pc.optimizer;
+  setup.schedule = pc.schedule;
+  setup.train = pc.train;
+  setup.train.threads = threads;
+  setup.seed = arm.seed;
+  return setup;
+}
+
+ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& data) {
+  const SweepPoint& point = sweep.points[arm.point];
+  const ExperimentConfig& pc = point.config;
+  const Policy& policy = pc.policies.at(arm.policy);
+  const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
+  return {arm_name(pc, arm, point.label), arm.backend, arm.policy, describe(policy),
+          arm.seed, Model::stat_names(pc.model, input), point.label};
+}
+
+ArmRow make_row(const ArmInfo& info, const PlannedArm& arm, ArmResult result) {
+  return {info.name, arm.backend, arm.policy, info.sweep, arm.seed, info.layers, std::move(result)};
+}
+
+int cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+
+// The threads an arm trains with: train.threads, or all cores for 0.
+int threads_for(const ExperimentConfig& pc) { return pc.train.threads > 0 ? pc.train.threads : cores(); }
+
+std::unique_ptr<Backend> start_backend(const std::string& name) {
+  std::unique_ptr<Backend> b;
+  try {
+    b = make_backend(name);
+  } catch (const std::runtime_error& e) {
+    throw SetupError(fmt::format("backend '{}' cannot start: {}", name, e.what()));
+  }
+  if (!b) {
+    std::string known;
+    for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
+    throw SetupError(fmt::format("backend '{}' is not available in this build (available: {}); "
+                                 "build with CUDA for the cuda backend",
+                                 name, known));
+  }
+  return b;
+}
+
+ExperimentInfo experiment_info(const Sweep& sweep) {
+  ExperimentInfo info;
+  info.config_toml = sweep.to_toml();
+  info.mpsim_version = MPSIM_VERSION;
+  info.git_revision = MPSIM_GIT_REVISION;
+  info.start_time = now_utc();
+  info.host = host_name();
+  info.seed = sweep.points.front().config.seeds.front();
+  return info;
+}
+
+// Arms at once: as many as the cores hold at the arm's thread count, unless
+// options.jobs says otherwise; one without a way to start a child.
+int jobs_for(const ExperimentOptions& options, const ExperimentConfig& c, std::size_t arms) {
+  if (!options.child_command) return 1;
+  const int threads_in_config = c.train.threads;
+  const int wanted = options.jobs > 0 ? options.jobs : std::max(1, threads_in_config > 0 ? cores() / threads_in_config : 1);
+  return static_cast<int>(std::min<std::size_t>(arms, static_cast<std::size_t>(wanted)));
+}
+
+// Runs the arms in child processes, `jobs` at a time, each writing its own
+// file under `parts`; copies every finished arm into `log` (in the order they
+// finish) and returns the rows in plan order. A child that fails stops new
+// ones from starting; its output is kept in `parts` and named.
+std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& sweep,
+                                 const std::vector<PlannedArm>& plan, const std::vector<ArmInfo>& infos, int jobs,
+                                 ExperimentLog& log, const fs::path& parts, ExperimentObserver* observer) {
+  // Each gets cores / jobs threads where the config says "all cores" (0).
+  const int threads_per_arm = std::max(1, cores() / std::max(1, jobs));
+  fs::create_directories(parts);
+  const auto part = [&](std::size_t k, const char* extension) {
+    return parts / fmt::format("arm-{}{}", k, extension);
+  };
+  std::vector<ArmRow> rows(plan.size());
+  std::map<pid_t, std::size_t> running;
+  std::size_t next = 0, finished = 0;
+  std::vector<std::string> failures;
+  const auto spawn = [&](std::size_t k) {
+    ChildArm child{k, {}, part(k, ".h5"), part(k, ".result")};
+    if (sweep.points[plan[k].point].config.train.threads == 0)
+      child.overrides.push_back(fmt::format("train.threads={}", threads_per_arm));
+    std::vector<std::string> args = options.child_command(child);
+    if (args.empty()) throw std::invalid_argument("child_command gave an empty command");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    const std::string log_path = part(k, ".log").string();
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    pid_t pid = 0;
+    const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (error != 0) throw std::runtime_error(fmt::format("cannot start a process for arm {}: {}", infos[k].name,
+                                                         std::strerror(error)));
+    running.emplace(pid, k);
+  };
+  while (finished < plan.size() && (failures.empty() || !running.empty())) {
+    while (failures.empty() && running.size() < static_cast<std::size_t>(jobs) && next < plan.size()) spawn(next++);
+    if (running.empty()) break;
+    int status = 0;
+    const pid_t pid = waitpid(-1, &status, 0);
+    if (pid < 0) {
+      if (errno == EINTR) continue;
+      throw std::runtime_error(fmt::format("waitpid: {}", std::strerror(errno)));
+    }
+    const auto it = running.find(pid);
+    if (it == running.end()) continue;
+    const std::size_t k = it->second;
+    running.erase(it);
+    ++finished;
+    ArmRow& row = rows[k];
+    row = make_row(infos[k], plan[k], {});
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      failures.push_back(fmt::format("arm {} failed ({}); its output: {}", infos[k].name,
+                                     WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status))
+                                                       : fmt::format("signal {}", WTERMSIG(status)),
+                                     part(k, ".log").string()));
+      row.result.status = "failed";
+      continue;
+    }
+    row.result = read_arm_result(part(k, ".result"));
+    log.copy_arm(part(k, ".h5"), infos[k].name);
+    if (observer) observer->arm_finished(row, finished, plan.size());
+  }
+  if (!failures.empty()) {
+    std::string message;
+    for (const auto& f : failures) message += "\n  " + f;
+    throw std::runtime_error(fmt::format("{} arm(s) failed; the log keeps the arms that finished:{}",
+                                         failures.size(), message));
+  }
+  fs::remove_all(parts);
+  return rows;
+}
+
+// Side by side: every arm on another backend against the same policy and
+// seed on the first backend (the same initial weights and batches).
+std::vector<Agreement> compare_backends(const std::vector<ArmRow>& rows, const std::string& first_backend) {
+  std::vector<Agreement> agreements;
+  const auto trace = [](const ArmRow& row) {
+    return ArmTrace{row.name, row.layers, row.result.losses, row.result.test_accuracy, row.result.stat_totals};
+  };
+  for (const ArmRow& other : rows) {
+    if (other.backend == first_backend) continue;
+    for (const ArmRow& reference : rows)
+      if (reference.backend == first_backend && reference.policy == other.policy && reference.seed == other.seed &&
+          reference.sweep_point == other.sweep_point)
+        agreements.push_back(compare_arms(trace(reference), trace(other)));
+  }
+  return agreements;
+}
+
+}  // namespace
+
+std::vector<PlannedArm> plan_arms(const Sweep& sweep) {
+  std::vector<PlannedArm> plan;
+  for (std::size_t i = 0; i < sweep.points.size(); ++i) {
+    const ExperimentConfig& pc = sweep.points[i].config;
+    for (const std::string& backend : pc.backends)
+      for (const std::uint64_t seed : pc.seeds)
+        for (const std::string& policy : pc.arms) plan.push_back({i, backend, policy, seed});
+  }
+  return plan;
+}
+
+ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, ExperimentObserver* observer) {
+  ExperimentConfig& c = sweep.points.front().config;
+  if (!options.output.empty()) c.output = options.output;
+  const fs::path output(c.output);
+  // Everything that can be wrong is checked before the first step.
+  std::vector<std::string> backend_list;
+  for (const SweepPoint& p : sweep.points)
+    for (const auto& name : p.config.backends)
+      if (std::find(backend_list.begin(), backend_list.end(), name) == backend_list.end()) backend_list.push_back(name);
+  std::map<std::string, std::unique_ptr<Backend>> backends;
+  for (const auto& name : backend_list) backends.emplace(name, start_backend(name));
+  if (options.jobs < 0) throw SetupError(fmt::format("jobs {} must be >= 0 (0: as many as the cores allow)", options.jobs));
+  check_output(output, options.force);
+  std::map<std::string, TrainTest> data_sets;
+  for (const SweepPoint& p : sweep.points)
+    if (!data_sets.count(data_key(p.config))) data_sets.emplace(data_key(p.config), load_data(p.config));
+  if (options.force) {
+    fs::remove(output);
+    fs::remove(config_path_for(output));
+  }
+  const ExperimentInfo info = experiment_info(sweep);
+  {
+    std::ofstream toml(config_path_for(output));
+    toml << "# resolved config of " << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << info.config_toml;
+  }
+  std::unique_ptr<ExperimentLog> log;
+  try {
+    log = create_hdf5_log(output, info, c.flush_interval);
+  } catch (const std::exception& e) {
+    throw SetupError(e.what());
+  }
+  if (options.handle_signals) install_flush_on_signals();
+
+  const std::vector<PlannedArm> plan = plan_arms(sweep);
+  std::vector<ArmInfo> infos;
+  for (const PlannedArm& arm : plan)
+    infos.push_back(make_info(sweep, arm, data_sets.at(data_key(sweep.points[arm.point].config))));
+  const int jobs = jobs_for(options, c, plan.size());
+  if (observer) {
+    const TrainTest& first = data_sets.at(data_key(c));
+    observer->started({c.name, first.train.count, first.test.count, plan.size(), sweep.points.size(), jobs, output});
+  }
+
+  ExperimentResult result;
+  if (jobs > 1) {
+    const fs::path parts = (output.has_parent_path() ? output.parent_path() : fs::path(".")) /
+                           fmt::format(".{}.parts-{}", output.filename().string(), getpid());
+    result.rows = run_parallel(options, sweep, plan, infos, jobs, *log, parts, observer);
+  } else {
+    for (std::size_t k = 0; k < plan.size(); ++k) {
+      const PlannedArm& arm = plan[k];
+      const ExperimentConfig& pc = sweep.points[arm.point].config;
+      const ArmInfo& arm_info = infos[k];
+      ArmLog& arm_log = log->add_arm(arm_info);
+      std::function<void(const Progress&)> progress;
+      if (observer) progress = [&](const Progress& p) { observer->progress(arm_info, p); };
+      ArmResult r = train_arm(*backends.at(arm.backend), make_setup(pc, arm, threads_for(pc)),
+                              data_sets.at(data_key(pc)), &arm_log, progress);
+      log->flush();
+      result.rows.push_back(make_row(arm_info, arm, std::move(r)));
+      if (observer) observer->arm_finished(result.rows.back(), k + 1, plan.size());
+    }
+  }
+  result.agreements = compare_backends(result.rows, c.backends.front());
+  for (const Agreement& a : result.agreements) log->add_agreement(a);
+  log.reset();  // closes the file
+  result.log = output;
+  result.config = config_path_for(output);
+  return result;
+}
+
+ArmResult run_planned_arm(const Sweep& sweep, std::size_t index, const ExperimentOptions& options,
+                          const fs::path& result_file) {
+  const std::vector<PlannedArm> plan = plan_arms(sweep);
+  if (index >= plan.size())
+    throw SetupError(fmt::format("arm index {} is outside the plan's {} arms", index, plan.size()));
+  const PlannedArm& arm = plan[index];
+  const ExperimentConfig& pc = sweep.points[arm.point].config;
+  const TrainTest data = load_data(pc);
+  const std::unique_ptr<Backend> backend = start_backend(arm.backend);
+  const int threads = threads_for(pc);
+  const ArmInfo info = make_info(sweep, arm, data);
+  std::unique_ptr<ExperimentLog> log = create_hdf5_log(options.output, experiment_info(sweep), pc.flush_interval);
+  if (options.handle_signals) install_flush_on_signals();
+  ArmLog& arm_log = log->add_arm(info);
+  ArmResult result = train_arm(*backend, make_setup(pc, arm, threads), data, &arm_log);
+  log.reset();  // closes the file before the parent copies from it
+  if (!result_file.empty()) write_arm_result(result_file, result);
+  return result;
+}
+
+bool follow_parent_process() {
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  return getppid() != 1;  // adopted by init: the parent is already gone
+}
+
+std::string format_summary(const ExperimentResult& result) {
+  std::string out;
+  std::size_t width = 16;
+  for (const ArmRow& row : result.rows) width = std::max(width, row.name.size());
+  out += fmt::format("\n{:<{}} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", width,
+                     "test acc", "test loss", "act-g flush", "act-g<2^-24", "w-g flush", "w-g<2^-24", "skipped",
+                     "loss scale", "wall s", "status");
+  for (const ArmRow& row : result.rows) {
+    const ArmResult& r = row.result;
+    out += fmt::format("{:<{}} {:>8.2f}% {:>9.4f} {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>8} {:>10g} {:>8.1f}  {}\n",
+                       row.name, width, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
+                       100 * r.activation_grad_below_2_24, 100 * r.weight_grad_flushed,
+                       100 * r.weight_grad_below_2_24, r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
+  }
+  if (!result.agreements.empty()) {
+    out += fmt::format("\n{:<28} {:<20} {:>16} {:>13} {:>13} {:>13}\n", "agreement of arm", "with",
+                       "max loss rel diff", "test acc diff", "act-g hist TV", "w-g hist TV");
+    for (const Agreement& a : result.agreements)
+      out += fmt::format("{:<28} {:<20} {:>16.3e} {:>12.2f}% {:>13.4f} {:>13.4f}\n", a.other, a.reference,
+                         a.max_loss_relative_difference, 100 * a.test_accuracy_difference,
+                         a.largest_histogram_distance(TensorKind::activation_grads),
+                         a.largest_histogram_distance(TensorKind::weight_grads));
+    out += "(hist TV: the largest total-variation distance over layers between the arms' binade histograms)\n";
+  }
+  out += fmt::format("\nlog: {}\nconfig: {}\n", result.log.string(), result.config.string());
+  return out;
+}
+
+}  // namespace mpsim::core
