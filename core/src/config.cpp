@@ -81,6 +81,14 @@ class Section {
     throw ConfigError(key_path(key) + " = \"" + out + "\" is not accepted; expected one of: " + join(choices));
   }
 
+  // An enum by its name in the enum's one table.
+  template <typename Enum, std::size_t N>
+  void read_enum(std::string_view key, Enum& out, const EnumNames<Enum, N>& names) {
+    std::string text(names(out));
+    read_choice(key, text, std::vector<std::string>(names.names.begin(), names.names.end()));
+    out = *names.parse(text);
+  }
+
   const toml::table* subtable(std::string_view key) {
     used_.insert(std::string(key));
     if (!table_) return nullptr;
@@ -288,7 +296,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
     throw ConfigError("loss.weight must be a finite number > 0 (it multiplies the loss the backward pass differentiates)");
 
   Section opt(top.subtable("optimizer"), "optimizer");
-  opt.read_choice("kind", c.optimizer.kind, {"sgd", "adam", "adamw"});
+  opt.read_enum("kind", c.optimizer.kind, optimizer_kind_names);
   opt.read("lr", c.optimizer.lr);
   opt.read("momentum", c.optimizer.momentum);
   opt.read("weight_decay", c.optimizer.weight_decay);
@@ -299,7 +307,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
   if (!(c.optimizer.lr > 0)) throw ConfigError("optimizer.lr must be > 0");
 
   Section sched(top.subtable("schedule"), "schedule");
-  sched.read_choice("kind", c.schedule.kind, {"constant", "step", "cosine"});
+  sched.read_enum("kind", c.schedule.kind, schedule_kind_names);
   sched.read("step_size", c.schedule.step_size);
   sched.read("gamma", c.schedule.gamma);
   sched.read("min_lr", c.schedule.min_lr);
@@ -374,14 +382,14 @@ std::string ExperimentConfig::to_toml() const {
                             {"threads", train.threads}}},
       {"loss", toml::table{{"reduction", train.loss.reduction == LossReduction::mean ? "mean" : "sum"},
                            {"weight", train.loss.weight}}},
-      {"optimizer", toml::table{{"kind", optimizer.kind},
+      {"optimizer", toml::table{{"kind", to_string(optimizer.kind)},
                                 {"lr", optimizer.lr},
                                 {"momentum", optimizer.momentum},
                                 {"weight_decay", optimizer.weight_decay},
                                 {"beta1", optimizer.beta1},
                                 {"beta2", optimizer.beta2},
                                 {"eps", optimizer.eps}}},
-      {"schedule", toml::table{{"kind", schedule.kind},
+      {"schedule", toml::table{{"kind", to_string(schedule.kind)},
                                {"step_size", schedule.step_size},
                                {"gamma", schedule.gamma},
                                {"min_lr", schedule.min_lr}}},

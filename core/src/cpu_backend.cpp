@@ -109,36 +109,37 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend() { set_threads(1); }
   std::string_view name() const override { return "cpu"; }
+  Device device() const override { return Device::host; }
 
   void set_threads(int threads) override {
     threads_ = std::max(1, threads);
     openblas_set_num_threads(threads_);
   }
 
-  Tensor zeros(const Shape& shape) override {
+  Tensor zeros_impl(const Shape& shape) override {
     Tensor t = empty(shape);
     std::fill_n(data(t), t.numel(), 0.0f);
     return t;
   }
-  Tensor empty(const Shape& shape) override {
+  Tensor empty_impl(const Shape& shape) override {
     return Tensor(shape, pool_->get(static_cast<std::size_t>(element_count(shape)), pool_));
   }
-  Tensor from_host(std::span<const float> v, const Shape& shape) override {
+  Tensor from_host_impl(std::span<const float> v, const Shape& shape) override {
     require(static_cast<std::int64_t>(v.size()) == element_count(shape), "from_host: size does not match shape");
     Tensor t = empty(shape);
     std::memcpy(data(t), v.data(), v.size_bytes());
     return t;
   }
-  void to_host(const Tensor& t, std::span<float> out) override {
+  void to_host_impl(const Tensor& t, std::span<float> out) override {
     require(static_cast<std::int64_t>(out.size()) == t.numel(), "to_host: size does not match");
     std::memcpy(out.data(), data(t), out.size_bytes());
   }
-  void copy(const Tensor& from, Tensor& to) override {
+  void copy_impl(const Tensor& from, Tensor& to) override {
     require(from.numel() == to.numel(), "copy: sizes differ");
     std::memcpy(data(to), data(from), sizeof(float) * static_cast<std::size_t>(from.numel()));
   }
 
-  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+  RoundResult round_impl(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
                     TensorStats* stats) override {
     std::span<float> v = values(t);
     RoundResult result;
@@ -168,7 +169,7 @@ class CpuBackend final : public Backend {
     return result;
   }
 
-  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
+  void gemm_impl(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
             StochasticStream stream) override {
     const RoundingPoint& accumulation = numerics.accumulation;
     const ConstMatrixMap am(data(a), a.rows(), a.cols());
@@ -198,18 +199,18 @@ class CpuBackend final : public Backend {
                                  tb ? RowMatrix(bm.transpose()) : RowMatrix(bm), cm, accumulation, stream);
   }
 
-  void add_row_vector(Tensor& x, const Tensor& row) override {
+  void add_row_vector_impl(Tensor& x, const Tensor& row) override {
     require(row.numel() == x.cols(), "add_row_vector: sizes differ");
     matrix(x).rowwise() += Eigen::Map<const Eigen::RowVectorXf>(data(row), row.numel());
   }
-  void column_sums(const Tensor& x, Tensor& sums) override {
+  void column_sums_impl(const Tensor& x, Tensor& sums) override {
     require(sums.numel() == x.cols(), "column_sums: sizes differ");
     Eigen::Map<Eigen::RowVectorXf>(data(sums), sums.numel()) = matrix(x).colwise().sum();
   }
-  void scale(Tensor& x, float factor) override {
+  void scale_impl(Tensor& x, float factor) override {
     for (float& v : values(x)) v *= factor;
   }
-  double sum_squares(const Tensor& x) override {
+  double sum_squares_impl(const Tensor& x) override {
     // Sixteen partial sums in binary64, a fixed order: vectorised, and the
     // same bits on every run.
     constexpr int lanes = 16;
@@ -227,12 +228,12 @@ class CpuBackend final : public Backend {
 
   // Branch-free loops: ReLU's sign test is a coin flip on real activations, and
   // a branch mispredicted on every other element cost 3 ns per element.
-  void relu_forward(const Tensor& x, Tensor& y) override {
+  void relu_forward_impl(const Tensor& x, Tensor& y) override {
     const float* in = data(x);
     float* out = data(y);
     for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] <= 0.0f ? 0.0f : in[i];  // NaN stays NaN, as in PyTorch
   }
-  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const float *in = data(x), *g = data(dy);
     float* out = data(dx);
     for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
@@ -240,13 +241,13 @@ class CpuBackend final : public Backend {
       out[i] = in[i] > 0.0f ? gradient : 0.0f;
     }
   }
-  void gelu_forward(const Tensor& x, Tensor& y) override {
+  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
     const float* in = data(x);
     float* out = data(y);
     for (std::int64_t i = 0, n = x.numel(); i < n; ++i)
       out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * static_cast<float>(M_SQRT1_2)));
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const float *in = data(x), *g = data(dy);
     float* out = data(dx);
     const float inv_sqrt_2pi = 0.3989422804014327f;
@@ -257,7 +258,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+  void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma), *b = data(beta);
@@ -275,7 +276,7 @@ class CpuBackend final : public Backend {
       for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = (row[j] - mf) * rf * g[j] + b[j];
     }
   }
-  void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+  void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
@@ -302,7 +303,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
+  void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
     const std::int64_t oh = g.out_height(), ow = g.out_width(), kk = g.kernel * g.kernel;
     const std::int64_t width = g.channels * kk;
     require(columns.numel() == g.batch * oh * ow * width, "im2col: output size");
@@ -322,7 +323,7 @@ class CpuBackend final : public Backend {
               }
         }
   }
-  void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
+  void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
     const std::int64_t oh = g.out_height(), ow = g.out_width(), kk = g.kernel * g.kernel;
     const std::int64_t width = g.channels * kk;
     const float* in = data(columns);
@@ -340,7 +341,7 @@ class CpuBackend final : public Backend {
               }
         }
   }
-  void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
+  void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
     const std::int64_t c = rows.cols(), hw = h * w;
     const float* in = data(rows);
     float* out = data(nchw);
@@ -348,7 +349,7 @@ class CpuBackend final : public Backend {
       for (std::int64_t p = 0; p < hw; ++p)
         for (std::int64_t ch = 0; ch < c; ++ch) out[(b * c + ch) * hw + p] = in[(b * hw + p) * c + ch];
   }
-  void nchw_to_rows(const Tensor& nchw, Tensor& rows) override {
+  void nchw_to_rows_impl(const Tensor& nchw, Tensor& rows) override {
     const Shape& s = nchw.shape();
     const std::int64_t batch = s[0], c = s[1], hw = s[2] * s[3];
     const float* in = data(nchw);
@@ -357,7 +358,7 @@ class CpuBackend final : public Backend {
       for (std::int64_t ch = 0; ch < c; ++ch)
         for (std::int64_t p = 0; p < hw; ++p) out[(b * hw + p) * c + ch] = in[(b * c + ch) * hw + p];
   }
-  void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
+  void max_pool_forward_impl(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
     const std::int64_t oh = g.out_height(), ow = g.out_width();
     const float* in = data(x);
     float *out = data(y), *arg = data(argmax);
@@ -382,7 +383,7 @@ class CpuBackend final : public Backend {
           arg[(plane * oh + i) * ow + j] = static_cast<float>(best_index);  // index within the plane: < 2^24
         }
   }
-  void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
+  void max_pool_backward_impl(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
     const Shape& in = dx.shape();
     const Shape& out = dy.shape();
     const std::int64_t planes = in[0] * in[1], in_hw = in[2] * in[3], out_hw = out[2] * out[3];
@@ -394,7 +395,7 @@ class CpuBackend final : public Backend {
         gx[plane * in_hw + static_cast<std::int64_t>(arg[plane * out_hw + p])] += g[plane * out_hw + p];
   }
 
-  LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+  LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                    Tensor& d_logits) override {
     return softmax_rows(logits, labels, grad_scale / static_cast<float>(logits.rows()), d_logits);
   }
@@ -469,7 +470,7 @@ class CpuBackend final : public Backend {
     if (stats) (*stats)[Counter::swallowed] += swallowed;
   }
 
-  void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+  void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
                      StochasticStream stream, TensorStats* stats) override {
     const std::span<float> ring = values(history);
     require(ring.size() >= 2 && point.delayed_scaling, "round_delayed: needs a scaled point and a history of >= 1");
@@ -484,7 +485,7 @@ class CpuBackend final : public Backend {
   }
 
   // --- The training step: its scalars live on the host here ---------------------------------------------------
-  void start_steps(const LossScaling& scaling, const LossDefinition& loss) override {
+  void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss) override {
     scaling_ = scaling;
     loss_ = loss;
     scaler_ = initial_loss_scale(scaling);
@@ -493,14 +494,14 @@ class CpuBackend final : public Backend {
     skip_ = false;
     optimizer_steps_ = 0;
   }
-  void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
+  void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const LossResult r =
         softmax_rows(logits, labels, loss_gradient_factor(scaler_.scale, loss_, logits.rows()), d_logits);
     current_.loss_sum += r.loss_sum;
     current_.correct += r.correct;
   }
-  void step_check_gradient(const Tensor& grad) override { current_.grad_sum_squares += sum_squares(grad); }
-  void end_step() override {
+  void step_check_gradient_impl(const Tensor& grad) override { current_.grad_sum_squares += sum_squares(grad); }
+  void end_step_impl() override {
     current_.loss_scale = scaler_.scale;
     current_.found_inf = !is_finite(current_.grad_sum_squares) || !is_finite(current_.loss_sum);
     update_loss_scale(scaler_, scaling_, current_.found_inf);
@@ -510,7 +511,7 @@ class CpuBackend final : public Backend {
     if (!skip_) ++optimizer_steps_;
     steps_.push_back(std::exchange(current_, {}));
   }
-  void optimizer_step(const OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+  void optimizer_step_impl(const OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
                       Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                       TensorStats* stats) override {
     if (skip_) return;
@@ -527,13 +528,13 @@ class CpuBackend final : public Backend {
     }
     apply_update(weight, update, storage, stream, stats);
   }
-  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+  void round_state_impl(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
                    StochasticStream stream) override {
     if (skip_) return;
     if (history) round_delayed(state, point, *history, margin, true, stream, nullptr);
     else if (!point.is_identity()) round(state, point, 1.0f, stream, nullptr);
   }
-  std::vector<StepScalars> take_steps() override { return std::exchange(steps_, {}); }
+  std::vector<StepScalars> take_steps_impl() override { return std::exchange(steps_, {}); }
 
  private:
   // Every multiply-add rounds to the accumulation format: acc <- round(acc + a*b),

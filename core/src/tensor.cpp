@@ -12,7 +12,7 @@ std::int64_t element_count(const Shape& shape) {
 
 Tensor Tensor::reshaped(Shape shape) const {
   if (element_count(shape) != numel()) throw std::logic_error("Tensor::reshaped: element count changes");
-  return Tensor(std::move(shape), buffer_);
+  return Tensor(std::move(shape), buffer_, device_, type_);
 }
 
 }  // namespace mpsim::core

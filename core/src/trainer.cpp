@@ -14,13 +14,16 @@
 namespace mpsim::core {
 
 double learning_rate(const OptimizerSpec& o, const ScheduleSpec& s, std::int64_t step, std::int64_t total) {
-  if (s.kind == "constant") return o.lr;
-  if (s.kind == "step") return o.lr * std::pow(s.gamma, static_cast<double>(step / std::max<std::int64_t>(1, s.step_size)));
-  if (s.kind == "cosine") {
-    const double t = total > 1 ? static_cast<double>(step) / static_cast<double>(total - 1) : 0.0;
-    return s.min_lr + (o.lr - s.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  switch (s.kind) {
+    case ScheduleKind::constant: return o.lr;
+    case ScheduleKind::step:
+      return o.lr * std::pow(s.gamma, static_cast<double>(step / std::max<std::int64_t>(1, s.step_size)));
+    case ScheduleKind::cosine: {
+      const double t = total > 1 ? static_cast<double>(step) / static_cast<double>(total - 1) : 0.0;
+      return s.min_lr + (o.lr - s.min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+    }
   }
-  throw std::invalid_argument("unknown schedule '" + s.kind + "'; expected constant, step or cosine");
+  throw std::invalid_argument("unknown schedule; expected " + schedule_kind_names.list());
 }
 
 namespace {
@@ -66,11 +69,9 @@ class Arm {
       p.working = shares_working_ ? p.master : backend_.empty(p.shape);
       p.grad = backend_.zeros(p.shape);
       p.state1 = backend_.zeros(p.shape);
-      if (setup_.optimizer.kind != "sgd") p.state2 = backend_.zeros(p.shape);
+      if (setup_.optimizer.kind != OptimizerKind::sgd) p.state2 = backend_.zeros(p.shape);
       lp.update = backend_.empty(p.shape);
     }
-    if (setup_.optimizer.kind != "sgd" && setup_.optimizer.kind != "adam" && setup_.optimizer.kind != "adamw")
-      throw std::invalid_argument("unknown optimizer '" + setup_.optimizer.kind + "'; expected sgd, adam or adamw");
   }
 
   ArmResult run(ArmLog* log, const std::function<void(const Progress&)>& progress) {
@@ -221,7 +222,7 @@ class Arm {
   void optimizer_step(float lr) {
     const OptimizerSpec& o = setup_.optimizer;
     OptimizerParams params;
-    params.kind = o.kind == "sgd" ? OptimizerKind::sgd : o.kind == "adam" ? OptimizerKind::adam : OptimizerKind::adamw;
+    params.kind = o.kind;
     params.lr = lr;
     params.momentum = static_cast<float>(o.momentum);
     params.weight_decay = static_cast<float>(o.weight_decay);

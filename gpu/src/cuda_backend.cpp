@@ -371,39 +371,40 @@ class CudaBackend final : public core::Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string_view name() const override { return "cuda"; }
+  core::Device device() const override { return core::Device::cuda; }
   void set_threads(int) override {}  // the device decides its own parallelism
   cudaStream_t cuda_stream() const { return stream(); }  // for cuda_stream_of (timing)
   std::uint64_t synchronisations() const { return synchronisations_; }
 
   // --- Memory ------------------------------------------------------------------------------------------------------
-  Tensor zeros(const Shape& shape) override {
+  Tensor zeros_impl(const Shape& shape) override {
     Tensor t = empty(shape);
     if (t.numel() > 0) MPSIM_CUDA_CHECK(cudaMemsetAsync(out(t), 0, bytes(t), stream()));  // +0.0f is all zero bits
     buffer_of(t)->zeros = true;
     return t;
   }
-  Tensor empty(const Shape& shape) override {
+  Tensor empty_impl(const Shape& shape) override {
     const std::int64_t n = core::element_count(shape);
     require(n >= 0, "empty: negative size");
     auto buffer = std::make_shared<TensorStorage>();
     buffer->memory = pool_->get(static_cast<std::size_t>(n) * sizeof(float), pool_);
-    return Tensor(shape, std::move(buffer));
+    return Tensor(shape, std::move(buffer), core::Device::cuda);
   }
-  Tensor from_host(std::span<const float> values, const Shape& shape) override {
+  Tensor from_host_impl(std::span<const float> values, const Shape& shape) override {
     require(static_cast<std::int64_t>(values.size()) == core::element_count(shape),
             "from_host: size does not match shape");
     Tensor t = empty(shape);
     if (!values.empty()) uploads_.copy(out(t), values.data(), values.size_bytes(), stream());
     return t;
   }
-  void to_host(const Tensor& t, std::span<float> host) override {
+  void to_host_impl(const Tensor& t, std::span<float> host) override {
     require(static_cast<std::int64_t>(host.size()) == t.numel(), "to_host: size does not match");
     if (host.empty()) return;
     const Input values = in(t);
     MPSIM_CUDA_CHECK(cudaMemcpyAsync(host.data(), values, host.size_bytes(), cudaMemcpyDeviceToHost, stream()));
     synchronize();
   }
-  void copy(const Tensor& from, Tensor& to) override {
+  void copy_impl(const Tensor& from, Tensor& to) override {
     require(from.numel() == to.numel(), "copy: sizes differ");
     if (from.numel() == 0 || from.buffer() == to.buffer()) return;
     const TensorStorage& source = *buffer_of(from);
@@ -416,7 +417,7 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Rounding: one pass of the rounding kernel (quantize.cu) -----------------------------------------------------
-  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+  RoundResult round_impl(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
                     TensorStats* stats) override {
     RoundResult result;
     const std::int64_t n = t.numel();
@@ -450,7 +451,7 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- GEMM --------------------------------------------------------------------------------------------------------
-  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const core::GemmNumerics& numerics,
+  void gemm_impl(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const core::GemmNumerics& numerics,
             StochasticStream stream) override {
     const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
@@ -475,20 +476,20 @@ class CudaBackend final : public core::Backend {
                 gemm_input_for(numerics.a_format, numerics.b_format));
   }
 
-  void add_row_vector(Tensor& x, const Tensor& row) override {
+  void add_row_vector_impl(Tensor& x, const Tensor& row) override {
     require(row.numel() == x.cols(), "add_row_vector: sizes differ");
     const Input r = in(row);
     kernels::add_row_vector(inout(x), r, x.rows(), x.cols(), stream());
   }
-  void column_sums(const Tensor& x, Tensor& sums) override {
+  void column_sums_impl(const Tensor& x, Tensor& sums) override {
     require(sums.numel() == x.cols(), "column_sums: sizes differ");
     const std::int64_t words = kernels::column_sums_scratch(x.rows(), x.cols());
     const auto scratch = pool_->get(static_cast<std::size_t>(words) * sizeof(float), pool_);
     const Input values = in(x);
     kernels::column_sums(values, x.rows(), x.cols(), out(sums), static_cast<float*>(scratch.get()), stream());
   }
-  void scale(Tensor& x, float factor) override { kernels::scale(inout(x), x.numel(), factor, stream()); }
-  double sum_squares(const Tensor& x) override {
+  void scale_impl(Tensor& x, float factor) override { kernels::scale(inout(x), x.numel(), factor, stream()); }
+  double sum_squares_impl(const Tensor& x) override {
     const QueuedSum sum = queue_sum_squares(x);
     MPSIM_CUDA_CHECK(
         cudaMemcpyAsync(host_double_.data(), sum.value, sizeof(double), cudaMemcpyDeviceToHost, stream()));
@@ -497,27 +498,27 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Activations and LayerNorm -----------------------------------------------------------------------------------
-  void relu_forward(const Tensor& x, Tensor& y) override {
+  void relu_forward_impl(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "relu_forward: sizes differ");
     const Input v = in(x);
     kernels::relu_forward(v, out(y), x.numel(), stream());
   }
-  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     require(x.numel() == dy.numel() && x.numel() == dx.numel(), "relu_backward: sizes differ");
     const Input v = in(x), g = in(dy);
     kernels::relu_backward(v, g, out(dx), x.numel(), stream());
   }
-  void gelu_forward(const Tensor& x, Tensor& y) override {
+  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "gelu_forward: sizes differ");
     const Input v = in(x);
     kernels::gelu_forward(v, out(y), x.numel(), gelu_constants(), stream());
   }
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) override {
+  void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     require(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes differ");
     const Input v = in(x), g = in(dy);
     kernels::gelu_backward(v, g, out(dx), x.numel(), gelu_constants(), stream());
   }
-  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
+  void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     require(gamma.numel() == cols && beta.numel() == cols && y.numel() == x.numel() && mean.numel() == rows &&
@@ -526,7 +527,7 @@ class CudaBackend final : public core::Backend {
     const Input v = in(x), g = in(gamma), b = in(beta);
     kernels::layer_norm_forward(v, g, b, eps, rows, cols, out(y), out(mean), out(rstd), stream());
   }
-  void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+  void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     require(gamma.numel() == cols && mean.numel() == rows && rstd.numel() == rows && dy.numel() == x.numel() &&
@@ -539,39 +540,39 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Convolution layout and pooling ------------------------------------------------------------------------------
-  void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
+  void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
     require_geometry(g, x);
     require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
             "im2col: output size");
     const Input v = in(x);
     kernels::im2col(v, geometry_of(g), out(columns), stream());
   }
-  void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
+  void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) override {
     require_geometry(g, dx);
     require(columns.numel() == g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel,
             "col2im: input size");
     const Input v = in(columns);
     kernels::col2im(v, geometry_of(g), inout(dx), stream());
   }
-  void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
+  void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) override {
     require(rows.rows() == batch * h * w && nchw.numel() == rows.numel(), "rows_to_nchw: sizes differ");
     const Input v = in(rows);
     kernels::rows_to_nchw(v, batch, rows.cols(), h * w, out(nchw), stream());
   }
-  void nchw_to_rows(const Tensor& nchw, Tensor& rows) override {
+  void nchw_to_rows_impl(const Tensor& nchw, Tensor& rows) override {
     const Shape& s = nchw.shape();
     require(s.size() == 4 && rows.numel() == nchw.numel(), "nchw_to_rows: expects NCHW of the rows' size");
     const Input v = in(nchw);
     kernels::nchw_to_rows(v, s[0], s[1], s[2] * s[3], out(rows), stream());
   }
-  void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
+  void max_pool_forward_impl(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) override {
     require_geometry(g, x);
     const std::int64_t outputs = g.batch * g.channels * g.out_height() * g.out_width();
     require(y.numel() == outputs && argmax.numel() == outputs, "max_pool_forward: output size");
     const Input v = in(x);
     kernels::max_pool_forward(v, geometry_of(g), out(y), out(argmax), stream());
   }
-  void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
+  void max_pool_backward_impl(const Tensor& dy, const Tensor& argmax, Tensor& dx) override {
     const Shape& in = dx.shape();
     const Shape& out = dy.shape();
     require(in.size() == 4 && out.size() == 4 && in[0] == out[0] && in[1] == out[1] && argmax.numel() == dy.numel(),
@@ -581,7 +582,7 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Loss --------------------------------------------------------------------------------------------------------
-  core::LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+  core::LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                          Tensor& d_logits) override {
     core::LossResult result;
     const std::int64_t rows = logits.rows();
@@ -627,34 +628,34 @@ class CudaBackend final : public core::Backend {
     apply_update_gated(weight, update, storage, stream, stats, nullptr, !storage.is_identity());
   }
 
-  void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+  void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
                      StochasticStream stream, TensorStats* stats) override {
     round_with_ring(t, point, history, margin, record, stream, stats, nullptr);
   }
 
   // --- The training step: its scalars stay on the device (kernels_step.cu) -----------------------------------------
-  void start_steps(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
+  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
     scaling_ = scaling;
     pending_ = 0;
     taken_.clear();
     steps_started_ = 0;
     kernels::step_start(step_.data(), scaling, loss, stream());
   }
-  void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
+  void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const auto scratch = queue_softmax("step_loss", logits, labels, 0.0f, step_.data(), d_logits);
     if (scratch) kernels::step_add_loss(static_cast<const float*>(scratch.get()), logits.rows(), step_.data(), stream());
   }
-  void step_check_gradient(const Tensor& grad) override {
+  void step_check_gradient_impl(const Tensor& grad) override {
     const QueuedSum sum = queue_sum_squares(grad);
     kernels::step_add_sum_squares(sum.value, step_.data(), stream());
   }
-  void end_step() override {
+  void end_step_impl() override {
     if (pending_ == step_record_capacity) keep_records();  // the trainer reads more often than this
     kernels::step_end(step_.data(), scaling_, records_.data() + pending_, stream());
     ++pending_;
     ++steps_started_;
   }
-  void optimizer_step(const core::OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+  void optimizer_step_impl(const core::OptimizerParams& p, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
                       Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                       TensorStats* stats) override {
     const std::int64_t n = weight.numel();
@@ -678,7 +679,7 @@ class CudaBackend final : public core::Backend {
     }
     apply_update_gated(weight, update, storage, stream, stats, step_.data(), narrow);
   }
-  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+  void round_state_impl(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
                    StochasticStream stream) override {
     if (history) {
       round_with_ring(state, point, *history, margin, true, stream, nullptr, step_.data());
@@ -691,7 +692,7 @@ class CudaBackend final : public core::Backend {
     detail::launch_round(inout(state), static_cast<std::size_t>(state.numel()), launch, this->stream());
     if (narrow) store_values_narrow(state, point);
   }
-  std::vector<core::StepScalars> take_steps() override {
+  std::vector<core::StepScalars> take_steps_impl() override {
     keep_records();
     return std::exchange(taken_, {});
   }

@@ -281,7 +281,7 @@ TEST_CASE("reading the steps from the backend now and then changes nothing", "[t
     p.loss_scaling.initial_scale = std::ldexp(1.0, 30);  // overflows at first, backs off, grows again
     p.loss_scaling.growth_interval = 3;
     ArmSetup every = small_setup(p);
-    every.optimizer.kind = "adam";
+    every.optimizer.kind = OptimizerKind::adam;
     every.optimizer.lr = 1e-3;
     every.train.max_steps = 30;
     every.train.stats_interval = 1;
@@ -449,30 +449,30 @@ class WatchingBackend final : public test::ForwardingBackend {
   std::vector<StateCall> state_calls;
   std::int64_t steps_ended = 0;
 
-  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+  RoundResult round_impl(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
                     TensorStats* stats) override {
     if (point.rounding.mode == RoundingMode::stochastic)
       calls.push_back({t.buffer(), What::rounding, stream.key.stream, stream.first_index});
-    return ForwardingBackend::round(t, point, scale, stream, stats);
+    return ForwardingBackend::round_impl(t, point, scale, stream, stats);
   }
-  void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
+  void gemm_impl(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, const GemmNumerics& numerics,
             StochasticStream stream) override {
     if (numerics.accumulation.rounding.mode == RoundingMode::stochastic)
       calls.push_back({c.buffer(), What::gemm_sums, stream.key.stream, stream.first_index});
-    ForwardingBackend::gemm(a, ta, b, tb, c, numerics, stream);
+    ForwardingBackend::gemm_impl(a, ta, b, tb, c, numerics, stream);
   }
-  void optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+  void optimizer_step_impl(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
                       Tensor& update, const RoundingPoint& storage, StochasticStream stream,
                       TensorStats* stats) override {
     if (storage.rounding.mode == RoundingMode::stochastic)
       calls.push_back({weight.buffer(), What::update, stream.key.stream, stream.first_index});
-    ForwardingBackend::optimizer_step(params, weight, grad, state1, state2, update, storage, stream, stats);
+    ForwardingBackend::optimizer_step_impl(params, weight, grad, state1, state2, update, storage, stream, stats);
   }
-  void end_step() override {
+  void end_step_impl() override {
     ++steps_ended;
-    ForwardingBackend::end_step();
+    ForwardingBackend::end_step_impl();
   }
-  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+  void round_state_impl(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
                    StochasticStream stream) override {
     StateCall c{steps_ended, state.buffer(), {}, history ? history->buffer() : nullptr, 0.0f};
     std::vector<float> values(static_cast<std::size_t>(state.numel()));
@@ -490,7 +490,7 @@ class WatchingBackend final : public test::ForwardingBackend {
     c.probe.resize(probe.size());
     inner().to_host(p, c.probe);
     state_calls.push_back(std::move(c));
-    ForwardingBackend::round_state(state, point, history, margin, stream);
+    ForwardingBackend::round_state_impl(state, point, history, margin, stream);
   }
 };
 
@@ -513,7 +513,7 @@ TEST_CASE("every rounded tensor draws its own random stream", "[training][identi
   ArmSetup setup = small_setup(policy);
   setup.train.max_steps = 3;
   setup.train.stats_interval = 0;
-  if (policy.master_weights) setup.optimizer.kind = "adam", setup.optimizer.lr = 1e-3;
+  if (policy.master_weights) setup.optimizer.kind = OptimizerKind::adam, setup.optimizer.lr = 1e-3;
   else setup.optimizer.momentum = 0.9;
   WatchingBackend backend;
   MemoryLog log;
@@ -560,7 +560,7 @@ TEST_CASE("every delayed-scaled tensor keeps its own amax history", "[training][
   // scaled to bfloat16's largest value with no margin, it overflows.
   policy.delayed_scaling.margin = 4;
   ArmSetup setup = small_setup(policy);
-  setup.optimizer.kind = "adam";
+  setup.optimizer.kind = OptimizerKind::adam;
   setup.optimizer.lr = 1e-3;
   setup.train.max_steps = 20;  // more uses than the ring holds (16)
   setup.train.stats_interval = 0;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
+#include "support/backend_internals.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/trainer.hpp"
@@ -617,8 +618,8 @@ TEST_CASE("rounded tensors are stored in their format and read back as the CPU's
     const auto u = b.upload(normal_values(static_cast<std::size_t>(n), 51, 1e-3f), {rows, cols});
     for (int step = 0; step < 2; ++step) {
       const StochasticStream s = stream_of(9, 1, static_cast<std::uint64_t>(step) * static_cast<std::uint64_t>(n));
-      b.cpu->apply_update(w.cpu, u.cpu, storage, s, nullptr);
-      b.gpu->apply_update(w.gpu, u.gpu, storage, s, nullptr);
+      core::BackendInternals::apply_update(*b.cpu, w.cpu, u.cpu, storage, s, nullptr);
+      core::BackendInternals::apply_update(*b.gpu, w.gpu, u.gpu, storage, s, nullptr);
       CHECK(gpu::cuda_storage_bytes(*b.gpu, w.gpu) == 2);
       check_same("weights after update " + std::to_string(step), b, w);
     }
@@ -757,8 +758,8 @@ TEST_CASE("SGD and Adam updates match the CPU bit for bit", "[gpu][backend][opti
         auto state = b.zeros({n}), update = b.empty({n});
         for (int step = 0; step < 3; ++step) {
           const auto g = b.upload(normal_values(static_cast<std::size_t>(n), 801 + step, 1e-2f), {n});
-          b.cpu->sgd_update(w.cpu, g.cpu, state.cpu, 0.05f, momentum, decay, step == 0, update.cpu);
-          b.gpu->sgd_update(w.gpu, g.gpu, state.gpu, 0.05f, momentum, decay, step == 0, update.gpu);
+          core::BackendInternals::sgd_update(*b.cpu, w.cpu, g.cpu, state.cpu, 0.05f, momentum, decay, step == 0, update.cpu);
+          core::BackendInternals::sgd_update(*b.gpu, w.gpu, g.gpu, state.gpu, 0.05f, momentum, decay, step == 0, update.gpu);
           check_same("sgd update", b, update);
           if (momentum != 0.0f) check_same("sgd momentum", b, state);
         }
@@ -773,8 +774,8 @@ TEST_CASE("SGD and Adam updates match the CPU bit for bit", "[gpu][backend][opti
         for (std::int64_t step = 1; step <= 3; ++step) {
           const auto g = b.upload(normal_values(static_cast<std::size_t>(n), 810 + step, 1e-2f), {n});
           const core::AdamParams p{1e-3f, 0.9f, 0.999f, 1e-8f, decay, decoupled, step};
-          b.cpu->adam_update(w.cpu, g.cpu, m.cpu, v.cpu, p, update.cpu);
-          b.gpu->adam_update(w.gpu, g.gpu, m.gpu, v.gpu, p, update.gpu);
+          core::BackendInternals::adam_update(*b.cpu, w.cpu, g.cpu, m.cpu, v.cpu, p, update.cpu);
+          core::BackendInternals::adam_update(*b.gpu, w.gpu, g.gpu, m.gpu, v.gpu, p, update.gpu);
           check_same("adam update", b, update);
           check_same("adam m", b, m);
           check_same("adam v", b, v);
@@ -813,8 +814,8 @@ TEST_CASE("apply_update matches the CPU bit for bit, swallowed updates and count
       const auto ut = b.upload(u, {n});
       core::TensorStats cpu_stats, gpu_stats;
       const StochasticStream s = stream_of(21, 2 << 8 | 1, std::uint64_t{3} << 32);
-      b.cpu->apply_update(wt.cpu, ut.cpu, storage, s, with_stats ? &cpu_stats : nullptr);
-      b.gpu->apply_update(wt.gpu, ut.gpu, storage, s, with_stats ? &gpu_stats : nullptr);
+      core::BackendInternals::apply_update(*b.cpu, wt.cpu, ut.cpu, storage, s, with_stats ? &cpu_stats : nullptr);
+      core::BackendInternals::apply_update(*b.gpu, wt.gpu, ut.gpu, storage, s, with_stats ? &gpu_stats : nullptr);
       check_same("weights", b, wt);
       CHECK(cpu_stats == gpu_stats);
       if (with_stats) CHECK(cpu_stats[core::Counter::swallowed] > 0);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "mpsim/core/backend.hpp"
+#include "support/backend_internals.hpp"
 
 namespace mpsim::test {
 
@@ -16,99 +17,102 @@ class ForwardingBackend : public core::Backend {
   core::Backend& inner() { return *inner_; }
 
   std::string_view name() const override { return inner_->name(); }
+  core::Device device() const override { return inner_->device(); }
+  bool supports(core::Op op) const override { return inner_->supports(op); }
   void set_threads(int threads) override { inner_->set_threads(threads); }
-  core::Tensor zeros(const core::Shape& shape) override { return inner_->zeros(shape); }
-  core::Tensor empty(const core::Shape& shape) override { return inner_->empty(shape); }
-  core::Tensor from_host(std::span<const float> values, const core::Shape& shape) override {
+  core::Tensor zeros_impl(const core::Shape& shape) override { return inner_->zeros(shape); }
+  core::Tensor empty_impl(const core::Shape& shape) override { return inner_->empty(shape); }
+  core::Tensor from_host_impl(std::span<const float> values, const core::Shape& shape) override {
     return inner_->from_host(values, shape);
   }
-  void to_host(const core::Tensor& t, std::span<float> out) override { inner_->to_host(t, out); }
-  void copy(const core::Tensor& from, core::Tensor& to) override { inner_->copy(from, to); }
-  core::RoundResult round(core::Tensor& t, const core::RoundingPoint& point, float scale, StochasticStream stream,
+  void to_host_impl(const core::Tensor& t, std::span<float> out) override { inner_->to_host(t, out); }
+  void copy_impl(const core::Tensor& from, core::Tensor& to) override { inner_->copy(from, to); }
+  core::RoundResult round_impl(core::Tensor& t, const core::RoundingPoint& point, float scale, StochasticStream stream,
                           core::TensorStats* stats) override {
     return inner_->round(t, point, scale, stream, stats);
   }
-  void gemm(const core::Tensor& a, bool ta, const core::Tensor& b, bool tb, core::Tensor& c,
+  void gemm_impl(const core::Tensor& a, bool ta, const core::Tensor& b, bool tb, core::Tensor& c,
             const core::GemmNumerics& numerics, StochasticStream stream) override {
     inner_->gemm(a, ta, b, tb, c, numerics, stream);
   }
-  void add_row_vector(core::Tensor& x, const core::Tensor& row) override { inner_->add_row_vector(x, row); }
-  void column_sums(const core::Tensor& x, core::Tensor& sums) override { inner_->column_sums(x, sums); }
-  void scale(core::Tensor& x, float factor) override { inner_->scale(x, factor); }
-  double sum_squares(const core::Tensor& x) override { return inner_->sum_squares(x); }
-  void relu_forward(const core::Tensor& x, core::Tensor& y) override { inner_->relu_forward(x, y); }
-  void relu_backward(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
+  void add_row_vector_impl(core::Tensor& x, const core::Tensor& row) override { inner_->add_row_vector(x, row); }
+  void column_sums_impl(const core::Tensor& x, core::Tensor& sums) override { inner_->column_sums(x, sums); }
+  void scale_impl(core::Tensor& x, float factor) override { inner_->scale(x, factor); }
+  double sum_squares_impl(const core::Tensor& x) override { return inner_->sum_squares(x); }
+  void relu_forward_impl(const core::Tensor& x, core::Tensor& y) override { inner_->relu_forward(x, y); }
+  void relu_backward_impl(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
     inner_->relu_backward(x, dy, dx);
   }
-  void gelu_forward(const core::Tensor& x, core::Tensor& y) override { inner_->gelu_forward(x, y); }
-  void gelu_backward(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
+  void gelu_forward_impl(const core::Tensor& x, core::Tensor& y) override { inner_->gelu_forward(x, y); }
+  void gelu_backward_impl(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
     inner_->gelu_backward(x, dy, dx);
   }
-  void layer_norm_forward(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
+  void layer_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
                           core::Tensor& y, core::Tensor& mean, core::Tensor& rstd) override {
     inner_->layer_norm_forward(x, gamma, beta, eps, y, mean, rstd);
   }
-  void layer_norm_backward(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& mean,
+  void layer_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& mean,
                            const core::Tensor& rstd, const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma,
                            core::Tensor& dbeta) override {
     inner_->layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
   }
-  void im2col(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& columns) override {
+  void im2col_impl(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& columns) override {
     inner_->im2col(x, g, columns);
   }
-  void col2im(const core::Tensor& columns, const core::ConvGeometry& g, core::Tensor& dx) override {
+  void col2im_impl(const core::Tensor& columns, const core::ConvGeometry& g, core::Tensor& dx) override {
     inner_->col2im(columns, g, dx);
   }
-  void rows_to_nchw(const core::Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
+  void rows_to_nchw_impl(const core::Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
                     core::Tensor& nchw) override {
     inner_->rows_to_nchw(rows, batch, h, w, nchw);
   }
-  void nchw_to_rows(const core::Tensor& nchw, core::Tensor& rows) override { inner_->nchw_to_rows(nchw, rows); }
-  void max_pool_forward(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& y,
+  void nchw_to_rows_impl(const core::Tensor& nchw, core::Tensor& rows) override { inner_->nchw_to_rows(nchw, rows); }
+  void max_pool_forward_impl(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& y,
                         core::Tensor& argmax) override {
     inner_->max_pool_forward(x, g, y, argmax);
   }
-  void max_pool_backward(const core::Tensor& dy, const core::Tensor& argmax, core::Tensor& dx) override {
+  void max_pool_backward_impl(const core::Tensor& dy, const core::Tensor& argmax, core::Tensor& dx) override {
     inner_->max_pool_backward(dy, argmax, dx);
   }
-  core::LossResult softmax_cross_entropy(const core::Tensor& logits, const core::Tensor& labels, float grad_scale,
+  core::LossResult softmax_cross_entropy_impl(const core::Tensor& logits, const core::Tensor& labels, float grad_scale,
                                          core::Tensor& d_logits) override {
     return inner_->softmax_cross_entropy(logits, labels, grad_scale, d_logits);
   }
   void sgd_update(const core::Tensor& weight, const core::Tensor& grad, core::Tensor& momentum, float lr,
                   float momentum_factor, float weight_decay, bool first_step, core::Tensor& update) override {
-    inner_->sgd_update(weight, grad, momentum, lr, momentum_factor, weight_decay, first_step, update);
+    core::BackendInternals::sgd_update(*inner_, weight, grad, momentum, lr, momentum_factor, weight_decay, first_step,
+                                       update);
   }
   void adam_update(const core::Tensor& weight, const core::Tensor& grad, core::Tensor& m, core::Tensor& v,
                    const core::AdamParams& p, core::Tensor& update) override {
-    inner_->adam_update(weight, grad, m, v, p, update);
+    core::BackendInternals::adam_update(*inner_, weight, grad, m, v, p, update);
   }
   void apply_update(core::Tensor& weight, const core::Tensor& update, const core::RoundingPoint& storage,
                     StochasticStream stream, core::TensorStats* stats) override {
-    inner_->apply_update(weight, update, storage, stream, stats);
+    core::BackendInternals::apply_update(*inner_, weight, update, storage, stream, stats);
   }
-  void round_delayed(core::Tensor& t, const core::RoundingPoint& point, core::Tensor& history, int margin,
+  void round_delayed_impl(core::Tensor& t, const core::RoundingPoint& point, core::Tensor& history, int margin,
                      bool record, StochasticStream stream, core::TensorStats* stats) override {
     inner_->round_delayed(t, point, history, margin, record, stream, stats);
   }
-  void start_steps(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
+  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
     inner_->start_steps(scaling, loss);
   }
-  void step_loss(const core::Tensor& logits, const core::Tensor& labels, core::Tensor& d_logits) override {
+  void step_loss_impl(const core::Tensor& logits, const core::Tensor& labels, core::Tensor& d_logits) override {
     inner_->step_loss(logits, labels, d_logits);
   }
-  void step_check_gradient(const core::Tensor& grad) override { inner_->step_check_gradient(grad); }
-  void end_step() override { inner_->end_step(); }
-  void optimizer_step(const core::OptimizerParams& params, core::Tensor& weight, core::Tensor& grad,
+  void step_check_gradient_impl(const core::Tensor& grad) override { inner_->step_check_gradient(grad); }
+  void end_step_impl() override { inner_->end_step(); }
+  void optimizer_step_impl(const core::OptimizerParams& params, core::Tensor& weight, core::Tensor& grad,
                       core::Tensor& state1, core::Tensor& state2, core::Tensor& update,
                       const core::RoundingPoint& storage, StochasticStream stream, core::TensorStats* stats) override {
     inner_->optimizer_step(params, weight, grad, state1, state2, update, storage, stream, stats);
   }
-  void round_state(core::Tensor& state, const core::RoundingPoint& point, core::Tensor* history, int margin,
+  void round_state_impl(core::Tensor& state, const core::RoundingPoint& point, core::Tensor* history, int margin,
                    StochasticStream stream) override {
     inner_->round_state(state, point, history, margin, stream);
   }
-  std::vector<core::StepScalars> take_steps() override { return inner_->take_steps(); }
+  std::vector<core::StepScalars> take_steps_impl() override { return inner_->take_steps(); }
 
  private:
   std::unique_ptr<core::Backend> inner_;

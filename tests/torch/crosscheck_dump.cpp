@@ -58,7 +58,7 @@ std::map<std::string, Case> cases() {
     c.model.kind = "mlp";
     c.model.hidden = {64, 32};
     c.model.activation = Activation::relu;
-    c.optimizer.kind = "sgd";
+    c.optimizer.kind = OptimizerKind::sgd;
     c.optimizer.lr = 0.05;
     c.optimizer.momentum = 0.9;
     c.optimizer.weight_decay = 1e-4;
@@ -70,16 +70,16 @@ std::map<std::string, Case> cases() {
     c.model.hidden = {32, 32};
     c.model.activation = Activation::gelu;
     c.model.layer_norm = true;
-    c.optimizer.kind = kind;
+    c.optimizer.kind = *optimizer_kind_names.parse(kind);
     c.optimizer.lr = 1e-3;
-    c.optimizer.weight_decay = c.optimizer.kind == "adamw" ? 0.01 : 0.0;
+    c.optimizer.weight_decay = c.optimizer.kind == OptimizerKind::adamw ? 0.01 : 0.0;
     all.emplace(c.name, c);
   }
   {
     Case c{"cnn_sgd", {}, {}};
     c.model.kind = "cnn";
     c.model.activation = Activation::relu;
-    c.optimizer.kind = "sgd";
+    c.optimizer.kind = OptimizerKind::sgd;
     c.optimizer.lr = 0.05;
     c.optimizer.momentum = 0.9;
     c.optimizer.weight_decay = 1e-4;
@@ -137,7 +137,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   manifest << "case " << c.name << "\nmodel " << c.model.kind << "\nactivation "
            << (c.model.activation == Activation::relu ? "relu" : "gelu") << "\nlayer_norm "
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
-           << c.optimizer.kind << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
+           << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
            << "\nweight_decay " << number(c.optimizer.weight_decay) << "\nbeta1 " << number(c.optimizer.beta1)
            << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
            << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "

@@ -11,10 +11,12 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/names.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
 #include "mpsim/core/numerics.hpp"
@@ -65,6 +67,8 @@ struct StepScalars {
 };
 
 enum class OptimizerKind : std::uint8_t { sgd, adam, adamw };
+inline constexpr EnumNames<OptimizerKind, 3> optimizer_kind_names{{"sgd", "adam", "adamw"}};
+inline std::string_view to_string(OptimizerKind kind) { return optimizer_kind_names(kind); }
 
 // One optimiser step's hyperparameters (PyTorch's names and formulas).
 struct OptimizerParams {
@@ -79,60 +83,176 @@ struct AdamParams {
   std::int64_t step;  // 1-based, for bias correction
 };
 
+// Every operation of the interface, one name table: Backend::supports and
+// the errors name them.
+enum class Op : std::uint8_t {
+  round, gemm, add_row_vector, column_sums, scale, sum_squares, relu, gelu, layer_norm, im2col, col2im,
+  rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step
+};
+inline constexpr EnumNames<Op, 17> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+                                             "sum_squares", "relu", "gelu", "layer_norm", "im2col", "col2im",
+                                             "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
+                                             "round_delayed", "training_step"}};
+inline std::string_view to_string(Op op) { return op_names(op); }
+
+// What a backend throws when asked for an operation it does not support
+// (Backend::supports), or when a call's tensors do not fit it: the message
+// names the backend, the call and what is wrong.
+class BackendError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// The interface is checked once, at the door: every public call is a
+// non-virtual function that validates its tensors (not empty where they are
+// read or written, on this backend's device, binary32, shapes that fit each
+// other) and asks supports(op), then runs the backend's protected
+// implementation (the *_impl functions), which trusts its inputs.
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Where the tensors this backend makes live; it accepts no others.
+  virtual Device device() const = 0;
+  // False for an operation this backend does not implement: calling it
+  // throws BackendError rather than falling back to anything.
+  virtual bool supports(Op) const { return true; }
   virtual void set_threads(int threads) = 0;
 
   // Memory.
-  virtual Tensor zeros(const Shape& shape) = 0;
-  virtual Tensor empty(const Shape& shape) = 0;  // contents unspecified: for outputs an op writes whole
-  virtual Tensor from_host(std::span<const float> values, const Shape& shape) = 0;
-  virtual void to_host(const Tensor& t, std::span<float> out) = 0;
-  virtual void copy(const Tensor& from, Tensor& to) = 0;
+  Tensor zeros(const Shape& shape);
+  Tensor empty(const Shape& shape);  // contents unspecified: for outputs an op writes whole
+  Tensor from_host(std::span<const float> values, const Shape& shape);
+  void to_host(const Tensor& t, std::span<float> out);
+  void copy(const Tensor& from, Tensor& to);
 
   // Rounds t in place to the point's format: x -> round(x * scale) / scale,
   // scale a power of two. When stats is not null, adds the histogram of the
   // values x * scale before rounding and the rounding's counters to it.
-  virtual RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
-                            TensorStats* stats) = 0;
+  RoundResult round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                    TensorStats* stats);
 
   // c = op(a) * op(b), op = transpose when asked, as `numerics` says.
-  virtual void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
-                    const GemmNumerics& numerics, StochasticStream stream) = 0;
-  virtual void add_row_vector(Tensor& x, const Tensor& row) = 0;    // x[i, :] += row
-  virtual void column_sums(const Tensor& x, Tensor& sums) = 0;      // sums[j] = sum_i x[i, j]
-  virtual void scale(Tensor& x, float factor) = 0;                  // x *= factor
-  virtual double sum_squares(const Tensor& x) = 0;                  // in binary64; inf/NaN propagate
+  void gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+            const GemmNumerics& numerics, StochasticStream stream);
+  void add_row_vector(Tensor& x, const Tensor& row);  // x[i, :] += row
+  void column_sums(const Tensor& x, Tensor& sums);    // sums[j] = sum_i x[i, j]
+  void scale(Tensor& x, float factor);                // x *= factor
+  double sum_squares(const Tensor& x);                // in binary64; inf/NaN propagate
 
-  virtual void relu_forward(const Tensor& x, Tensor& y) = 0;
-  virtual void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  void relu_forward(const Tensor& x, Tensor& y);
+  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
   // GELU with the exact erf form (PyTorch's default).
-  virtual void gelu_forward(const Tensor& x, Tensor& y) = 0;
-  virtual void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  void gelu_forward(const Tensor& x, Tensor& y);
+  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
   // Normalises each row; statistics in binary32 from the binary32 inputs.
-  virtual void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                                  Tensor& mean, Tensor& rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                   const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                          Tensor& mean, Tensor& rstd);
+  void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
   // NCHW images <-> rows of patches [batch*out_h*out_w, channels*kernel*kernel].
-  virtual void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
-  virtual void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;  // accumulates into zeroed dx
+  void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns);
+  void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx);  // accumulates into zeroed dx
   // [batch*h*w, c] <-> [batch, c, h, w].
-  virtual void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
-                            Tensor& nchw) = 0;
-  virtual void nchw_to_rows(const Tensor& nchw, Tensor& rows) = 0;
-  virtual void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = 0;
-  virtual void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) = 0;
+  void rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw);
+  void nchw_to_rows(const Tensor& nchw, Tensor& rows);
+  void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax);
+  void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx);
 
   // Fused, stable softmax cross-entropy over rows. labels hold class indices
   // as binary32. d_logits = (softmax - onehot) * (grad_scale / batch).
-  virtual LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                           Tensor& d_logits) = 0;
+  LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& d_logits);
 
-  // Optimiser updates: write the update u (to be added to the weight) in binary32.
+  // Delayed scaling (Transformer Engine) kept by the backend. `history` is a
+  // backend tensor of DelayedScaling::history + 1 values, zeros at first: a
+  // ring of the amax of earlier uses and the ring's next position. Rounds t
+  // with the scale delayed_scale (numerics.hpp) computes from the ring's
+  // largest amax, then, when `record`, writes t's amax into the ring.
+  void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                     StochasticStream stream, TensorStats* stats);
+
+  // --- The training step (Op::training_step) ------------------------------------------------------------------
+  // A step's loss, its inf/NaN check, the loss scaler (numerics.hpp) and
+  // the decision to skip stay where the backend computes (device memory on a
+  // GPU), so that a step never waits for them: the trainer reads them with
+  // take_steps when it logs. In a step: step_loss, step_check_gradient per
+  // gradient, end_step, then per parameter optimizer_step and round_state.
+
+  // Starts the loss scaler afresh; forgets steps not taken and the
+  // optimiser's step count. `loss` says what the backward pass differentiates.
+  void start_steps(const LossScaling& scaling, const LossDefinition& loss);
+  // softmax_cross_entropy, but with d_logits' factor loss_gradient_factor(the
+  // scaler's current scale, loss, rows); the step keeps the loss and the count.
+  void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits);
+  // Adds sum_squares(grad) to the step's.
+  void step_check_gradient(const Tensor& grad);
+  // Decides the step: found_inf when the loss or the gradients' sum of
+  // squares is not finite; updates the scaler; records the step.
+  void end_step();
+  // Unless the step found inf or NaN: unscales grad by the step's scale (one
+  // binary32 multiplication by 1/scale, GradScaler.unscale_), computes the
+  // update (SGD: state1 is the momentum; Adam/AdamW: state1 and state2 are m
+  // and v; t counts the steps that ran) with numerics.hpp's rules, and adds
+  // it to the weight, rounded to `storage` (binary32 addition when storage
+  // is binary32), counting into stats the updates' histogram and the
+  // swallowed updates. grad's values afterwards are unspecified.
+  void optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1, Tensor& state2,
+                      Tensor& update, const RoundingPoint& storage, StochasticStream stream, TensorStats* stats);
+  // Rounds optimiser state at `point` (delayed-scaled through `history` when
+  // not null), unless the step found inf or NaN: a skipped step leaves it.
+  void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin, StochasticStream stream);
+  // The steps ended since the last call, in order. Waits for the device.
+  std::vector<StepScalars> take_steps();
+
+ protected:
+  // The implementations: called only after the checks above.
+  virtual Tensor zeros_impl(const Shape& shape) = 0;
+  virtual Tensor empty_impl(const Shape& shape) = 0;
+  virtual Tensor from_host_impl(std::span<const float> values, const Shape& shape) = 0;
+  virtual void to_host_impl(const Tensor& t, std::span<float> out) = 0;
+  virtual void copy_impl(const Tensor& from, Tensor& to) = 0;
+  virtual RoundResult round_impl(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                                 TensorStats* stats) = 0;
+  virtual void gemm_impl(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+                         const GemmNumerics& numerics, StochasticStream stream) = 0;
+  virtual void add_row_vector_impl(Tensor& x, const Tensor& row) = 0;
+  virtual void column_sums_impl(const Tensor& x, Tensor& sums) = 0;
+  virtual void scale_impl(Tensor& x, float factor) = 0;
+  virtual double sum_squares_impl(const Tensor& x) = 0;
+  virtual void relu_forward_impl(const Tensor& x, Tensor& y) = 0;
+  virtual void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void gelu_forward_impl(const Tensor& x, Tensor& y) = 0;
+  virtual void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                       Tensor& mean, Tensor& rstd) = 0;
+  virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                                        const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  virtual void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
+  virtual void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;
+  virtual void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
+                                 Tensor& nchw) = 0;
+  virtual void nchw_to_rows_impl(const Tensor& nchw, Tensor& rows) = 0;
+  virtual void max_pool_forward_impl(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = 0;
+  virtual void max_pool_backward_impl(const Tensor& dy, const Tensor& argmax, Tensor& dx) = 0;
+  virtual LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                                Tensor& d_logits) = 0;
+  virtual void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                                  StochasticStream stream, TensorStats* stats) = 0;
+  virtual void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss) = 0;
+  virtual void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
+  virtual void step_check_gradient_impl(const Tensor& grad) = 0;
+  virtual void end_step_impl() = 0;
+  virtual void optimizer_step_impl(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1,
+                                   Tensor& state2, Tensor& update, const RoundingPoint& storage,
+                                   StochasticStream stream, TensorStats* stats) = 0;
+  virtual void round_state_impl(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                                StochasticStream stream) = 0;
+  virtual std::vector<StepScalars> take_steps_impl() = 0;
+
+  // The optimiser's internals, which optimizer_step runs; not part of the
+  // public surface. BackendInternals (tests/support) reaches them so that the
+  // backends can be compared op by op.
   // SGD (PyTorch): g' = g + wd*w; m = momentum*m + g' (m = g' at the first step); u = -lr*m.
   virtual void sgd_update(const Tensor& weight, const Tensor& grad, Tensor& momentum, float lr, float momentum_factor,
                           float weight_decay, bool first_step, Tensor& update) = 0;
@@ -144,46 +264,15 @@ class Backend {
   // swallowed updates (nonzero update, unchanged weight).
   virtual void apply_update(Tensor& weight, const Tensor& update, const RoundingPoint& storage,
                             StochasticStream stream, TensorStats* stats) = 0;
+  friend class BackendInternals;
 
-  // Delayed scaling (Transformer Engine) kept by the backend. `history` is a
-  // backend tensor of DelayedScaling::history + 1 values, zeros at first: a
-  // ring of the amax of earlier uses and the ring's next position. Rounds t
-  // with the scale delayed_scale (numerics.hpp) computes from the ring's
-  // largest amax, then, when `record`, writes t's amax into the ring.
-  virtual void round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
-                             StochasticStream stream, TensorStats* stats) = 0;
-
-  // --- The training step ---------------------------------------------------------------------------------------
-  // A step's loss, its inf/NaN check, the loss scaler (numerics.hpp) and
-  // the decision to skip stay where the backend computes (device memory on a
-  // GPU), so that a step never waits for them: the trainer reads them with
-  // take_steps when it logs. In a step: step_loss, step_check_gradient per
-  // gradient, end_step, then per parameter optimizer_step and round_state.
-
-  // Starts the loss scaler afresh; forgets steps not taken and the
-  // optimiser's step count. `loss` says what the backward pass differentiates.
-  virtual void start_steps(const LossScaling& scaling, const LossDefinition& loss) = 0;
-  // softmax_cross_entropy, but with d_logits' factor loss_gradient_factor(the
-  // scaler's current scale, loss, rows); the step keeps the loss and the count.
-  virtual void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
-  // Adds sum_squares(grad) to the step's.
-  virtual void step_check_gradient(const Tensor& grad) = 0;
-  // Decides the step: found_inf when the loss or the gradients' sum of
-  // squares is not finite; updates the scaler; records the step.
-  virtual void end_step() = 0;
-  // Unless the step found inf or NaN: unscales grad by the step's scale (one
-  // binary32 multiplication by 1/scale, GradScaler.unscale_), computes the
-  // update as sgd_update or adam_update do (t counts the steps that ran) and
-  // applies it as apply_update. grad's values afterwards are unspecified.
-  virtual void optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1,
-                              Tensor& state2, Tensor& update, const RoundingPoint& storage, StochasticStream stream,
-                              TensorStats* stats) = 0;
-  // Rounds optimiser state at `point` (delayed-scaled through `history` when
-  // not null), unless the step found inf or NaN: a skipped step leaves it.
-  virtual void round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
-                           StochasticStream stream) = 0;
-  // The steps ended since the last call, in order. Waits for the device.
-  virtual std::vector<StepScalars> take_steps() = 0;
+ private:
+  // Throws BackendError unless supports(op).
+  void require_support(Op op, std::string_view call) const;
+  // Throws BackendError unless t holds binary32 values on this backend's device.
+  void require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const;
+  // Throws BackendError naming the call when ok is false.
+  void require_shape(bool ok, std::string_view call, std::string_view what) const;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

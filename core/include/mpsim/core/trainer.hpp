@@ -16,15 +16,19 @@
 namespace mpsim::core {
 
 struct OptimizerSpec {
-  std::string kind = "sgd";  // sgd, adam, adamw
+  OptimizerKind kind = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;  // sgd
   double weight_decay = 0.0;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
 };
 
+enum class ScheduleKind : std::uint8_t { constant, step, cosine };
+inline constexpr EnumNames<ScheduleKind, 3> schedule_kind_names{{"constant", "step", "cosine"}};
+inline std::string_view to_string(ScheduleKind kind) { return schedule_kind_names(kind); }
+
 struct ScheduleSpec {
-  std::string kind = "constant";  // constant, step, cosine
+  ScheduleKind kind = ScheduleKind::constant;
   std::int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
   double gamma = 0.1;
   double min_lr = 0.0;  // cosine: the rate at the last step

@@ -1,0 +1,357 @@
+// Backend's public calls: each checks its tensors and asks supports() once,
+// then runs the backend's implementation, which trusts its inputs.
+#include "mpsim/core/backend.hpp"
+
+#include <string>
+
+namespace mpsim::core {
+namespace {
+
+std::string shape_text(const Shape& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+void Backend::require_support(Op op, std::string_view call) const {
+  if (!supports(op))
+    throw BackendError("backend \"" + std::string(name()) + "\" does not support " + std::string(to_string(op)) +
+                       " (called as " + std::string(call) + "); run this arm on a backend that does");
+}
+
+void Backend::require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const {
+  const auto where = [&] {
+    return "backend \"" + std::string(name()) + "\", " + std::string(call) + ": " + std::string(argument);
+  };
+  if (t.empty()) throw BackendError(where() + " is an empty tensor (no buffer)");
+  if (t.device() != device())
+    throw BackendError(where() + " lives on " + std::string(to_string(t.device())) + ", this backend on " +
+                       std::string(to_string(device())) + "; move it with to_host and from_host");
+  if (t.element_type() != ElementType::binary32)
+    throw BackendError(where() + " holds " + std::string(to_string(t.element_type())) + " elements, not binary32");
+}
+
+void Backend::require_shape(bool ok, std::string_view call, std::string_view what) const {
+  if (!ok) throw BackendError("backend \"" + std::string(name()) + "\", " + std::string(call) + ": " + std::string(what));
+}
+
+// --- Memory -------------------------------------------------------------------------------------------------------
+
+Tensor Backend::zeros(const Shape& shape) {
+  for (const auto d : shape) require_shape(d >= 0, "zeros", "negative extent in shape " + shape_text(shape));
+  return zeros_impl(shape);
+}
+
+Tensor Backend::empty(const Shape& shape) {
+  for (const auto d : shape) require_shape(d >= 0, "empty", "negative extent in shape " + shape_text(shape));
+  return empty_impl(shape);
+}
+
+Tensor Backend::from_host(std::span<const float> values, const Shape& shape) {
+  for (const auto d : shape) require_shape(d >= 0, "from_host", "negative extent in shape " + shape_text(shape));
+  require_shape(static_cast<std::int64_t>(values.size()) == element_count(shape), "from_host",
+                std::to_string(values.size()) + " values for shape " + shape_text(shape));
+  return from_host_impl(values, shape);
+}
+
+void Backend::to_host(const Tensor& t, std::span<float> out) {
+  require_tensor(t, "to_host", "t");
+  require_shape(static_cast<std::int64_t>(out.size()) == t.numel(), "to_host",
+                "room for " + std::to_string(out.size()) + " values, tensor of shape " + shape_text(t.shape()));
+  to_host_impl(t, out);
+}
+
+void Backend::copy(const Tensor& from, Tensor& to) {
+  require_tensor(from, "copy", "from");
+  require_tensor(to, "copy", "to");
+  require_shape(from.numel() == to.numel(), "copy",
+                "shapes " + shape_text(from.shape()) + " and " + shape_text(to.shape()) + " differ in size");
+  copy_impl(from, to);
+}
+
+// --- Ops ----------------------------------------------------------------------------------------------------------
+
+RoundResult Backend::round(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
+                           TensorStats* stats) {
+  require_support(Op::round, "round");
+  require_tensor(t, "round", "t");
+  return round_impl(t, point, scale, stream, stats);
+}
+
+void Backend::gemm(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
+                   const GemmNumerics& numerics, StochasticStream stream) {
+  require_support(Op::gemm, "gemm");
+  require_tensor(a, "gemm", "a");
+  require_tensor(b, "gemm", "b");
+  require_tensor(c, "gemm", "c");
+  const std::int64_t m = transpose_a ? a.cols() : a.rows(), k = transpose_a ? a.rows() : a.cols();
+  const std::int64_t kb = transpose_b ? b.cols() : b.rows(), n = transpose_b ? b.rows() : b.cols();
+  require_shape(k == kb && c.rows() == m && c.cols() == n, "gemm",
+                "op(a) is " + std::to_string(m) + "x" + std::to_string(k) + ", op(b) " + std::to_string(kb) + "x" +
+                    std::to_string(n) + ", c " + shape_text(c.shape()));
+  gemm_impl(a, transpose_a, b, transpose_b, c, numerics, stream);
+}
+
+void Backend::add_row_vector(Tensor& x, const Tensor& row) {
+  require_support(Op::add_row_vector, "add_row_vector");
+  require_tensor(x, "add_row_vector", "x");
+  require_tensor(row, "add_row_vector", "row");
+  require_shape(row.numel() == x.cols(), "add_row_vector",
+                "row of " + std::to_string(row.numel()) + " for x of shape " + shape_text(x.shape()));
+  add_row_vector_impl(x, row);
+}
+
+void Backend::column_sums(const Tensor& x, Tensor& sums) {
+  require_support(Op::column_sums, "column_sums");
+  require_tensor(x, "column_sums", "x");
+  require_tensor(sums, "column_sums", "sums");
+  require_shape(sums.numel() == x.cols(), "column_sums",
+                std::to_string(sums.numel()) + " sums for x of shape " + shape_text(x.shape()));
+  column_sums_impl(x, sums);
+}
+
+void Backend::scale(Tensor& x, float factor) {
+  require_support(Op::scale, "scale");
+  require_tensor(x, "scale", "x");
+  scale_impl(x, factor);
+}
+
+double Backend::sum_squares(const Tensor& x) {
+  require_support(Op::sum_squares, "sum_squares");
+  require_tensor(x, "sum_squares", "x");
+  return sum_squares_impl(x);
+}
+
+namespace {
+// The element-wise ops take tensors of one size.
+bool same_size(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (t->numel() != (*tensors.begin())->numel()) return false;
+  return true;
+}
+}  // namespace
+
+void Backend::relu_forward(const Tensor& x, Tensor& y) {
+  require_support(Op::relu, "relu_forward");
+  require_tensor(x, "relu_forward", "x");
+  require_tensor(y, "relu_forward", "y");
+  require_shape(same_size({&x, &y}), "relu_forward", "x and y differ in size");
+  relu_forward_impl(x, y);
+}
+
+void Backend::relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_support(Op::relu, "relu_backward");
+  require_tensor(x, "relu_backward", "x");
+  require_tensor(dy, "relu_backward", "dy");
+  require_tensor(dx, "relu_backward", "dx");
+  require_shape(same_size({&x, &dy, &dx}), "relu_backward", "x, dy and dx differ in size");
+  relu_backward_impl(x, dy, dx);
+}
+
+void Backend::gelu_forward(const Tensor& x, Tensor& y) {
+  require_support(Op::gelu, "gelu_forward");
+  require_tensor(x, "gelu_forward", "x");
+  require_tensor(y, "gelu_forward", "y");
+  require_shape(same_size({&x, &y}), "gelu_forward", "x and y differ in size");
+  gelu_forward_impl(x, y);
+}
+
+void Backend::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_support(Op::gelu, "gelu_backward");
+  require_tensor(x, "gelu_backward", "x");
+  require_tensor(dy, "gelu_backward", "dy");
+  require_tensor(dx, "gelu_backward", "dx");
+  require_shape(same_size({&x, &dy, &dx}), "gelu_backward", "x, dy and dx differ in size");
+  gelu_backward_impl(x, dy, dx);
+}
+
+void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
+                                 Tensor& mean, Tensor& rstd) {
+  const std::string_view call = "layer_norm_forward";
+  require_support(Op::layer_norm, call);
+  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&y, "y"}, {&mean, "mean"},
+                             {&rstd, "rstd"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == x.cols() && beta.numel() == x.cols(), call, "gamma and beta need x's row width");
+  require_shape(y.numel() == x.numel() && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
+                "y needs x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
+  layer_norm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
+}
+
+void Backend::layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                                  const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+  const std::string_view call = "layer_norm_backward";
+  require_support(Op::layer_norm, call);
+  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dy, "dy"},
+                             {&dx, "dx"}, {&dgamma, "dgamma"}, {&dbeta, "dbeta"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == x.cols() && dgamma.numel() == x.cols() && dbeta.numel() == x.cols(), call,
+                "gamma, dgamma and dbeta need x's row width");
+  require_shape(same_size({&x, &dy, &dx}) && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
+                "dy and dx need x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
+  layer_norm_backward_impl(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+}
+
+namespace {
+std::int64_t image_size(const ConvGeometry& g) { return g.batch * g.channels * g.height * g.width; }
+std::int64_t patch_rows_size(const ConvGeometry& g) {
+  return g.batch * g.out_height() * g.out_width() * g.channels * g.kernel * g.kernel;
+}
+std::int64_t pooled_size(const ConvGeometry& g) { return g.batch * g.channels * g.out_height() * g.out_width(); }
+}  // namespace
+
+void Backend::im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns) {
+  require_support(Op::im2col, "im2col");
+  require_tensor(x, "im2col", "x");
+  require_tensor(columns, "im2col", "columns");
+  require_shape(x.numel() == image_size(g) && columns.numel() == patch_rows_size(g), "im2col",
+                "x or columns does not fit the geometry");
+  im2col_impl(x, g, columns);
+}
+
+void Backend::col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx) {
+  require_support(Op::col2im, "col2im");
+  require_tensor(columns, "col2im", "columns");
+  require_tensor(dx, "col2im", "dx");
+  require_shape(dx.numel() == image_size(g) && columns.numel() == patch_rows_size(g), "col2im",
+                "columns or dx does not fit the geometry");
+  col2im_impl(columns, g, dx);
+}
+
+void Backend::rows_to_nchw(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw) {
+  require_support(Op::rows_to_nchw, "rows_to_nchw");
+  require_tensor(rows, "rows_to_nchw", "rows");
+  require_tensor(nchw, "rows_to_nchw", "nchw");
+  require_shape(rows.rows() == batch * h * w && rows.numel() == nchw.numel(), "rows_to_nchw",
+                "rows " + shape_text(rows.shape()) + " and nchw " + shape_text(nchw.shape()) +
+                    " do not hold batch*h*w rows of the same values");
+  rows_to_nchw_impl(rows, batch, h, w, nchw);
+}
+
+void Backend::nchw_to_rows(const Tensor& nchw, Tensor& rows) {
+  require_support(Op::nchw_to_rows, "nchw_to_rows");
+  require_tensor(nchw, "nchw_to_rows", "nchw");
+  require_tensor(rows, "nchw_to_rows", "rows");
+  require_shape(nchw.shape().size() == 4 && rows.numel() == nchw.numel(), "nchw_to_rows",
+                "nchw " + shape_text(nchw.shape()) + " must be 4-D and rows " + shape_text(rows.shape()) +
+                    " of the same size");
+  nchw_to_rows_impl(nchw, rows);
+}
+
+void Backend::max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) {
+  require_support(Op::max_pool, "max_pool_forward");
+  require_tensor(x, "max_pool_forward", "x");
+  require_tensor(y, "max_pool_forward", "y");
+  require_tensor(argmax, "max_pool_forward", "argmax");
+  require_shape(x.numel() == image_size(g) && y.numel() == pooled_size(g) && argmax.numel() == pooled_size(g),
+                "max_pool_forward", "x, y or argmax does not fit the geometry");
+  max_pool_forward_impl(x, g, y, argmax);
+}
+
+void Backend::max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx) {
+  require_support(Op::max_pool, "max_pool_backward");
+  require_tensor(dy, "max_pool_backward", "dy");
+  require_tensor(argmax, "max_pool_backward", "argmax");
+  require_tensor(dx, "max_pool_backward", "dx");
+  require_shape(dy.numel() == argmax.numel(), "max_pool_backward", "dy and argmax differ in size");
+  max_pool_backward_impl(dy, argmax, dx);
+}
+
+namespace {
+// Logits [rows, classes], one label per row, a gradient of the logits' size.
+bool loss_shapes(const Tensor& logits, const Tensor& labels, const Tensor& d_logits) {
+  return labels.numel() == logits.rows() && d_logits.numel() == logits.numel();
+}
+}  // namespace
+
+LossResult Backend::softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale,
+                                          Tensor& d_logits) {
+  const std::string_view call = "softmax_cross_entropy";
+  require_support(Op::softmax_cross_entropy, call);
+  require_tensor(logits, call, "logits");
+  require_tensor(labels, call, "labels");
+  require_tensor(d_logits, call, "d_logits");
+  require_shape(loss_shapes(logits, labels, d_logits), call,
+                "need one label per row of logits " + shape_text(logits.shape()) + " and d_logits of their size");
+  return softmax_cross_entropy_impl(logits, labels, grad_scale, d_logits);
+}
+
+void Backend::round_delayed(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
+                            StochasticStream stream, TensorStats* stats) {
+  require_support(Op::round_delayed, "round_delayed");
+  require_tensor(t, "round_delayed", "t");
+  require_tensor(history, "round_delayed", "history");
+  require_shape(point.delayed_scaling && history.numel() >= 2, "round_delayed",
+                "needs a scaled point and a history of at least one amax and its position");
+  round_delayed_impl(t, point, history, margin, record, stream, stats);
+}
+
+// --- The training step --------------------------------------------------------------------------------------------
+
+void Backend::start_steps(const LossScaling& scaling, const LossDefinition& loss) {
+  require_support(Op::training_step, "start_steps");
+  start_steps_impl(scaling, loss);
+}
+
+void Backend::step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) {
+  require_support(Op::training_step, "step_loss");
+  require_tensor(logits, "step_loss", "logits");
+  require_tensor(labels, "step_loss", "labels");
+  require_tensor(d_logits, "step_loss", "d_logits");
+  require_shape(loss_shapes(logits, labels, d_logits), "step_loss",
+                "need one label per row of logits " + shape_text(logits.shape()) + " and d_logits of their size");
+  step_loss_impl(logits, labels, d_logits);
+}
+
+void Backend::step_check_gradient(const Tensor& grad) {
+  require_support(Op::training_step, "step_check_gradient");
+  require_tensor(grad, "step_check_gradient", "grad");
+  step_check_gradient_impl(grad);
+}
+
+void Backend::end_step() {
+  require_support(Op::training_step, "end_step");
+  end_step_impl();
+}
+
+void Backend::optimizer_step(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1,
+                             Tensor& state2, Tensor& update, const RoundingPoint& storage, StochasticStream stream,
+                             TensorStats* stats) {
+  const std::string_view call = "optimizer_step";
+  require_support(Op::training_step, call);
+  require_tensor(weight, call, "weight");
+  require_tensor(grad, call, "grad");
+  require_tensor(update, call, "update");
+  require_shape(same_size({&weight, &grad, &update}), call, "weight, grad and update differ in size");
+  const bool sgd = params.kind == OptimizerKind::sgd;
+  if (!sgd || params.momentum != 0.0f) {
+    require_tensor(state1, call, sgd ? "state1 (momentum)" : "state1 (m)");
+    require_shape(state1.numel() == weight.numel(), call, "state1 differs from the weight in size");
+  }
+  if (!sgd) {
+    require_tensor(state2, call, "state2 (v)");
+    require_shape(state2.numel() == weight.numel(), call, "state2 differs from the weight in size");
+  }
+  optimizer_step_impl(params, weight, grad, state1, state2, update, storage, stream, stats);
+}
+
+void Backend::round_state(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
+                          StochasticStream stream) {
+  require_support(Op::training_step, "round_state");
+  require_tensor(state, "round_state", "state");
+  if (history) {
+    require_tensor(*history, "round_state", "history");
+    require_shape(point.delayed_scaling && history->numel() >= 2, "round_state",
+                  "a history needs a scaled point and room for at least one amax and its position");
+  }
+  round_state_impl(state, point, history, margin, stream);
+}
+
+std::vector<StepScalars> Backend::take_steps() {
+  require_support(Op::training_step, "take_steps");
+  return take_steps_impl();
+}
+
+}  // namespace mpsim::core
