@@ -248,7 +248,7 @@ ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& da
   const Policy& policy = pc.policies.at(arm.policy);
   const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
   return {arm_name(pc, arm.backend, arm.policy, arm.seed, point.label), arm.backend, arm.policy, describe(policy),
-          arm.seed, Model::stat_names(pc.model, input), point.label};
+          arm.seed, Model::stat_names(pc.model, input), point.label, policy};
 }
 
 int cores() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
