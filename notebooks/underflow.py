@@ -104,7 +104,7 @@ def fractions(counts: np.ndarray, bins: ml.Bins) -> dict:
 
 
 def headroom(counts_over_steps: np.ndarray, bins: ml.Bins) -> dict:
-    """The unused top of FP16's range for one kind (counts[n_steps, 280], all layers summed).
+    """The unused top of FP16's range for one kind (counts[n_steps, bins], all layers summed).
 
     The largest gradient lies below 2^(e_max+1), so it sits at least 15 - e_max binades below FP16's top
     binade [2^15, 65504]: a loss scale of 2^(15 - e_max) still cannot overflow it, except for values in
