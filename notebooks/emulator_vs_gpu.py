@@ -54,28 +54,11 @@ def gpu_arms(f) -> list[str]:
     return [arm for arm in ml.arms(f) if ml.arm_info(f, arm).get("backend", "cpu") != REFERENCE_BACKEND]
 
 
-def _strings(dataset) -> list[str]:
-    """A fixed-length string dataset (h5py gives bytes) as str."""
-    return [v.decode("utf-8").rstrip("\0") if isinstance(v, bytes) else str(v) for v in dataset[()]]
-
-
 def agreement(f) -> dict[str, dict]:
     """The /agreement group: {gpu arm: {reference, max_loss_relative_difference,
     test_accuracy_difference, layers, kinds, histogram_distance[layer, kind]}}.
     Empty when the file has no such group (only one backend ran)."""
-    if "agreement" not in f:
-        return {}
-    result = {}
-    for name, g in f["agreement"].items():
-        result[name] = {
-            "reference": str(g.attrs["reference"]),
-            "max_loss_relative_difference": float(g.attrs["max_loss_relative_difference"]),
-            "test_accuracy_difference": float(g.attrs["test_accuracy_difference"]),
-            "layers": _strings(g["layer"]),
-            "kinds": _strings(g["kind"]),
-            "histogram_distance": g["histogram_distance"][()],
-        }
-    return result
+    return ml.agreement(f)
 
 
 def final_accuracy(f, arm: str) -> float:

@@ -57,8 +57,6 @@ BF16_SUBNORMAL_MIN_LOG2 = -133
 
 FP16_COLOR = "#d62728"
 BF16_COLOR = "#1f77b4"
-# The number of finite binade bins (2^-149 .. 2^127); then zero, inf, NaN.
-FINITE_BINS = 277
 
 
 # --- reading -----------------------------------------------------------------
@@ -115,9 +113,7 @@ def default_layer(path, arm: str) -> str:
     gradient of the last hidden layer's output; "loss" (the logits' gradient) is skipped."""
     with _Log(path) as f:
         names = ml.layers(f, arm)
-        c = f["arms"][arm]["stats/counters"]
-        ki = ml.KINDS.index("activation_grads")
-        elements = c[:, :, ki, 0].sum(axis=0) if c.shape[0] else np.zeros(len(names))
+        elements = ml.kind_counters(f, arm, "activation_grads", per_layer=True)["elements"]
         candidates = [i for i, n in enumerate(names) if n != "loss" and elements[i] > 0]
         if not candidates:
             candidates = [i for i, n in enumerate(names) if n != "loss"] or [len(names) - 1]
@@ -125,26 +121,9 @@ def default_layer(path, arm: str) -> str:
 
 
 def _histogram(f, arm: str, layer, kind: str):
-    """(steps, counts[n, 280]); layer None or "all" sums every layer."""
-    if layer is None or layer == "all":
-        g = f["arms"][arm]
-        ki = list(ml.KINDS).index(kind) if kind in ml.KINDS else kind
-        counts = g["stats/histogram"][:, :, ki, :].astype(np.int64).sum(axis=1)
-        return g["stats/step"][()], counts
-    steps, _, counts = ml.histogram(f, arm, layer, kind)
-    return steps, counts
-
-
-def _counter_sum(f, arm: str, kind: str, counter: str) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, counter summed over layers)."""
-    total = None
-    steps = None
-    for layer in ml.layers(f, arm):
-        c = ml.counters(f, arm, layer, kind)
-        steps = c["step"]
-        v = c[counter].astype(np.float64)
-        total = v if total is None else total + v
-    return steps, total
+    """(steps, counts[n, bins]); layer None or "all" sums every layer."""
+    layer = None if layer == "all" else layer
+    return ml.stats_steps(f, arm), ml.kind_histogram(f, arm, kind, layer=layer, per_step=True)
 
 
 def _arm_label(f, arm: str) -> str:
@@ -273,6 +252,7 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
         if layer is None:
             layer = default_layer(f, arm)
         steps, counts = _histogram(f, arm, layer, kind)
+        bins = ml.bins(f, arm)
         scales = ml.steps(f, arm)
         scale_at = dict(zip(scales["step"].tolist(), scales["loss_scale"].tolist()))
     where = "all layers" if layer == "all" else f"layer {layer}"
@@ -284,12 +264,9 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
         ax.set_title(title)
         return fig
 
-    totals = counts.sum(axis=1).astype(np.float64)
-    finite = counts[:, :FINITE_BINS].astype(np.float64)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        frac = np.where(totals[:, None] > 0, finite / totals[:, None], 0.0)
-    exps = np.arange(-149, -149 + FINITE_BINS)
-    used = np.nonzero(finite.sum(axis=0))[0]
+    frac = ml.binade_shares(counts, bins, "all")  # [step, binade]: of the step's values, zeros included
+    exps = bins.exponents
+    used = np.nonzero(counts[:, bins.finite].sum(axis=0))[0]
     data_lo = int(exps[used[0]]) if len(used) else FP16_SUBNORMAL_MIN_LOG2
     data_hi = int(exps[used[-1]]) + 1 if len(used) else 16
 
@@ -320,11 +297,11 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
         xedges = np.concatenate([[steps[0] - (mids[0] - steps[0])], mids, [steps[-1] + (steps[-1] - mids[-1])]])
     else:
         xedges = np.array([steps[0] - 0.5, steps[0] + 0.5])
-    yedges = np.arange(-149, -149 + FINITE_BINS + 1)
+    yedges = bins.edges
     positive = frac[frac > 0]
     norm = LogNorm(vmin=max(positive.min(), 1e-8) if positive.size else 1e-8, vmax=1.0)
     masked = np.ma.masked_less_equal(frac.T, 0)
-    overall = finite.sum(axis=0) / max(totals.sum(), 1.0)
+    overall = ml.binade_shares(counts.sum(axis=0), bins, "all")
     nz = overall > 0
 
     lines = [
@@ -381,8 +358,9 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
     cbar.set_label("fraction of the step's elements in the binade")
 
     share = lambda sel: 100 * overall[sel].sum()  # noqa: E731
-    zeros = 100 * counts[:, FINITE_BINS].sum() / max(totals.sum(), 1.0)
-    nonfinite = 100 * counts[:, FINITE_BINS + 1:].sum() / max(totals.sum(), 1.0)
+    total = max(ml.histogram_total(counts, bins, "all").sum(), 1)
+    zeros = 100 * counts[:, bins.special("zero")].sum() / total
+    nonfinite = 100 * counts[:, bins.special("infinity", "nan")].sum() / total
     summary = (f"all steps: {share(exps < FP16_SUBNORMAL_MIN_LOG2):.3g}% below $2^{{-24}}$ (lost in FP16), "
                f"{share((exps >= FP16_SUBNORMAL_MIN_LOG2) & (exps < FP16_NORMAL_MIN_LOG2)):.3g}% FP16 subnormal, "
                f"{share(exps >= 16):.3g}% above FP16 max, {share(exps < BF16_SUBNORMAL_MIN_LOG2):.3g}% below BF16's min, "
@@ -404,13 +382,12 @@ def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
     with _Log(path) as f:
         arms = arms or ordered_arms(f)
         for i, arm in enumerate(arms):
-            steps, nonzero = _counter_sum(f, arm, kind, "nonzero")
-            _, flushed = _counter_sum(f, arm, kind, "flushed")
-            _, below = _counter_sum(f, arm, kind, "below_2^-24")
-            with np.errstate(invalid="ignore", divide="ignore"):
-                rates = [np.where(nonzero > 0, flushed / nonzero, np.nan), np.where(nonzero > 0, below / nonzero, np.nan)]
-            for ax, rate, total in zip((ax_f, ax_b), rates, (flushed, below)):
-                overall = total.sum() / max(nonzero.sum(), 1.0)
+            per_step = ml.kind_counters(f, arm, kind, per_step=True)
+            totals = ml.kind_counters(f, arm, kind)
+            steps = per_step["step"]
+            for ax, counter in zip((ax_f, ax_b), ("flushed", "below_2^-24")):
+                rate = ml.fraction(per_step, counter, "nonzero")
+                overall = ml.fraction(totals, counter, "nonzero", empty=0.0)
                 shown = np.where(rate > 0, rate, np.nan)
                 label = f"{arm}: {100 * overall:.3g}% overall" if overall > 0 else f"{arm}: none"
                 ax.plot(steps, shown, ".-", color=f"C{i}", lw=1, ms=3, label=label)

@@ -12,7 +12,8 @@ histograms against FP16's window.
     /usr/bin/python3 notebooks/loss_scale.py runs/loss_scale.h5 [--out docs/figures]
 
 writes loss_scale_*.png and loss_scale_findings.json into --out and prints the verdict. Arms are recognised by
-their policy (the `policy_description` attribute), so arms named by a sweep (`fp16-mixed@initial=8`) work too.
+their policy's loss scaling as the log stores it (`mpsim_log.policy`), so arms named by a sweep
+(`fp16-mixed@initial=8`) work too.
 """
 
 from __future__ import annotations
@@ -35,9 +36,6 @@ from matplotlib.figure import Figure  # noqa: E402
 
 KINDS = ("activation_grads", "weight_grads")
 KIND_TITLE = {"activation_grads": "activation gradients", "weight_grads": "weight gradients"}
-FINITE_BINS = fg.FINITE_BINS
-EXPONENTS = np.arange(-149, -149 + FINITE_BINS)  # bin i holds 2^e <= |x| < 2^(e+1)
-ZERO = FINITE_BINS
 # A run "keeps parity" when its final test accuracy is within this many points of the fp32 arm's:
 # about the spread of one seed's final accuracy on Fashion-MNIST; a judgement, not a statistical test.
 PARITY_POINTS = 0.5
@@ -52,30 +50,15 @@ PAPER = {
 # --- reading -------------------------------------------------------------------------------------------------
 
 
-def policy_fields(description: str) -> dict:
-    """`key = value` lines of an arm's policy_description as a dict of strings."""
-    fields = {}
-    for line in description.splitlines():
-        if " = " in line:
-            key, value = line.split(" = ", 1)
-            fields[key.strip()] = value.strip()
-    return fields
-
-
 def arm_table(f) -> list[dict]:
     """One dict per arm: name, label, mode ("none", "static", "dynamic"), initial scale, log2 of it,
     policy, status; ordered fp32 (and other unscaled arms), static by scale, dynamic."""
     rows = []
     for arm in ml.arms(f):
         info = ml.arm_info(f, arm)
-        p = policy_fields(info.get("policy_description", ""))
-        mode = p.get("loss_scale.mode", "none")
-        initial = float(p.get("loss_scale.initial", "1")) if mode != "none" else 1.0
-        # The description prints 6 significant digits (2^20 reads 1.04858e+06): the first step's logged
-        # scale is the exact value.
-        first = f["arms"][arm]["steps/loss_scale"][:1]
-        if mode != "none" and first.size and math.isfinite(first[0]) and first[0] > 0:
-            initial = float(first[0])
+        scaling = ml.policy(f, arm)["loss_scale"]
+        mode = scaling["mode"]
+        initial = scaling["initial"] if mode != "none" else 1.0
         if mode == "static":
             label = f"S=2^{math.log2(initial):g}" if math.log2(initial).is_integer() else f"S={initial:g}"
         elif mode == "dynamic":
@@ -100,29 +83,17 @@ def reference_arm(rows: list[dict]) -> str | None:
 
 
 def kind_histogram(f, arm: str, kind: str) -> np.ndarray:
-    """counts[280] of one tensor kind, summed over layers and instrumented steps (binned before rounding,
+    """Counts of one tensor kind, summed over layers and instrumented steps (binned before rounding,
     so an arm with a loss scale shows the scaled values)."""
-    g = f["arms"][arm]
-    return g["stats/histogram"][:, :, ml.KINDS.index(kind), :].astype(np.int64).sum(axis=(0, 1))
-
-
-def kind_counter(f, arm: str, kind: str, counter: str) -> int:
-    """A counter of one tensor kind summed over layers and instrumented steps."""
-    g = f["arms"][arm]
-    names = [n.decode() if isinstance(n, bytes) else str(n) for n in g["counter"][()]]
-    names = [n.rstrip("\0") for n in names]
-    return int(g["stats/counters"][:, :, ml.KINDS.index(kind), names.index(counter)].sum())
+    return ml.kind_histogram(f, arm, kind)
 
 
 # --- computing -----------------------------------------------------------------------------------------------
 
 
-def median_binade(counts: np.ndarray) -> float:
+def median_binade(counts: np.ndarray, bins: ml.Bins) -> float:
     """Exponent of the binade holding the median nonzero finite magnitude (NaN when there is none)."""
-    finite = counts[:FINITE_BINS].astype(np.float64)
-    if finite.sum() == 0:
-        return float("nan")
-    return float(EXPONENTS[np.searchsorted(np.cumsum(finite), finite.sum() / 2)])
+    return float(ml.binade_quantile(counts, bins, 0.5))
 
 
 def arm_numbers(f, row: dict, ref_hist: dict | None) -> dict:
@@ -140,20 +111,22 @@ def arm_numbers(f, row: dict, ref_hist: dict | None) -> dict:
     n["min_scale"] = float(scale.min()) if scale.size else float("nan")
     n["test_accuracy"] = float(e["test_accuracy"][-1]) if len(e["step"]) else float("nan")
     n["test_loss"] = float(e["test_loss"][-1]) if len(e["step"]) else float("nan")
+    bins = ml.bins(f, arm)
     for kind in KINDS:
-        nonzero = kind_counter(f, arm, kind, "nonzero")
+        counters = ml.kind_counters(f, arm, kind)
         hist = kind_histogram(f, arm, kind)
-        below = hist[:FINITE_BINS][EXPONENTS < fg.FP16_SUBNORMAL_MIN_LOG2].sum()
+        below = hist[bins.select(hi=fg.FP16_SUBNORMAL_MIN_LOG2)].sum()
         n[kind] = {
             # `flushed`: nonzero values the arm's rounding made zero (0 in an fp32 arm, which rounds nothing).
-            "flushed_of_nonzero": kind_counter(f, arm, kind, "flushed") / nonzero if nonzero else float("nan"),
+            "flushed_of_nonzero": ml.fraction(counters, "flushed", "nonzero"),
             # below 2^-24 before rounding, scale included: what FP16 cannot hold, whatever the arm's format.
-            "below_2^-24_of_nonzero": float(below / nonzero) if nonzero else float("nan"),
-            "overflow_values": kind_counter(f, arm, kind, "overflow"),
-            "median_binade": median_binade(hist),
+            # Of the values the counter `nonzero` counts, as `flushed_of_nonzero`.
+            "below_2^-24_of_nonzero": ml.ratio(below, counters["nonzero"]),
+            "overflow_values": counters["overflow"],
+            "median_binade": median_binade(hist, bins),
         }
         ref = ref_hist.get(kind) if ref_hist else None
-        n[kind]["median_shift_vs_fp32"] = (n[kind]["median_binade"] - median_binade(ref)
+        n[kind]["median_shift_vs_fp32"] = (n[kind]["median_binade"] - median_binade(ref, bins)
                                            if ref is not None else float("nan"))
     return n
 
@@ -306,16 +279,16 @@ def range_offset_figure(f, found: dict, kind: str = "activation_grads") -> Figur
     ax.axvspan(fg.FP16_NORMAL_MIN_LOG2, fg.FP16_MAX_LOG2, color=fg.FP16_COLOR, alpha=0.07, lw=0,
                label="FP16 normal $[2^{-14}, 65504]$")
     ax.axvspan(fg.FP16_MAX_LOG2, hi, color="C4", alpha=0.15, lw=0, label="above 65504: overflow to inf")
-    edges = np.arange(-149, -149 + FINITE_BINS + 1)
+    bins = ml.bins(f)
+    edges = bins.edges
     labels = []
     for i, a in enumerate(arms):
         counts = kind_histogram(f, a["arm"], kind)
-        total = counts.sum()
-        share = counts[:FINITE_BINS] / total if total else np.zeros(FINITE_BINS)
+        share = ml.binade_shares(counts, bins, "all")
         height = share / share.max() * 0.85 if share.max() > 0 else share
         ax.stairs(height + i, edges, baseline=i, fill=True, color=f"C{i % 10}", alpha=0.55)
         if ref_counts is not None and a["mode"] != "none":
-            ref_share = ref_counts[:FINITE_BINS] / max(ref_counts.sum(), 1)
+            ref_share = ml.binade_shares(ref_counts, bins, "all")
             ref_height = ref_share / ref_share.max() * 0.85 if ref_share.max() > 0 else ref_share
             used = np.nonzero(ref_share)[0]
             if used.size:  # only the occupied stretch, else a dashed line runs along every ridge's base

@@ -40,17 +40,11 @@ LABELS = {MASTER: "FP16 compute, FP32 master weights", NO_MASTER: "FP16 weights,
 # --- reading -----------------------------------------------------------------
 
 
-def parse_sweep(label: str) -> dict[str, str]:
-    """'lr=0.1,initial=8' -> {'lr': '0.1', 'initial': '8'} (the arm's `sweep` attribute)."""
-    return dict(part.split("=", 1) for part in label.split(",") if "=" in part) if label else {}
-
-
 def update_counts(f, arm) -> dict[str, dict[str, int]]:
     """Per layer with parameters: counters of its updates summed over the instrumented steps."""
     result = {}
     for layer in ml.layers(f, arm):
-        c = ml.counters(f, arm, layer, "updates")
-        totals = {name: int(np.sum(v)) for name, v in c.items() if name != "step"}
+        totals = ml.kind_counters(f, arm, "updates", layer=layer)
         if totals["elements"]:  # layers without parameters (ReLU) have no updates
             result[layer] = totals
     return result
@@ -69,13 +63,14 @@ def load_runs(path) -> list[dict]:
                 continue  # not finished (still running, or killed)
             st, ev = ml.steps(f, arm), ml.evals(f, arm)
             lr = float(st["learning_rate"][0]) if len(st["learning_rate"]) else float(
-                parse_sweep(info.get("sweep", "")).get("lr", "nan"))
+                ml.sweep_point(f, arm).get("lr", "nan"))
             completed = info["status"] == "completed"
             records.append({
                 "arm": arm, "policy": info["policy"], "seed": int(info["seed"]), "lr": lr,
                 "status": info["status"],
                 "accuracy": float(ev["test_accuracy"][-1]) if completed and len(ev["test_accuracy"]) else math.nan,
                 "layers": update_counts(f, arm),
+                "totals": ml.kind_counters(f, arm, "updates"),  # all layers
                 "swallowed_by_step": swallowed_by_step(f, arm),
             })
     return sorted(records, key=lambda r: (r["policy"], r["lr"], r["seed"]))
@@ -83,14 +78,8 @@ def load_runs(path) -> list[dict]:
 
 def swallowed_by_step(f, arm) -> tuple[np.ndarray, np.ndarray]:
     """(steps, fraction of nonzero updates swallowed at that step, all layers together)."""
-    swallowed = nonzero = steps = None
-    for layer in ml.layers(f, arm):
-        c = ml.counters(f, arm, layer, "updates")
-        steps = c["step"]
-        swallowed = c["swallowed"].astype(float) if swallowed is None else swallowed + c["swallowed"]
-        nonzero = c["nonzero"].astype(float) if nonzero is None else nonzero + c["nonzero"]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return steps, np.where(nonzero > 0, swallowed / nonzero, np.nan)
+    c = ml.kind_counters(f, arm, "updates", per_step=True)
+    return c["step"], ml.fraction(c, "swallowed", "nonzero")
 
 
 # --- numbers -------------------------------------------------------------------
@@ -98,16 +87,12 @@ def swallowed_by_step(f, arm) -> tuple[np.ndarray, np.ndarray]:
 
 def fraction(counts: dict, counter: str) -> float:
     """counter / nonzero updates: the share of the updates that were meant to move a weight."""
-    return counts[counter] / counts["nonzero"] if counts["nonzero"] else math.nan
+    return ml.fraction(counts, counter, "nonzero")
 
 
 def total(record) -> dict:
     """A record's counters summed over its layers."""
-    out: dict[str, int] = {}
-    for counts in record["layers"].values():
-        for k, v in counts.items():
-            out[k] = out.get(k, 0) + v
-    return out
+    return record["totals"]
 
 
 def policies(records) -> list[str]:

@@ -1,23 +1,35 @@
 """Read the HDF5 experiment logs that `mpsim run` writes (docs/hdf5-schema.md).
 
-Needs h5py and numpy; `to_xarray` also needs xarray. Every function takes a
-path or an already open h5py.File (from `open_log`), so a notebook can keep one
-file open for many calls:
+Needs h5py and numpy; `to_xarray` also needs xarray. Every function that
+reads takes a path or an already open h5py.File (from `open_log`), so a
+notebook can keep one file open for many calls:
 
     import mpsim_log as ml
     steps, binades, counts = ml.histogram("run.h5", "fp16", "fc1", "weight_grads")
+
+This module is the one reader of the logs: the study modules in notebooks/ take
+from it an arm's policy (`policy`, read from the log's attributes, never from
+its `policy_description` text), its sweep point (`sweep_point`), the bin layout
+(`bins`: binade exponents, edges and the zero, infinity and NaN bins), totals of
+a tensor kind (`kind_histogram`, `kind_counters`) and shares with a named
+denominator (`fraction` for counters, `histogram_fraction` and `binade_shares`
+for histograms).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 from typing import Iterator, Union
 
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it.
+OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000
 INFINITY_BIN = 1001
@@ -31,9 +43,10 @@ def open_log(path: Union[str, "os.PathLike[str]"]) -> h5py.File:
     """Opens a log read-only and checks its schema version."""
     f = h5py.File(path, "r")
     version = int(f.attrs.get("schema_version", -1))
-    if version != SCHEMA_VERSION:
+    if not OLDEST_SCHEMA_VERSION <= version <= SCHEMA_VERSION:
         f.close()
-        raise ValueError(f"{path}: schema_version {version}, this reader knows {SCHEMA_VERSION}")
+        raise ValueError(f"{path}: schema_version {version}, this reader knows "
+                         f"{OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION}")
     return f
 
 
@@ -90,12 +103,70 @@ def arms(path: PathOrFile) -> list[str]:
 
 
 def arm_info(path: PathOrFile, arm: str) -> dict:
-    """An arm's attributes (name, backend, policy, policy_description, seed, status) and its layer names."""
+    """An arm's attributes (name, backend, policy, policy_description, seed, sweep, status) and its layer
+    names. `policy` here is the policy's name; `policy()` reads the policy itself."""
     with _log(path) as f:
         g = _arm(f, arm)
         result = {k: (_text(v) if isinstance(v, (str, bytes)) else v.item()) for k, v in g.attrs.items()}
         result["layers"] = _names(g["layer"])
         return result
+
+
+def _value(v):
+    """An attribute as Python: str, bool (uint8 flags), int, float, or a list of str (1-D string attributes)."""
+    if isinstance(v, (str, bytes, np.bytes_)):
+        return _text(v)
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        return [_text(x) for x in v]
+    if isinstance(v, np.bool_) or (isinstance(v, np.integer) and v.dtype == np.uint8):
+        return bool(v)
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def policy(path: PathOrFile, arm: str) -> dict:
+    """The arm's precision policy as it ran, from its `policy/` attributes (docs/hdf5-schema.md):
+
+        {"name": "fp16-mixed",
+         "points": {"weights": {"format": "binary16", "exponent_bits": 5, "mantissa_bits": 10,
+                                "rounding": "nearest-even", "random_bits": 32, "scaled": False}, ...},
+         "master_weights": True, "gemm": "ieee", "fp32_ops": ["layer_norm", ...],
+         "loss_scale": {"mode": "dynamic", "initial": 65536.0, "growth_factor": 2.0, ...},
+         "delayed_scaling": {"history": 16, "margin": 0}}
+
+    "points" holds every rounding point, in the order the log lists them (a step's order)."""
+    with _log(path) as f:
+        g = _arm(f, arm)
+        if "policy" not in g:
+            raise KeyError(f"arm {arm!r} has no policy group: the log was written with schema_version "
+                           f"{int(f.attrs['schema_version'])}; run it again with this mpsim")
+        attrs = {k: _value(v) for k, v in g["policy"].attrs.items()}
+    points = attrs.pop("points")
+    result: dict = {"points": {name: {} for name in points}}
+    for key, value in attrs.items():
+        head, dot, field = key.partition(".")
+        if not dot:
+            result[key] = value
+        elif head in result["points"]:
+            result["points"][head][field] = value
+        else:
+            result.setdefault(head, {})[field] = value
+    return result
+
+
+def rounding_point_text(point: dict) -> str:
+    """A rounding point of `policy()` as the config spells it: format[/rounding][/scaled]."""
+    text = point["format"]
+    if point["rounding"] != "nearest-even":
+        text += "/" + point["rounding"]
+    return text + ("/scaled" if point["scaled"] else "")
+
+
+def sweep_point(path: PathOrFile, arm: str) -> dict[str, str]:
+    """The arm's sweep point as {key: value text}: `lr=0.1,initial=8` -> {"lr": "0.1", "initial": "8"};
+    {} outside a sweep."""
+    with _log(path) as f:
+        label = _text(_arm(f, arm).attrs.get("sweep", ""))
+    return dict(part.split("=", 1) for part in label.split(",") if "=" in part)
 
 
 def layers(path: PathOrFile, arm: str) -> list[str]:
@@ -146,6 +217,194 @@ def counters(path: PathOrFile, arm: str, layer, kind) -> dict[str, np.ndarray]:
         for i, name in enumerate(_names(g["counter"])):
             result[name] = values[:, i]
         return result
+
+
+def agreement(path: PathOrFile) -> dict[str, dict]:
+    """The /agreement group: {compared arm: {reference, max_loss_relative_difference,
+    test_accuracy_difference, layers, kinds, histogram_distance[layer, kind]}}; {} when the
+    file has none (only one backend ran)."""
+    with _log(path) as f:
+        if "agreement" not in f:
+            return {}
+        return {name: {"reference": _text(g.attrs["reference"]),
+                       "max_loss_relative_difference": float(g.attrs["max_loss_relative_difference"]),
+                       "test_accuracy_difference": float(g.attrs["test_accuracy_difference"]),
+                       "layers": _names(g["layer"]),
+                       "kinds": _names(g["kind"]),
+                       "histogram_distance": g["histogram_distance"][()]}
+                for name, g in f["agreement"].items()}
+
+
+# --- bins ----------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Bins:
+    """The bin layout of an arm's histograms, from its `binade` and `bin_label` coordinates.
+
+    Binade bin i (i in `finite`) holds the finite nonzero values with 2^e <= |x| < 2^(e+1),
+    e = exponents[i]; `zero`, `infinity` and `nan` are the indices of the other bins."""
+
+    binade: np.ndarray  # the `binade` coordinate, one value per bin
+    labels: list[str]   # the `bin_label` coordinate
+    finite: slice       # the binade bins
+    zero: int
+    infinity: int
+    nan: int
+
+    @property
+    def exponents(self) -> np.ndarray:
+        """e of each binade bin, in bin order."""
+        return self.binade[self.finite].astype(np.int64)
+
+    @property
+    def edges(self) -> np.ndarray:
+        """Bin edges in log2 of the magnitude: binade bin i spans [edges[i], edges[i + 1])."""
+        e = self.exponents
+        return np.append(e, e[-1] + 1)
+
+    def select(self, lo: float = -math.inf, hi: float = math.inf) -> np.ndarray:
+        """Boolean mask over every bin: the binade bins with lo <= e < hi."""
+        mask = np.zeros(len(self.binade), dtype=bool)
+        e = self.exponents
+        mask[self.finite] = (e >= lo) & (e < hi)
+        return mask
+
+    def special(self, *names: str) -> np.ndarray:
+        """Boolean mask over every bin: the named bins among "zero", "infinity", "nan"."""
+        mask = np.zeros(len(self.binade), dtype=bool)
+        for name in names:
+            mask[getattr(self, name)] = True
+        return mask
+
+
+def bins(path: PathOrFile, arm: str | None = None) -> Bins:
+    """The bin layout of an arm (default: the first arm; every arm of a log shares it)."""
+    with _log(path) as f:
+        g = _arm(f, arm if arm is not None else sorted(f["arms"])[0])
+        binade = g["binade"][()]
+        labels = _names(g["bin_label"])
+    where = {value: int(np.flatnonzero(binade == value)[0]) for value in (ZERO_BIN, INFINITY_BIN, NAN_BIN)}
+    finite = np.flatnonzero(~np.isin(binade, list(where)))
+    if not len(finite) or np.any(np.diff(finite) != 1):
+        raise ValueError("the binade bins are not one contiguous run")
+    return Bins(binade, labels, slice(int(finite[0]), int(finite[-1]) + 1), where[ZERO_BIN], where[INFINITY_BIN],
+                where[NAN_BIN])
+
+
+# --- totals and shares ------------------------------------------------------------------------
+
+
+def stats_steps(path: PathOrFile, arm: str) -> np.ndarray:
+    """The steps at which stats (histograms, counters) were taken."""
+    with _log(path) as f:
+        return _arm(f, arm)["stats/step"][()]
+
+
+def _stats(path: PathOrFile, arm: str, dataset: str, kind, layer, per_step: bool, per_layer: bool) -> np.ndarray:
+    with _log(path) as f:
+        g = _arm(f, arm)
+        ki = _index(_names(g["kind"]), kind, "kind")
+        values = g[dataset][:, :, ki, :].astype(np.int64)
+        if layer is not None:
+            li = _index(_names(g["layer"]), layer, "layer")
+            values = values[:, li:li + 1, :]
+    if not per_layer or layer is not None:
+        values = values.sum(axis=1)
+    return values if per_step else values.sum(axis=0)
+
+
+def kind_histogram(path: PathOrFile, arm: str, kind, layer=None, per_step: bool = False,
+                   per_layer: bool = False) -> np.ndarray:
+    """Histogram counts (int64) of one tensor kind, summed over the instrumented steps and the layers
+    (or one layer, by name or index). per_step keeps the step axis (first), per_layer the layer axis;
+    the bins are the last axis (see `bins`)."""
+    return _stats(path, arm, "stats/histogram", kind, layer, per_step, per_layer)
+
+
+def kind_counters(path: PathOrFile, arm: str, kind, layer=None, per_step: bool = False,
+                  per_layer: bool = False) -> dict:
+    """{counter name: total} of one tensor kind, summed as `kind_histogram` sums: Python ints, or int64
+    arrays (step axis first, then layers) with per_step or per_layer. per_step adds "step"."""
+    values = _stats(path, arm, "stats/counters", kind, layer, per_step, per_layer)
+    with _log(path) as f:
+        names = _names(_arm(f, arm)["counter"])
+    result = {"step": stats_steps(path, arm)} if per_step else {}
+    for i, name in enumerate(names):
+        v = values[..., i]
+        result[name] = int(v) if v.ndim == 0 else v
+    return result
+
+
+# Denominators of `fraction`: the counter each divides by.
+COUNTER_DENOMINATORS = {"nonzero": "nonzero",  # values that were nonzero before rounding (NaN and inf included)
+                        "all": "elements"}     # every value rounded
+
+
+def ratio(numerator, denominator, empty: float = math.nan):
+    """numerator / denominator, `empty` where the denominator is 0 (elementwise for arrays)."""
+    if np.ndim(numerator) == 0 and np.ndim(denominator) == 0:
+        return float(numerator / denominator) if denominator else float(empty)
+    num, den = np.asarray(numerator), np.asarray(denominator)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / den, empty)
+
+
+def fraction(counters: dict, counter: str, denominator: str = "nonzero", empty: float = math.nan):
+    """A counter of `kind_counters` as a share: of the nonzero values (denominator="nonzero") or of every
+    value (denominator="all"); `empty` where there is no value to divide by."""
+    return ratio(counters[counter], counters[COUNTER_DENOMINATORS[denominator]], empty)
+
+
+# Denominators of the histogram shares: which bins count.
+HISTOGRAM_DENOMINATORS = ("all", "finite_nonzero")
+
+
+def histogram_total(counts: np.ndarray, bins: Bins, denominator: str = "all") -> np.ndarray:
+    """Values counted along the last axis: every value ("all") or the finite nonzero ones, the binade
+    bins ("finite_nonzero"; zeros, infinities and NaNs left out)."""
+    counts = np.asarray(counts)
+    if denominator == "all":
+        return counts.sum(axis=-1)
+    if denominator == "finite_nonzero":
+        return counts[..., bins.finite].sum(axis=-1)
+    raise ValueError(f"denominator {denominator!r}; expected one of {HISTOGRAM_DENOMINATORS}")
+
+
+def histogram_fraction(counts: np.ndarray, bins: Bins, selected: np.ndarray, denominator: str = "all",
+                       empty: float = math.nan):
+    """The share of the values in the `selected` bins (a mask over every bin: `bins.select`,
+    `bins.special`) along the last axis, of the values `denominator` counts."""
+    counts = np.asarray(counts)
+    return ratio(counts[..., selected].sum(axis=-1), histogram_total(counts, bins, denominator), empty)
+
+
+def binade_shares(counts: np.ndarray, bins: Bins, denominator: str = "all", empty: float = 0.0) -> np.ndarray:
+    """Each binade bin's share along the last axis (binade bins only, in `bins.exponents` order) of the
+    values `denominator` counts; `empty` where it counts none."""
+    counts = np.asarray(counts)
+    total = histogram_total(counts, bins, denominator)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(np.expand_dims(total, -1) > 0, counts[..., bins.finite] / np.expand_dims(total, -1), empty)
+
+
+def binade_quantile(counts: np.ndarray, bins: Bins, quantile: float) -> np.ndarray:
+    """Exponent of the binade holding the given quantile of the finite nonzero magnitudes along the last
+    axis (float; NaN where there is none)."""
+    finite = np.asarray(counts, dtype=np.float64)[..., bins.finite]
+    cum = np.cumsum(finite, axis=-1)
+    total = cum[..., -1:]
+    idx = np.argmax(cum >= quantile * np.maximum(total, 1), axis=-1)
+    return np.where(total[..., 0] > 0, bins.exponents[idx], np.nan).astype(np.float64)
+
+
+def top_binade(counts: np.ndarray, bins: Bins) -> np.ndarray:
+    """Exponent of the highest occupied binade along the last axis (float; NaN where no value is finite
+    and nonzero)."""
+    occupied = np.asarray(counts)[..., bins.finite] > 0
+    n = occupied.shape[-1]
+    idx = n - 1 - np.argmax(occupied[..., ::-1], axis=-1)
+    return np.where(occupied.any(axis=-1), bins.exponents[idx], np.nan).astype(np.float64)
 
 
 try:

@@ -33,8 +33,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import figures  # noqa: E402  (beside this file)
 import mpsim_log as ml  # noqa: E402
 
-FINITE_BINS = figures.FINITE_BINS
-EXPONENTS = np.arange(-149, -149 + FINITE_BINS)
 GRAD_KINDS = ("activation_grads", "weight_grads")
 ROLES = ("fp32", "noscale", "scaled")
 ROLE_LABELS = {"fp32": "fp32 (reference)", "noscale": "fp16, no loss scaling",
@@ -44,19 +42,17 @@ ROLE_LABELS = {"fp32": "fp32 (reference)", "noscale": "fp16, no loss scaling",
 # --- reading -------------------------------------------------------------------
 
 
-def loss_weight(info: dict) -> float:
-    """The arm's loss weight: its sweep label's `weight=` (1 when it has none)."""
-    point = dict(p.split("=", 1) for p in info.get("sweep", "").split(",") if "=" in p)
+def loss_weight(point: dict) -> float:
+    """The arm's loss weight: its sweep point's `weight` (1 when it has none)."""
     return float(point.get("weight", 1.0))
 
 
 def arm_role(f, arm: str) -> str:
-    """fp32, noscale or scaled: the FP16 arms are told apart by their logged loss
-    scales (1 throughout means no scaling) rather than by name."""
+    """fp32, noscale or scaled: the FP16 arms are told apart by their policy's
+    loss scaling as the log stores it (mode "none": no scaling) rather than by name."""
     if ml.arm_info(f, arm).get("policy", arm) == "fp32":
         return "fp32"
-    scale = ml.steps(f, arm)["loss_scale"]
-    return "noscale" if len(scale) and np.all(scale == 1.0) else "scaled"
+    return "noscale" if ml.policy(f, arm)["loss_scale"]["mode"] == "none" else "scaled"
 
 
 def arms_by_point(f) -> dict[float, dict[int, dict[str, str]]]:
@@ -66,7 +62,7 @@ def arms_by_point(f) -> dict[float, dict[int, dict[str, str]]]:
     points: dict[float, dict[int, dict[str, str]]] = {}
     for arm in figures.ordered_arms(f):
         info = ml.arm_info(f, arm)
-        by_seed = points.setdefault(loss_weight(info), {})
+        by_seed = points.setdefault(loss_weight(ml.sweep_point(f, arm)), {})
         by_seed.setdefault(int(info.get("seed", 0)), {}).setdefault(arm_role(f, arm), arm)
     result = {}
     for weight in sorted(points, reverse=True):
@@ -112,34 +108,27 @@ def counter_fractions(f, arm: str, kind: str, layer=None) -> dict[str, float]:
     """Over all instrumented steps (and all layers, or one): the fraction of the
     nonzero values that the arm's rounding flushed to zero, and the fraction that
     lay below 2^-24 before rounding (what FP16 cannot hold)."""
-    names = [layer] if layer is not None else ml.layers(f, arm)
-    totals = {"elements": 0.0, "nonzero": 0.0, "flushed": 0.0, "below_2^-24": 0.0}
-    for name in names:
-        c = ml.counters(f, arm, name, kind)
-        for key in totals:
-            totals[key] += float(c[key].sum())
-    n = max(totals["nonzero"], 1.0)
+    c = ml.kind_counters(f, arm, kind, layer=layer)
     # "zero": exact zeros before this rounding, e.g. weight gradients whose
     # activation gradient was already flushed (or a ReLU that was off).
-    return {"flushed": totals["flushed"] / n, "below_2^-24": totals["below_2^-24"] / n,
-            "nonzero": totals["nonzero"], "zero": 1.0 - totals["nonzero"] / max(totals["elements"], 1.0)}
+    return {"flushed": ml.fraction(c, "flushed", "nonzero", empty=0.0),
+            "below_2^-24": ml.fraction(c, "below_2^-24", "nonzero", empty=0.0),
+            "nonzero": float(c["nonzero"]), "zero": 1.0 - ml.fraction(c, "nonzero", "all", empty=0.0)}
 
 
 def binade_distribution(f, arm: str, kind: str) -> np.ndarray:
     """Fraction of the nonzero finite values in each binade, all layers and
     instrumented steps summed (binned before rounding, so the scaled arm's values
     include its loss scale)."""
-    g = f["arms"][arm]
-    ki = list(ml.KINDS).index(kind)
-    counts = g["stats/histogram"][:, :, ki, :FINITE_BINS].astype(np.float64).sum(axis=(0, 1))
-    return counts / max(counts.sum(), 1.0)
+    return ml.binade_shares(ml.kind_histogram(f, arm, kind), ml.bins(f, arm), "finite_nonzero")
 
 
 def subnormal_fraction(f, arm: str, kind: str) -> float:
     """Share of the nonzero values in FP16's subnormal binades [2^-24, 2^-14):
     kept, but with fewer significant bits the smaller they are."""
     dist = binade_distribution(f, arm, kind)
-    window = (EXPONENTS >= figures.FP16_SUBNORMAL_MIN_LOG2) & (EXPONENTS < figures.FP16_NORMAL_MIN_LOG2)
+    bins = ml.bins(f, arm)
+    window = bins.select(figures.FP16_SUBNORMAL_MIN_LOG2, figures.FP16_NORMAL_MIN_LOG2)[bins.finite]
     return float(dist[window].sum())
 
 
@@ -172,12 +161,13 @@ def gradient_histograms(f, roles: dict[str, str]) -> Figure:
         lo, hi = 0, 0
         for i, role_name in enumerate(ROLES):
             arm = roles[role_name]
+            exponents = ml.bins(f, arm).exponents
             dist = binade_distribution(f, arm, kind)
             used = np.nonzero(dist)[0]
             if len(used):
-                lo, hi = min(lo, EXPONENTS[used[0]]), max(hi, EXPONENTS[used[-1]])
+                lo, hi = min(lo, exponents[used[0]]), max(hi, exponents[used[-1]])
             below = counter_fractions(f, arm, kind)["below_2^-24"]
-            ax.step(EXPONENTS + 0.5, dist, where="mid", color=f"C{i}", lw=1.8,
+            ax.step(exponents + 0.5, dist, where="mid", color=f"C{i}", lw=1.8,
                     ls="--" if role_name == "fp32" else "-",
                     label=f"{ROLE_LABELS[role_name]}: {100 * below:.3g}% below $2^{{-24}}$")
         ax.set_xlim(max(lo - 2, -40), min(hi + 3, 20))

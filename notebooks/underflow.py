@@ -35,9 +35,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 KINDS = ("activation_grads", "weight_grads")
 KIND_TITLE = {"activation_grads": "activation gradients", "weight_grads": "weight gradients"}
-FINITE_BINS = fg.FINITE_BINS                     # bins 0..276 hold exponents -149..127
-EXPONENTS = np.arange(-149, -149 + FINITE_BINS)  # bin i holds 2^e <= |x| < 2^(e+1), e = EXPONENTS[i]
-ZERO, INF, NAN = FINITE_BINS, FINITE_BINS + 1, FINITE_BINS + 2
+# The bin layout (binade exponents, the zero, inf and NaN bins) is the log's: mpsim_log.bins().
 # FP16's largest finite value is 65504 < 2^16, so its top binade is e = 15.
 FP16_TOP_BINADE = 15
 
@@ -64,8 +62,7 @@ def model_arms(f) -> list[tuple[str, str]]:
     except tomllib.TOMLDecodeError:
         default_kind = "model"
     def kind_of(arm):
-        point = dict(p.split("=", 1) for p in infos[arm].get("sweep", "").split(",") if "=" in p)
-        return point.get("kind", default_kind)
+        return ml.sweep_point(f, arm).get("kind", default_kind)
 
     kinds = [kind_of(a) for a in chosen]
     # Several arms of one model (seeds, policies): keep them apart by the arm's name.
@@ -75,85 +72,64 @@ def model_arms(f) -> list[tuple[str, str]]:
 
 
 def layer_histograms(f, arm: str, kind: str) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(layers, steps, counts[n_steps, n_layers, 280]) for the layers that have this kind of tensor."""
-    g = f["arms"][arm]
-    ki = ml.KINDS.index(kind)
-    counts = g["stats/histogram"][:, :, ki, :].astype(np.int64)
+    """(layers, steps, counts[n_steps, n_layers, bins]) for the layers that have this kind of tensor."""
+    counts = ml.kind_histogram(f, arm, kind, per_step=True, per_layer=True)
     present = counts.sum(axis=(0, 2)) > 0
     names = [n for n, p in zip(ml.layers(f, arm), present) if p]
-    return names, g["stats/step"][()], counts[:, present, :]
+    return names, ml.stats_steps(f, arm), counts[:, present, :]
 
 
 # --- computing -----------------------------------------------------------------------------------------------
 
 
-def fractions(counts: np.ndarray) -> dict:
-    """Shares of a histogram (280 bins, summed over whatever axes) by what FP16 makes of them.
+def fractions(counts: np.ndarray, bins: ml.Bins) -> dict:
+    """Shares of a histogram (summed over whatever axes) by what FP16 makes of them.
 
     Denominator: every element, zeros included (the paper's 67% is a share of all activation gradients).
-    `below_2^-24_of_nonzero` divides by the nonzero finite elements instead."""
-    c = np.asarray(counts, dtype=np.float64)
-    total = c.sum()
-    finite = c[:FINITE_BINS]
-    nonzero = finite.sum()
-    share = lambda x: float(x / total) if total else float("nan")  # noqa: E731
-    below = finite[EXPONENTS < fg.FP16_SUBNORMAL_MIN_LOG2].sum()
+    `below_2^-24_of_nonzero` divides by the finite nonzero elements instead."""
+    def share(selected, denominator="all"):
+        return ml.histogram_fraction(counts, bins, selected, denominator)
+
+    below = bins.select(hi=fg.FP16_SUBNORMAL_MIN_LOG2)
     return {
-        "elements": int(total),
-        "zero": share(c[ZERO]),
+        "elements": int(ml.histogram_total(counts, bins, "all")),
+        "zero": share(bins.special("zero")),
         "below_2^-24": share(below),
-        "below_2^-24_of_nonzero": float(below / nonzero) if nonzero else float("nan"),
-        "fp16_subnormal": share(finite[(EXPONENTS >= fg.FP16_SUBNORMAL_MIN_LOG2)
-                                       & (EXPONENTS < fg.FP16_NORMAL_MIN_LOG2)].sum()),
-        "fp16_normal": share(finite[(EXPONENTS >= fg.FP16_NORMAL_MIN_LOG2) & (EXPONENTS <= FP16_TOP_BINADE)].sum()),
-        "above_fp16_max_binade": share(finite[EXPONENTS > FP16_TOP_BINADE].sum()),
-        "nonfinite": share(c[INF] + c[NAN]),
+        "below_2^-24_of_nonzero": share(below, "finite_nonzero"),
+        "fp16_subnormal": share(bins.select(fg.FP16_SUBNORMAL_MIN_LOG2, fg.FP16_NORMAL_MIN_LOG2)),
+        "fp16_normal": share(bins.select(fg.FP16_NORMAL_MIN_LOG2, FP16_TOP_BINADE + 1)),
+        "above_fp16_max_binade": share(bins.select(lo=FP16_TOP_BINADE + 1)),
+        "nonfinite": share(bins.special("infinity", "nan")),
     }
 
 
-def top_binade(counts: np.ndarray) -> np.ndarray:
-    """Exponent of the highest occupied binade along the last axis (NaN where there is no finite nonzero value)."""
-    occupied = np.asarray(counts)[..., :FINITE_BINS] > 0
-    idx = FINITE_BINS - 1 - np.argmax(occupied[..., ::-1], axis=-1)
-    return np.where(occupied.any(axis=-1), EXPONENTS[idx], np.nan).astype(np.float64)
-
-
-def low_binade(counts: np.ndarray, quantile: float = 0.001) -> np.ndarray:
-    """Exponent of the binade holding the given quantile of the nonzero magnitudes, per row."""
-    finite = np.asarray(counts, dtype=np.float64)[..., :FINITE_BINS]
-    cum = np.cumsum(finite, axis=-1)
-    total = cum[..., -1:]
-    idx = np.argmax(cum >= quantile * np.maximum(total, 1), axis=-1)
-    return np.where(total[..., 0] > 0, EXPONENTS[idx], np.nan).astype(np.float64)
-
-
-def headroom(counts_over_steps: np.ndarray) -> dict:
-    """The unused top of FP16's range for one kind (counts[n_steps, 280], all layers summed).
+def headroom(counts_over_steps: np.ndarray, bins: ml.Bins) -> dict:
+    """The unused top of FP16's range for one kind (counts[n_steps, bins], all layers summed).
 
     The largest gradient lies below 2^(e_max+1), so it sits at least 15 - e_max binades below FP16's top
     binade [2^15, 65504]: a loss scale of 2^(15 - e_max) still cannot overflow it, except for values in
     the last 0.05% below 2^(e_max+1). `lifted_*` is what such a scale would leave below 2^-24."""
-    per_step = FP16_TOP_BINADE - top_binade(counts_over_steps)
+    per_step = FP16_TOP_BINADE - ml.top_binade(counts_over_steps, bins)
     total = counts_over_steps.sum(axis=0)
-    e_max = top_binade(total)
+    e_max = ml.top_binade(total, bins)
     room = float(FP16_TOP_BINADE - e_max)
-    finite = total[:FINITE_BINS].astype(np.float64)
-    nonzero = finite.sum()
     shift = int(room) if math.isfinite(room) else 0
-    still_below = finite[EXPONENTS + shift < fg.FP16_SUBNORMAL_MIN_LOG2].sum()
+    still_below = bins.select(hi=fg.FP16_SUBNORMAL_MIN_LOG2 - shift)  # below 2^-24 once scaled by 2^shift
     return {
         "largest_binade": float(e_max),
         "headroom_binades": room,
         "headroom_binades_median_step": float(np.nanmedian(per_step)) if np.isfinite(per_step).any() else float("nan"),
-        "below_2^-24_of_nonzero_after_scaling_by_headroom": float(still_below / nonzero) if nonzero else float("nan"),
+        "below_2^-24_of_nonzero_after_scaling_by_headroom": ml.histogram_fraction(total, bins, still_below,
+                                                                                  "finite_nonzero"),
     }
 
 
 def per_layer(f, arm: str, kind: str) -> list[tuple[str, dict]]:
     """[(layer, fractions over all instrumented steps)], in model order, then ("all layers", ...)."""
     names, _, counts = layer_histograms(f, arm, kind)
-    rows = [(name, fractions(counts[:, i, :].sum(axis=0))) for i, name in enumerate(names)]
-    rows.append(("all layers", fractions(counts.sum(axis=(0, 1)))))
+    bins = ml.bins(f, arm)
+    rows = [(name, fractions(counts[:, i, :].sum(axis=0), bins)) for i, name in enumerate(names)]
+    rows.append(("all layers", fractions(counts.sum(axis=(0, 1)), bins)))
     return rows
 
 
@@ -161,8 +137,9 @@ def over_training(f, arm: str, kind: str, parts: int = 8) -> list[float]:
     """Share of nonzero values below 2^-24 in each of `parts` equal stretches of the instrumented steps:
     whether underflow grows as the loss (and with it the gradients) shrinks."""
     _, _, counts = layer_histograms(f, arm, kind)
+    bins = ml.bins(f, arm)
     summed = counts.sum(axis=1)
-    return [fractions(chunk.sum(axis=0))["below_2^-24_of_nonzero"]
+    return [fractions(chunk.sum(axis=0), bins)["below_2^-24_of_nonzero"]
             for chunk in np.array_split(summed, min(parts, len(summed))) if len(chunk)]
 
 
@@ -176,10 +153,11 @@ def findings(f) -> dict:
                  "test_accuracy": float(e["test_accuracy"][-1]) if len(e["step"]) else float("nan")}
         for kind in KINDS:
             names, _, counts = layer_histograms(f, arm, kind)
+            bins = ml.bins(f, arm)
             entry[kind] = {
-                "all_layers": fractions(counts.sum(axis=(0, 1))),
+                "all_layers": fractions(counts.sum(axis=(0, 1)), bins),
                 "per_layer": dict(per_layer(f, arm, kind)[:-1]),
-                "headroom": headroom(counts.sum(axis=1)),
+                "headroom": headroom(counts.sum(axis=1), bins),
                 "below_2^-24_of_nonzero_by_eighth_of_training": over_training(f, arm, kind),
             }
         result["models"][model] = entry
@@ -278,10 +256,11 @@ def headroom_figure(f, arms: list[tuple[str, str]]) -> Figure:
     for row, (arm, model) in zip(axes, arms):
         for ax, kind in zip(row, KINDS):
             _, steps, counts = layer_histograms(f, arm, kind)
+            bins = ml.bins(f, arm)
             summed = counts.sum(axis=1)
-            top = top_binade(summed) + 1  # the largest value is below 2^(e_max+1)
-            low = low_binade(summed, 0.001)
-            med = low_binade(summed, 0.5)
+            top = ml.top_binade(summed, bins) + 1  # the largest value is below 2^(e_max+1)
+            low = ml.binade_quantile(summed, bins, 0.001)  # 0.1% of the nonzero values lie below
+            med = ml.binade_quantile(summed, bins, 0.5)
             ax.axhspan(fg.FP16_NORMAL_MIN_LOG2, fg.FP16_MAX_LOG2, color=fg.FP16_COLOR, alpha=0.07, lw=0,
                        label="FP16 normal $[2^{-14}, 65504]$")
             ax.axhspan(fg.FP16_SUBNORMAL_MIN_LOG2, fg.FP16_NORMAL_MIN_LOG2, color=fg.FP16_COLOR, alpha=0.2, lw=0,
@@ -291,7 +270,7 @@ def headroom_figure(f, arms: list[tuple[str, str]]) -> Figure:
             ax.plot(steps, top, color="k", lw=1.5, label="largest |gradient| (upper edge of its binade)")
             ax.plot(steps, med, color="0.4", lw=1.0, ls="-.", label="median nonzero |gradient|")
             ax.plot(steps, low, color="C0", lw=1.2, ls="--", label="0.1% of nonzero values lie below")
-            h = headroom(summed)
+            h = headroom(summed, bins)
             if math.isfinite(h["headroom_binades"]):
                 x = steps[len(steps) // 2] if len(steps) else 0
                 e_top = h["largest_binade"] + 1

@@ -102,7 +102,7 @@ ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& da
   const Policy& policy = pc.policies.at(arm.policy);
   const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
   return {arm_name(pc, arm, point.label), arm.backend, arm.policy, describe(policy),
-          arm.seed, Model::stat_names(pc.model, input), point.label};
+          arm.seed, Model::stat_names(pc.model, input), point.label, policy};
 }
 
 ArmRow make_row(const ArmInfo& info, const PlannedArm& arm, ArmResult result) {

@@ -56,18 +56,25 @@ Handle make_handle(hid_t id, const std::string& operation, hid_t object, const s
   return Handle(check_id_at(id, operation, object, name));
 }
 
-// Replaces an existing attribute, then creates and writes a scalar one.
-void write_scalar_attribute(hid_t object, const std::string& name, hid_t file_type, hid_t mem_type,
-                            const void* value) {
+// Replaces an existing attribute, then creates and writes one of the
+// dataspace `space` (H5Screate_simple with dims 0 makes an empty array).
+void write_attribute_in(hid_t object, const std::string& name, hid_t file_type, hid_t mem_type, hid_t space,
+                        const void* value) {
   quiet_errors();
   const htri_t exists = H5Aexists(object, name.c_str());
   check_at(exists, "cannot look up attribute", object, name);
   if (exists > 0) check_at(H5Adelete(object, name.c_str()), "cannot replace attribute", object, name);
-  Handle space = make_handle(H5Screate(H5S_SCALAR), "cannot create dataspace for attribute", object, name);
-  Handle attribute = make_handle(H5Acreate2(object, name.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT),
+  Handle attribute = make_handle(H5Acreate2(object, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT),
                                  "cannot create attribute", object, name);
   check_at(H5Awrite(attribute.get(), mem_type, value), "cannot write attribute", object, name);
   attribute.close("cannot close attribute '" + name + "'");
+}
+
+void write_scalar_attribute(hid_t object, const std::string& name, hid_t file_type, hid_t mem_type,
+                            const void* value) {
+  quiet_errors();
+  Handle space = make_handle(H5Screate(H5S_SCALAR), "cannot create dataspace for attribute", object, name);
+  write_attribute_in(object, name, file_type, mem_type, space.get(), value);
 }
 
 Handle string_type(std::size_t size, const std::string& name, hid_t parent) {
@@ -224,6 +231,15 @@ Handle create_group(hid_t parent, const std::string& name) {
                      "cannot create group", parent, name);
 }
 
+Handle create_group(hid_t parent, const std::string& name, unsigned compact_attributes) {
+  quiet_errors();
+  Handle create = make_handle(H5Pcreate(H5P_GROUP_CREATE), "cannot create property list for group", parent, name);
+  check_at(H5Pset_attr_phase_change(create.get(), compact_attributes, compact_attributes),
+           "cannot set attribute storage for group", parent, name);
+  return make_handle(H5Gcreate2(parent, name.c_str(), H5P_DEFAULT, create.get(), H5P_DEFAULT),
+                     "cannot create group", parent, name);
+}
+
 void write_attribute(hid_t object, const std::string& name, std::string_view value) {
   quiet_errors();
   Handle type = string_type(H5T_VARIABLE, name, object);
@@ -250,6 +266,22 @@ void write_attribute(hid_t object, const std::string& name, std::uint64_t value)
 
 void write_attribute(hid_t object, const std::string& name, double value) {
   write_scalar_attribute(object, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &value);
+}
+
+void write_attribute(hid_t object, const std::string& name, bool value) {
+  const std::uint8_t byte = value ? 1 : 0;
+  write_scalar_attribute(object, name, H5T_STD_U8LE, H5T_NATIVE_UINT8, &byte);
+}
+
+void write_attribute(hid_t object, const std::string& name, const std::vector<std::string>& values) {
+  quiet_errors();
+  Handle type = string_type(H5T_VARIABLE, name, object);
+  std::vector<const char*> pointers;
+  for (const auto& value : values) pointers.push_back(value.c_str());
+  const hsize_t dims[1] = {values.size()};
+  Handle space = make_handle(H5Screate_simple(1, dims, nullptr), "cannot create dataspace for attribute", object, name);
+  const char* none = nullptr;  // H5Awrite wants a buffer even for no elements
+  write_attribute_in(object, name, type.get(), type.get(), space.get(), pointers.empty() ? &none : pointers.data());
 }
 
 // --- Datasets ------------------------------------------------------------------------------

@@ -88,8 +88,14 @@ void flush_file(hid_t file);
 
 // --- Groups and attributes ------------------------------------------------------
 Handle create_group(hid_t parent, const std::string& name);
+// A group that keeps up to `compact_attributes` attributes in its object
+// header (HDF5's default moves more than 8 to dense storage). copy_tree needs
+// this for groups with many string attributes: libhdf5 1.10.8's H5Ocopy
+// crashes (H5T__conv_vlen) copying densely stored variable-length attributes.
+Handle create_group(hid_t parent, const std::string& name, unsigned compact_attributes);
 
-// Scalar attributes; an existing attribute of the same name is replaced.
+// Attributes, scalar unless said otherwise; an existing attribute of the same
+// name is replaced.
 // Strings are variable-length UTF-8.
 void write_attribute(hid_t object, const std::string& name, std::string_view value);
 void write_attribute(hid_t object, const std::string& name, const char* value);
@@ -97,6 +103,10 @@ void write_attribute(hid_t object, const std::string& name, std::int32_t value);
 void write_attribute(hid_t object, const std::string& name, std::int64_t value);
 void write_attribute(hid_t object, const std::string& name, std::uint64_t value);
 void write_attribute(hid_t object, const std::string& name, double value);
+// A flag, stored as uint8 0 or 1 (as the logs' flag datasets are).
+void write_attribute(hid_t object, const std::string& name, bool value);
+// A 1-D attribute of variable-length UTF-8 strings (0 elements when empty).
+void write_attribute(hid_t object, const std::string& name, const std::vector<std::string>& values);
 
 // --- Datasets -------------------------------------------------------------------
 // A fixed-size 1-D dataset of fixed-length, null-padded UTF-8 strings (length

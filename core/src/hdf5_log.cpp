@@ -24,12 +24,13 @@
 #include "h5.hpp"
 #include "mpsim/core/agreement.hpp"
 #include "mpsim/core/run_log.hpp"
+#include "mpsim/core/policy.hpp"
 
 namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 1;
+constexpr std::int32_t schema_version = 2;  // 2: /arms/<arm>/policy/
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;
@@ -177,6 +178,42 @@ void unregister_log(Hdf5Log* log) {
   logs.erase(std::remove(logs.begin(), logs.end(), log), logs.end());
 }
 
+// /arms/<arm>/policy/: the policy field by field, named as the config names
+// them (docs/configs.md); the rounding points come from `rounding_points`.
+void write_policy(hid_t arm_group, const Policy& p) {
+  // Some 70 attributes, kept compact so that copy_arm can copy them (h5.hpp).
+  h5::Handle group = h5::create_group(arm_group, "policy", 128);
+  const hid_t g = group.get();
+  h5::write_attribute(g, "name", p.name);
+  std::vector<std::string> points;
+  for (const auto& [name, member] : rounding_points) {
+    const RoundingPoint& point = p.*member;
+    const std::string key(name);
+    points.push_back(key);
+    h5::write_attribute(g, key + ".format", point.format.name());
+    h5::write_attribute(g, key + ".exponent_bits", std::int32_t{point.format.exponent_bits});
+    h5::write_attribute(g, key + ".mantissa_bits", std::int32_t{point.format.mantissa_bits});
+    h5::write_attribute(g, key + ".rounding", to_string(point.rounding.mode));
+    h5::write_attribute(g, key + ".random_bits", std::int32_t{point.rounding.random_bits});
+    h5::write_attribute(g, key + ".scaled", point.delayed_scaling);
+  }
+  h5::write_attribute(g, "points", points);
+  h5::write_attribute(g, "master_weights", p.master_weights);
+  h5::write_attribute(g, "gemm", p.gemm);
+  h5::write_attribute(g, "fp32_ops", p.fp32_ops);
+  const LossScaling& l = p.loss_scaling;
+  h5::write_attribute(g, "loss_scale.mode", to_string(l.mode));
+  h5::write_attribute(g, "loss_scale.initial", l.initial_scale);
+  h5::write_attribute(g, "loss_scale.growth_factor", l.growth_factor);
+  h5::write_attribute(g, "loss_scale.backoff_factor", l.backoff_factor);
+  h5::write_attribute(g, "loss_scale.growth_interval", std::int32_t{l.growth_interval});
+  h5::write_attribute(g, "loss_scale.hysteresis", std::int32_t{l.hysteresis});
+  h5::write_attribute(g, "loss_scale.min", l.min_scale);
+  h5::write_attribute(g, "loss_scale.max", l.max_scale);
+  h5::write_attribute(g, "delayed_scaling.history", std::int32_t{p.delayed_scaling.history});
+  h5::write_attribute(g, "delayed_scaling.margin", std::int32_t{p.delayed_scaling.margin});
+}
+
 // --- Hdf5Arm -------------------------------------------------------------------------
 
 h5::Handle create_series(hid_t group, const std::string& name, hid_t type, hid_t step_scale) {
@@ -196,6 +233,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
   h5::write_attribute(g, "seed", std::uint64_t{info.seed});
   h5::write_attribute(g, "sweep", info.sweep);
   h5::write_attribute(g, "status", "running");
+  write_policy(g, info.resolved_policy);
 
   // Coordinates, shared by the stats datasets.
   h5::Handle layer = h5::create_string_array(g, "layer", info.layers);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "mpsim/core/agreement.hpp"
+#include "mpsim/core/policy.hpp"
 #include "mpsim/core/run_log.hpp"
 #include "mpsim/core/stats.hpp"
 
@@ -115,6 +116,29 @@ T scalar_attribute(hid_t object, const char* name, hid_t mem_type, H5T_class_t t
   T value{};
   REQUIRE(H5Aread(attribute, mem_type, &value) >= 0);
   return value;
+}
+
+// A 1-D attribute of variable-length UTF-8 strings.
+std::vector<std::string> string_array_attribute(hid_t object, const char* name) {
+  INFO("attribute " << name);
+  Id attribute(H5Aopen(object, name, H5P_DEFAULT), H5Aclose);
+  Id type(H5Aget_type(attribute), H5Tclose);
+  REQUIRE(H5Tget_class(type) == H5T_STRING);
+  REQUIRE(H5Tis_variable_str(type) > 0);
+  REQUIRE(H5Tget_cset(type) == H5T_CSET_UTF8);
+  Id space(H5Aget_space(attribute), H5Sclose);
+  REQUIRE(H5Sget_simple_extent_type(space) == H5S_SIMPLE);
+  REQUIRE(H5Sget_simple_extent_ndims(space) == 1);
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space, &n, nullptr);
+  std::vector<char*> values(n, nullptr);
+  if (n > 0) REQUIRE(H5Aread(attribute, type, values.data()) >= 0);
+  std::vector<std::string> result;
+  for (char* value : values) {
+    result.emplace_back(value != nullptr ? value : "");
+    H5free_memory(value);
+  }
+  return result;
 }
 
 std::vector<hsize_t> shape(hid_t dataset) {
@@ -264,6 +288,25 @@ ExperimentInfo experiment_info() {
   return info;
 }
 
+// Arm 1's policy sets every kind of field away from its default.
+Policy arm_policy(int arm) {
+  Policy p;
+  p.name = arm == 0 ? "fp32" : "amp_fp16";
+  if (arm == 0) return p;
+  p.weights.format = formats::e4m3;
+  p.weights.delayed_scaling = true;
+  p.activation_grads.format = formats::binary16;
+  p.activation_grads.rounding = {RoundingMode::stochastic, 8};
+  p.weight_storage.format = Format{6, 9, Subnormals::flush_to_zero, Overflow::saturate};
+  p.optimizer_state.rounding.mode = RoundingMode::toward_zero;
+  p.master_weights = false;
+  p.gemm = "h100";
+  p.fp32_ops = {"layer_norm", "softmax_cross_entropy"};
+  p.loss_scaling = {LossScaleMode::dynamic, 1048577.0, 4.0, 0.25, 500, 2, 1.0, 16777216.0};
+  p.delayed_scaling = {32, 1};
+  return p;
+}
+
 ArmInfo arm_info(int arm) {
   ArmInfo info;
   info.name = arm == 0 ? "fp32" : "fp16 amp";
@@ -273,6 +316,7 @@ ArmInfo arm_info(int arm) {
   info.seed = 1000 + static_cast<std::uint64_t>(arm);
   info.layers = arm == 0 ? std::vector<std::string>{"fc1", "fc2", "output"}
                          : std::vector<std::string>{"conv1", "a much longer layer name"};
+  info.resolved_policy = arm_policy(arm);
   return info;
 }
 
@@ -281,6 +325,70 @@ struct Expected {
   std::vector<std::int64_t> steps, stat_steps, eval_steps;
   std::string status = "running";
 };
+
+// /arms/<arm>/policy/ against arm_policy(arm), spelled out: the names below
+// are the schema's (docs/hdf5-schema.md), not taken from the writer's table.
+void check_policy(hid_t arm_group, int arm) {
+  Id g = open_group(arm_group, "policy");
+  const auto u8 = [&](const std::string& name) {
+    return scalar_attribute<std::uint8_t>(g, name.c_str(), H5T_NATIVE_UINT8, H5T_INTEGER, 1);
+  };
+  const auto i32 = [&](const std::string& name) {
+    return scalar_attribute<std::int32_t>(g, name.c_str(), H5T_NATIVE_INT32, H5T_INTEGER, 4);
+  };
+  const auto f64 = [&](const std::string& name) {
+    return scalar_attribute<double>(g, name.c_str(), H5T_NATIVE_DOUBLE, H5T_FLOAT, 8);
+  };
+  const auto text = [&](const std::string& name) { return string_attribute(g, name.c_str()); };
+  CHECK(text("name") == (arm == 0 ? "fp32" : "amp_fp16"));
+  const std::vector<std::string> points{"weights",           "activations",      "accumulation", "gemm_output",
+                                        "elementwise",       "gradient_operands", "activation_grads",
+                                        "weight_grads",      "weight_storage",   "optimizer_state"};
+  CHECK(string_array_attribute(g, "points") == points);
+  struct Point {
+    std::string format = "binary32";
+    std::int32_t exponent_bits = 8, mantissa_bits = 23;
+    std::string rounding = "nearest-even";
+    std::int32_t random_bits = 32;
+    std::uint8_t scaled = 0;
+  };
+  for (const auto& name : points) {
+    INFO("point " << name);
+    Point want;
+    if (arm == 1 && name == "weights") want = {"e4m3", 4, 3, "nearest-even", 32, 1};
+    if (arm == 1 && name == "activation_grads") want = {"binary16", 5, 10, "stochastic", 8, 0};
+    if (arm == 1 && name == "weight_storage") want = {"e6m9:ftz:sat", 6, 9, "nearest-even", 32, 0};
+    if (arm == 1 && name == "optimizer_state") want.rounding = "toward-zero";
+    CHECK(text(name + ".format") == want.format);
+    CHECK(i32(name + ".exponent_bits") == want.exponent_bits);
+    CHECK(i32(name + ".mantissa_bits") == want.mantissa_bits);
+    CHECK(text(name + ".rounding") == want.rounding);
+    CHECK(i32(name + ".random_bits") == want.random_bits);
+    CHECK(u8(name + ".scaled") == want.scaled);
+  }
+  CHECK(u8("master_weights") == (arm == 0 ? 1 : 0));
+  CHECK(text("gemm") == (arm == 0 ? "ieee" : "h100"));
+  CHECK(string_array_attribute(g, "fp32_ops") ==
+        (arm == 0 ? std::vector<std::string>{} : std::vector<std::string>{"layer_norm", "softmax_cross_entropy"}));
+  CHECK(text("loss_scale.mode") == (arm == 0 ? "none" : "dynamic"));
+  CHECK(f64("loss_scale.initial") == (arm == 0 ? 65536.0 : 1048577.0));
+  CHECK(f64("loss_scale.growth_factor") == (arm == 0 ? 2.0 : 4.0));
+  CHECK(f64("loss_scale.backoff_factor") == (arm == 0 ? 0.5 : 0.25));
+  CHECK(i32("loss_scale.growth_interval") == (arm == 0 ? 2000 : 500));
+  CHECK(i32("loss_scale.hysteresis") == (arm == 0 ? 1 : 2));
+  CHECK(f64("loss_scale.min") == (arm == 0 ? 0.0 : 1.0));
+  CHECK(f64("loss_scale.max") == (arm == 0 ? 0.0 : 16777216.0));
+  CHECK(i32("delayed_scaling.history") == (arm == 0 ? 16 : 32));
+  CHECK(i32("delayed_scaling.margin") == (arm == 0 ? 0 : 1));
+  // Nothing else: every attribute is one of the above.
+  hsize_t count = 0;
+  const auto counted = [](hid_t, const char*, const H5A_info_t*, void* n) -> herr_t {
+    ++*static_cast<hsize_t*>(n);
+    return 0;
+  };
+  REQUIRE(H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, counted, &count) >= 0);
+  CHECK(count == 2 + 6 * points.size() + 3 + 8 + 2);
+}
 
 // Checks one arm's group against `expected`, value by value.
 void check_arm(hid_t file, int arm, const Expected& expected) {
@@ -293,6 +401,7 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   CHECK(string_attribute(group, "policy_description") == info.policy_description);
   CHECK(scalar_attribute<std::uint64_t>(group, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
   CHECK(string_attribute(group, "status") == expected.status);
+  check_policy(group, arm);
 
   // Coordinates.
   const std::size_t layers = info.layers.size();
@@ -416,7 +525,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "start_time") == info.start_time);
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 1);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 2);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval
@@ -491,6 +600,29 @@ TEST_CASE("hdf5 log: round trip of two arms", "[hdf5]") {
     REQUIRE(H5Gget_info(arms, &info) >= 0);
     CHECK(info.nlinks == 2);
   }
+  check_arm(file, 0, expected[0]);
+  check_arm(file, 1, expected[1]);
+}
+
+TEST_CASE("hdf5 log: copy_arm copies finished arms whole, policy included", "[hdf5]") {
+  // As `mpsim run --jobs N` does: each arm in a child's file, copied into the experiment's.
+  TempDir dir;
+  Expected expected[2];
+  for (int arm = 0; arm < 2; ++arm) {
+    auto child = create_hdf5_log(dir.path() / ("child" + std::to_string(arm) + ".h5"), experiment_info(), 10);
+    ArmLog& a = child->add_arm(arm_info(arm));
+    write_steps(a, arm, 0, 17 + 4 * arm, expected[arm]);
+    a.finish("completed");
+    expected[arm].status = "completed";
+  }
+  const fs::path path = dir.path() / "run.h5";
+  {
+    auto log = create_hdf5_log(path, experiment_info(), 10);
+    for (int arm = 0; arm < 2; ++arm)
+      log->copy_arm(dir.path() / ("child" + std::to_string(arm) + ".h5"), arm_info(arm).name);
+  }
+  Id file = open_file(path);
+  check_root(file);
   check_arm(file, 0, expected[0]);
   check_arm(file, 1, expected[1]);
 }

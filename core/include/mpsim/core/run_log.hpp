@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
 
 namespace mpsim::core {
@@ -40,6 +41,7 @@ struct ArmInfo {
   std::uint64_t seed = 0;
   std::vector<std::string> layers;  // layer names, in order
   std::string sweep;                // the sweep point ("lr=0.1,initial=8"); empty outside a sweep
+  Policy resolved_policy;           // the policy as the arm runs it, stored field by field (/arms/<arm>/policy/)
 };
 
 class ArmLog {
