@@ -1,0 +1,122 @@
+// Backend's checked interface: every public call validates its tensors
+// (not empty, on this backend's device, binary32, shapes that fit) and asks
+// supports(op) before the implementation runs; what does not fit is a
+// BackendError naming the backend, the call and the problem, never a
+// silent misread or fallback.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "mpsim/core/backend.hpp"
+#include "support/forwarding_backend.hpp"
+
+using namespace mpsim;
+using namespace mpsim::core;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// A CPU backend that says it cannot run GELU, and counts the GELU calls that
+// reach its implementation.
+class NoGelu final : public test::ForwardingBackend {
+ public:
+  NoGelu() : ForwardingBackend(make_cpu_backend()) {}
+  bool supports(Op op) const override { return op != Op::gelu; }
+  int gelu_calls = 0;
+
+ protected:
+  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
+    ++gelu_calls;
+    ForwardingBackend::gelu_forward_impl(x, y);
+  }
+};
+
+// A tensor that claims to live on a CUDA device (its buffer is host memory
+// that must never be read as such).
+Tensor on_cuda(const Shape& shape) {
+  return Tensor(shape, std::shared_ptr<void>(new float[static_cast<std::size_t>(element_count(shape))],
+                                             [](void* p) { delete[] static_cast<float*>(p); }),
+                Device::cuda);
+}
+
+}  // namespace
+
+TEST_CASE("names: ops, devices and element types have one table each", "[backend]") {
+  CHECK(to_string(Op::gemm) == "gemm");
+  CHECK(to_string(Op::training_step) == "training_step");
+  CHECK(op_names.parse("layer_norm") == Op::layer_norm);
+  CHECK_FALSE(op_names.parse("conv").has_value());
+  CHECK(to_string(Device::cuda) == "cuda");
+  CHECK(to_string(ElementType::binary32) == "binary32");
+  CHECK(optimizer_kind_names.list() == "sgd, adam or adamw");
+}
+
+TEST_CASE("a tensor knows its device and element type, and keeps them when reshaped", "[backend]") {
+  auto cpu = make_cpu_backend();
+  const Tensor t = cpu->zeros({2, 3});
+  CHECK(cpu->device() == Device::host);
+  CHECK(t.device() == Device::host);
+  CHECK(t.element_type() == ElementType::binary32);
+  const Tensor c = on_cuda({6});
+  CHECK(c.reshaped({2, 3}).device() == Device::cuda);
+}
+
+TEST_CASE("a tensor of another device is refused before any work", "[backend]") {
+  auto cpu = make_cpu_backend();
+  Tensor y = cpu->zeros({6});
+  const Tensor x = on_cuda({6});
+  std::vector<float> host(6);
+  CHECK_THROWS_WITH(cpu->to_host(x, host), Contains("backend \"cpu\", to_host: t lives on cuda, this backend on host"));
+  CHECK_THROWS_AS(cpu->relu_forward(x, y), BackendError);
+  CHECK_THROWS_WITH(cpu->copy(y, const_cast<Tensor&>(x)), Contains("to lives on cuda"));
+}
+
+TEST_CASE("shapes that do not fit are refused, naming the call", "[backend]") {
+  auto cpu = make_cpu_backend();
+  Tensor a = cpu->zeros({4, 3}), b = cpu->zeros({5, 2}), c = cpu->zeros({4, 2});
+  CHECK_THROWS_WITH(cpu->gemm(a, false, b, false, c, {}, {}),
+                    Contains("gemm: op(a) is 4x3, op(b) 5x2, c [4, 2]"));
+  Tensor b_ok = cpu->zeros({3, 2});
+  CHECK_NOTHROW(cpu->gemm(a, false, b_ok, false, c, {}, {}));
+  Tensor c_wrong = cpu->zeros({2, 4});
+  CHECK_THROWS_AS(cpu->gemm(a, false, b_ok, false, c_wrong, {}, {}), BackendError);
+  // Transposes change which extents must agree.
+  Tensor at = cpu->zeros({3, 4});
+  CHECK_NOTHROW(cpu->gemm(at, true, b_ok, false, c, {}, {}));
+
+  Tensor x = cpu->zeros({4, 3}), y = cpu->zeros({4, 2});
+  CHECK_THROWS_WITH(cpu->relu_forward(x, y), Contains("relu_forward: x and y differ in size"));
+  Tensor row = cpu->zeros({2});
+  CHECK_THROWS_WITH(cpu->add_row_vector(x, row), Contains("add_row_vector: row of 2 for x of shape [4, 3]"));
+  std::vector<float> five(5);
+  CHECK_THROWS_WITH(cpu->from_host(five, {2, 3}), Contains("from_host: 5 values for shape [2, 3]"));
+  CHECK_THROWS_WITH(cpu->zeros({2, -1}), Contains("negative extent"));
+  Tensor logits = cpu->zeros({4, 10}), labels = cpu->zeros({3}), d = cpu->zeros({4, 10});
+  CHECK_THROWS_WITH(cpu->softmax_cross_entropy(logits, labels, 1.0f, d), Contains("one label per row"));
+  Tensor none;
+  CHECK_THROWS_WITH(cpu->scale(none, 2.0f), Contains("scale: x is an empty tensor"));
+}
+
+TEST_CASE("the optimiser step checks its state for the optimiser it runs", "[backend]") {
+  auto cpu = make_cpu_backend();
+  cpu->start_steps({}, {});
+  Tensor w = cpu->zeros({8}), g = cpu->zeros({8}), u = cpu->zeros({8}), m = cpu->zeros({8}), none;
+  OptimizerParams adam;
+  adam.kind = OptimizerKind::adam;
+  CHECK_THROWS_WITH(cpu->optimizer_step(adam, w, g, m, none, u, {}, {}, nullptr), Contains("state2 (v)"));
+  OptimizerParams plain_sgd;
+  plain_sgd.momentum = 0.0f;
+  Tensor g_short = cpu->zeros({7});
+  CHECK_THROWS_WITH(cpu->optimizer_step(plain_sgd, w, g_short, none, none, u, {}, {}, nullptr),
+                    Contains("weight, grad and update differ in size"));
+}
+
+TEST_CASE("an unsupported op is reported, never run or replaced", "[backend]") {
+  NoGelu backend;
+  Tensor x = backend.zeros({4}), y = backend.zeros({4});
+  CHECK_THROWS_WITH(backend.gelu_forward(x, y),
+                    Contains("backend \"cpu\" does not support gelu (called as gelu_forward)"));
+  CHECK(backend.gelu_calls == 0);
+  CHECK_NOTHROW(backend.relu_forward(x, y));
+}
