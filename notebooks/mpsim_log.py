@@ -34,7 +34,6 @@ OLDEST_SCHEMA_VERSION = 1
 ZERO_BIN = 1000
 INFINITY_BIN = 1001
 NAN_BIN = 1002
-KINDS = ("weights", "activations", "activation_grads", "weight_grads", "updates", "gemm_inputs")
 
 PathOrFile = Union[str, "os.PathLike[str]", h5py.File]
 
@@ -167,6 +166,18 @@ def sweep_point(path: PathOrFile, arm: str) -> dict[str, str]:
     with _log(path) as f:
         label = _text(_arm(f, arm).attrs.get("sweep", ""))
     return dict(part.split("=", 1) for part in label.split(",") if "=" in part)
+
+
+def kinds(path: PathOrFile, arm: str) -> list[str]:
+    """The tensor kinds an arm's statistics are kept for, in the log's order (core's TensorKind table)."""
+    with _log(path) as f:
+        return _names(_arm(f, arm)["kind"])
+
+
+def counter_names(path: PathOrFile, arm: str) -> list[str]:
+    """The counters kept per layer and kind, in the log's order (core's Counter table)."""
+    with _log(path) as f:
+        return _names(_arm(f, arm)["counter"])
 
 
 def layers(path: PathOrFile, arm: str) -> list[str]:

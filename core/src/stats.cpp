@@ -446,33 +446,6 @@ void count_fields(std::span<const float> values, FieldCounts& out) {
 
 }  // namespace
 
-std::string_view to_string(TensorKind kind) {
-  switch (kind) {
-    case TensorKind::weights: return "weights";
-    case TensorKind::activations: return "activations";
-    case TensorKind::activation_grads: return "activation_grads";
-    case TensorKind::weight_grads: return "weight_grads";
-    case TensorKind::updates: return "updates";
-    case TensorKind::gemm_inputs: return "gemm_inputs";
-  }
-  return "?";
-}
-
-std::string_view to_string(Counter counter) {
-  switch (counter) {
-    case Counter::elements: return "elements";
-    case Counter::nonzero: return "nonzero";
-    case Counter::flushed: return "flushed";
-    case Counter::below_2_24: return "below_2^-24";
-    case Counter::subnormal: return "subnormal";
-    case Counter::overflow: return "overflow";
-    case Counter::nan: return "nan";
-    case Counter::infinite: return "infinite";
-    case Counter::swallowed: return "swallowed";
-    case Counter::inexact: return "inexact";
-  }
-  return "?";
-}
 
 TensorStats& TensorStats::operator+=(const TensorStats& other) {
   for (int i = 0; i < Binades::bin_count; ++i) histogram[i] += other.histogram[i];

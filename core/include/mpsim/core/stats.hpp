@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "mpsim/emulation/quantize.hpp"
+#include "mpsim/core/names.hpp"
 
 namespace mpsim::core {
 
@@ -23,7 +24,10 @@ enum class TensorKind : std::uint8_t {
                      // only where that rounding can change a value (docs/policies.md)
 };
 inline constexpr int tensor_kind_count = 6;
-std::string_view to_string(TensorKind kind);
+// The kinds' names, in order: the log's "kind" coordinate and the notebooks read them.
+inline constexpr EnumNames<TensorKind, tensor_kind_count> tensor_kind_names{
+    {"weights", "activations", "activation_grads", "weight_grads", "updates", "gemm_inputs"}};
+inline std::string_view to_string(TensorKind kind) { return tensor_kind_names(kind); }
 
 // Bins: binades 2^-149 .. 2^127 (every binary32 value), then zero, infinity, NaN.
 struct Binades {
@@ -52,7 +56,11 @@ enum class Counter : std::uint8_t {
   inexact,         // results different from the value before rounding
 };
 inline constexpr int counter_count = 10;
-std::string_view to_string(Counter counter);
+// The counters' names, in order: the log's "counter" coordinate.
+inline constexpr EnumNames<Counter, counter_count> counter_names{{"elements", "nonzero", "flushed", "below_2^-24",
+                                                                 "subnormal", "overflow", "nan", "infinite",
+                                                                 "swallowed", "inexact"}};
+inline std::string_view to_string(Counter counter) { return counter_names(counter); }
 
 struct TensorStats {
   Histogram histogram{};
