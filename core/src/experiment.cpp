@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 #include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -63,8 +64,27 @@ TrainTest load_data(const ExperimentConfig& c) {
 // A file beside the log that keeps the resolved config: runs/x.h5 -> runs/x.toml.
 fs::path config_path_for(const fs::path& output) { return fs::path(output).replace_extension(".toml"); }
 
+// The first line of every resolved config mpsim writes; a .toml without it is
+// the user's own, which no run may replace.
+constexpr std::string_view resolved_config_header = "# resolved config of ";
+
+bool written_by_mpsim(const fs::path& toml) {
+  std::ifstream in(toml);
+  std::string first;
+  std::getline(in, first);
+  return first.starts_with(resolved_config_header);
+}
+
 void check_output(const fs::path& output, bool force) {
-  for (const fs::path& p : {output, config_path_for(output)}) {
+  if (fs::is_directory(output))
+    throw SetupError(fmt::format("output '{}' is a folder; give a file in it, e.g. -o {}", output.string(),
+                                 (output / "run.h5").string()));
+  const fs::path toml = config_path_for(output);
+  if (fs::exists(toml) && !written_by_mpsim(toml))
+    throw SetupError(fmt::format("'{}' exists and is not a config that mpsim wrote (the run would keep its resolved "
+                                 "config there); give the log another name with -o, e.g. {}",
+                                 toml.string(), fs::path(output).replace_filename(output.stem().string() + "-run.h5").string()));
+  for (const fs::path& p : {output, toml}) {
     if (fs::exists(p) && !force)
       throw SetupError(fmt::format("output '{}' exists; pass --force to overwrite it, or set output=PATH", p.string()));
   }
@@ -74,6 +94,37 @@ void check_output(const fs::path& output, bool force) {
   if (ec || access(dir.c_str(), W_OK) != 0)
     throw SetupError(fmt::format("output directory '{}' is not writable; choose another with output=PATH",
                                  dir.string()));
+}
+
+// Sizes a run cannot train with, found before anything is written or removed:
+// a batch larger than the training set, repeated arms, and a model whose
+// parameters and activations would not fit in this machine's memory (about:
+// binary32 master weights, working copy, gradient and two optimiser states per
+// parameter, and a batch's activations and gradients kept for the backward).
+void check_sizes(const ExperimentConfig& c, const TrainTest& data) {
+  if (c.train.batch_size > data.train.count)
+    throw SetupError(fmt::format("train.batch_size = {} is larger than the {} training samples; use at most {}",
+                                 c.train.batch_size, data.train.count, data.train.count));
+  for (std::size_t i = 0; i < c.arms.size(); ++i)
+    if (std::find(c.arms.begin() + static_cast<std::ptrdiff_t>(i) + 1, c.arms.end(), c.arms[i]) != c.arms.end())
+      throw SetupError(fmt::format("arms names '{}' twice; name each policy once (seeds = [...] repeats an arm)",
+                                   c.arms[i]));
+  if (c.model.kind != "mlp") return;  // the CNN's sizes are fixed (LeNet-5)
+  double parameters = 0, activations = 0;
+  double width = static_cast<double>(data.train.sample_size());
+  std::vector<double> widths(c.model.hidden.begin(), c.model.hidden.end());
+  widths.push_back(static_cast<double>(data.train.classes));
+  for (const double w : widths) {
+    parameters += width * w + w;
+    activations += w;
+    width = w;
+  }
+  const double bytes = 4.0 * (5 * parameters + 6 * activations * static_cast<double>(c.train.batch_size));
+  const double memory = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
+  if (memory > 0 && bytes > memory)
+    throw SetupError(fmt::format("model.hidden = [{}] needs about {:.1f} GiB ({:.3g} parameters), more than this "
+                                 "machine's {:.1f} GiB; use narrower or fewer hidden layers",
+                                 fmt::join(c.model.hidden, ", "), bytes / (1u << 30), parameters, memory / (1u << 30)));
 }
 
 std::string arm_name(const ExperimentConfig& c, const PlannedArm& arm, const std::string& sweep_point) {
@@ -273,20 +324,30 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
   std::map<std::string, TrainTest> data_sets;
   for (const SweepPoint& p : sweep.points)
     if (!data_sets.count(data_key(p.config))) data_sets.emplace(data_key(p.config), load_data(p.config));
+  for (const SweepPoint& p : sweep.points) check_sizes(p.config, data_sets.at(data_key(p.config)));
+  const ExperimentInfo info = experiment_info(sweep);
+  // Only now, with everything checked, may --force replace the old results.
   if (options.force) {
     fs::remove(output);
     fs::remove(config_path_for(output));
   }
-  const ExperimentInfo info = experiment_info(sweep);
-  {
-    std::ofstream toml(config_path_for(output));
-    toml << "# resolved config of " << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << info.config_toml;
-  }
   std::unique_ptr<ExperimentLog> log;
   try {
-    log = create_hdf5_log(output, info, c.flush_interval);
+    log = create_hdf5_log(output, info, c.flush_interval);  // exclusive: of two runs on one output, one stops here
   } catch (const std::exception& e) {
     throw SetupError(e.what());
+  }
+  {
+    // The run that created the log writes its config: through a temporary
+    // file and a rename, so the .toml beside a .h5 is always the one of its run.
+    const fs::path toml = config_path_for(output);
+    const fs::path temporary = fs::path(toml).concat(fmt::format(".tmp-{}", getpid()));
+    {
+      std::ofstream out(temporary);
+      out << resolved_config_header << c.name << ", written by mpsim " << MPSIM_VERSION << "\n" << info.config_toml;
+      if (!out) throw SetupError(fmt::format("cannot write '{}'", temporary.string()));
+    }
+    fs::rename(temporary, toml);
   }
   if (options.handle_signals) install_flush_on_signals();
 
@@ -360,13 +421,26 @@ std::string format_summary(const ExperimentResult& result) {
   out += fmt::format("\n{:<{}} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", width,
                      "test acc", "test loss", "act-g flush", "act-g<2^-24", "w-g flush", "w-g<2^-24", "skipped",
                      "loss scale", "wall s", "status");
+  bool any_uncollected = false;
   for (const ArmRow& row : result.rows) {
     const ArmResult& r = row.result;
-    out += fmt::format("{:<{}} {:>8.2f}% {:>9.4f} {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>10.4f}% {:>8} {:>10g} {:>8.1f}  {}\n",
-                       row.name, width, 100 * r.test_accuracy, r.test_loss, 100 * r.activation_grad_flushed,
-                       100 * r.activation_grad_below_2_24, 100 * r.weight_grad_flushed,
-                       100 * r.weight_grad_below_2_24, r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
+    // No instrumented step (stats_interval = 0, or stopped before the first):
+    // the shares were never measured, which is not 0%.
+    const bool collected = !r.stat_totals.empty();
+    any_uncollected |= !collected;
+    const auto share = [collected](double x) {
+      return collected ? fmt::format("{:>10.4f}%", 100 * x) : fmt::format("{:>11}", "n/a");
+    };
+    out += fmt::format("{:<{}} {:>8.2f}% {:>9.4f} {} {} {} {} {:>8} {:>10g} {:>8.1f}  {}\n", row.name, width,
+                       100 * r.test_accuracy, r.test_loss, share(r.activation_grad_flushed),
+                       share(r.activation_grad_below_2_24), share(r.weight_grad_flushed),
+                       share(r.weight_grad_below_2_24), r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
   }
+  out += "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. flush: nonzero values "
+         "that\n rounding to the arm's format made zero; <2^-24: nonzero values below binary16's smallest subnormal; "
+         "both per nonzero value.\n skipped: steps skipped for an inf/NaN gradient. loss scale: after the last "
+         "step.)\n";
+  if (any_uncollected) out += "(n/a: no step was instrumented; set train.stats_interval > 0 to measure these)\n";
   if (!result.agreements.empty()) {
     out += fmt::format("\n{:<28} {:<20} {:>16} {:>13} {:>13} {:>13}\n", "agreement of arm", "with",
                        "max loss rel diff", "test acc diff", "act-g hist TV", "w-g hist TV");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -132,6 +133,15 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     std::vector<std::pair<std::string, const toml::node*>> leaves;
     flatten(*table->as_table(), "", leaves);
     for (const auto& [key, node] : leaves) fixed.push_back(key + "=" + value_text(*node));
+    // A smoke run never lands on the full run's log: unless [smoke] names an
+    // output, it writes beside it as STEM-smoke.EXT (an override or -o still wins).
+    if (!table->as_table()->contains("output")) {
+      const toml::node* output = root.get("output");
+      std::filesystem::path path = output && output->is_string() ? std::filesystem::path(**output->as_string())
+                                                                  : std::filesystem::path(ExperimentConfig{}.output);
+      path.replace_filename(path.stem().string() + "-smoke" + path.extension().string());
+      fixed.push_back("output=" + value_text(toml::value<std::string>(path.string())));
+    }
   }
   for (const std::string& o : overrides) {
     const auto eq = o.find('=');
@@ -215,6 +225,10 @@ std::string Sweep::to_toml() const {
 }
 
 Sweep load_sweep(const std::filesystem::path& file, const std::vector<std::string>& overrides, bool smoke) {
+  // A folder opens as an empty stream on Linux and would run the defaults.
+  if (std::filesystem::is_directory(file))
+    throw ConfigError("'" + file.string() + "' is a folder, not a config file; give a .toml file, e.g. " +
+                      (file / "default.toml").string());
   std::ifstream in(file);
   if (!in) throw ConfigError("cannot read config file '" + file.string() + "': check the path");
   std::stringstream text;

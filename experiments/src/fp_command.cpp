@@ -61,6 +61,7 @@ int run_round(const RoundArgs& args) {
   std::vector<std::string> values = args.values;
   if (values.empty())  // values on standard input, separated by white space
     values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
+  for (std::string& v : values) v.erase(0, v.find_first_not_of(' '));  // " -inf": see main.cpp
   std::vector<ParsedNumber> numbers;
   for (const auto& v : values) numbers.push_back(parse_number(v));  // all checked before any output
 
@@ -140,6 +141,13 @@ int run_testfloat(const std::vector<std::string>& words) {
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
   }
+  // No vectors checks nothing: an empty pipe (a generator that failed, a wrong
+  // file) must not read as a pass.
+  if (report.passed + report.failed == 0)
+    throw UsageError(fmt::format("no TestFloat lines on stdin, nothing was checked; pipe the generator's output in, "
+                                 "e.g. testfloat_gen {} -{} | mpsim fp testfloat {} -{}",
+                                 function_name, mode_name.empty() ? "rnear_even" : mode_name, function_name,
+                                 mode_name.empty() ? "rnear_even" : mode_name));
   for (const auto& line : report.first_mismatches) fmt::print("{}\n", line);
   fmt::print("{} passed, {} failed\n", report.passed, report.failed);
   return report.failed == 0 ? 0 : 1;

@@ -2,8 +2,12 @@
 #include <fmt/core.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
 #include <exception>
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "fp_command.hpp"
 #include "mpsim/core/experiment.hpp"
@@ -13,6 +17,54 @@
 #ifdef MPSIM_WITH_CUDA
 #include "mpsim/gpu/backend.hpp"
 #endif
+
+namespace {
+
+// `mpsim frobnicate` or `mpsim fp rnd`: name the word and the commands there
+// are (CLI11 would only say an argument was not expected). Walks the words
+// down the command tree while the command reached has subcommands; those
+// commands take no positional values, so a word that is not an option must
+// name one.
+void check_command_words(CLI::App& app, int argc, char** argv) {
+  CLI::App* at = &app;
+  std::string path = "mpsim";
+  for (int i = 1; i < argc; ++i) {
+    const std::string word = argv[i];
+    const auto subcommands = at->get_subcommands([](CLI::App*) { return true; });
+    if (subcommands.empty()) return;
+    if (word.empty() || word[0] == '-') continue;
+    CLI::App* next = nullptr;
+    std::string names;
+    for (CLI::App* sub : subcommands) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (sub->check_name(word)) next = sub;
+    }
+    if (!next)
+      throw mpsim::cli::UsageError(
+          fmt::format("unknown command '{}' for '{}'. Commands: {} (see {} --help)", word, path, names, path));
+    at = next;
+    path += " " + word;
+  }
+}
+
+// CLI11 reads "-inf", "-nan" or "-.5" as short options (-i, -n, -.); a
+// negative number that starts with a digit ("-1e-8") it already takes as a
+// value. No option of ours is spelled like a number, so such a word becomes
+// " -inf": CLI11 takes it as a value, and the number reader (strtod) skips the
+// leading space.
+std::vector<std::string> negative_numbers_as_values(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    std::string lower = args[i];
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const bool special = lower == "-inf" || lower == "-infinity" || lower == "-nan";
+    const bool point = lower.size() > 2 && lower[1] == '.' && std::isdigit(static_cast<unsigned char>(lower[2]));
+    if (special || point) args[i] = " " + args[i];
+  }
+  return args;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mpsim " MPSIM_VERSION ": numerics of mixed-precision training"};
@@ -26,7 +78,11 @@ int main(int argc, char** argv) {
   mpsim::cli::add_run_command(app, run);
   mpsim::cli::add_tc_command(app, run);
   try {
-    app.parse(argc, argv);
+    check_command_words(app, argc, argv);
+    std::vector<std::string> args = negative_numbers_as_values(argc, argv);
+    args.erase(args.begin());               // the program's name
+    std::reverse(args.begin(), args.end());  // CLI11 takes the words last to first
+    app.parse(std::move(args));
     return run ? run() : 0;
   } catch (const CLI::Success& e) {
     return app.exit(e);

@@ -64,8 +64,9 @@ class ProgressPrinter : public ExperimentObserver {
     const std::string line = fmt::format("{:<12} step {:>6}/{:<6} loss {:8.4f}  scale {:>8g}  test acc {}", arm.name,
                                          p.step, p.total_steps, p.loss, p.loss_scale, acc);
     if (terminal_) {
+      if (arm.name != arm_) arm_ = arm.name, arm_start_ = now;
       if (now - last_ < std::chrono::milliseconds(100) && p.step != p.total_steps) return;
-      fmt::print(stderr, "\r{}\x1b[K", line);
+      fmt::print(stderr, "\r{} {}\x1b[K", bar(p, now), line);
       if (p.step == p.total_steps) fmt::print(stderr, "\n");
     } else {
       // Plain periodic lines: about ten per arm, and the last.
@@ -87,8 +88,25 @@ class ProgressPrinter : public ExperimentObserver {
   }
 
  private:
+  // [#######.....] 58% ETA 0:41: the share of the arm's steps done and the time
+  // left at the arm's mean pace so far.
+  std::string bar(const Progress& p, std::chrono::steady_clock::time_point now) const {
+    constexpr int width = 20;
+    const double done = p.total_steps > 0 ? static_cast<double>(p.step) / static_cast<double>(p.total_steps) : 1.0;
+    const int filled = static_cast<int>(done * width);
+    const double elapsed = std::chrono::duration<double>(now - arm_start_).count();
+    std::string eta = "--:--";
+    if (p.step > 0) {
+      const auto left = static_cast<long>(elapsed / static_cast<double>(p.step) * static_cast<double>(p.total_steps - p.step));
+      eta = fmt::format("{}:{:02}", left / 60, left % 60);
+    }
+    return fmt::format("[{}{}] {:3.0f}% ETA {:>5}", std::string(filled, '#'), std::string(width - filled, '.'),
+                       100 * done, eta);
+  }
+
   bool quiet_, terminal_, parallel_ = false;
-  std::chrono::steady_clock::time_point last_{};
+  std::chrono::steady_clock::time_point last_{}, arm_start_{};
+  std::string arm_;
 };
 
 // A child of a parallel run is this program again, asked for one arm.

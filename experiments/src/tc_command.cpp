@@ -3,7 +3,9 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -42,8 +44,18 @@ int run_validate(const ValidateArgs& args) {
     throw UsageError(fmt::format("'{}' is not a folder; give the folder that holds V100/, A100/, H100/ "
                                  "(../shared/tensor-core-vectors)",
                                  args.dir));
-  const std::vector<std::string> gpus = args.gpu.empty() ? std::vector<std::string>{"V100", "A100", "H100"}
-                                                         : std::vector<std::string>{args.gpu};
+  std::vector<std::string> gpus;
+  std::string known;
+  for (std::string_view gpu : tensor_core_gpus()) {
+    known += std::string(known.empty() ? "" : ", ") + std::string(gpu);
+    // Any case names a GPU (h100, H100); the folders use the canonical name.
+    const bool named = args.gpu.size() == gpu.size() &&
+                       std::equal(gpu.begin(), gpu.end(), args.gpu.begin(), [](char a, char b) {
+                         return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+                       });
+    if (args.gpu.empty() || named) gpus.emplace_back(gpu);
+  }
+  if (gpus.empty()) throw UsageError(fmt::format("no model for GPU '{}' (models: {})", args.gpu, known));
   std::vector<Format> inputs, outputs;
   if (args.input.empty())
     inputs = {formats::binary16, formats::bfloat16, formats::tf32, formats::e4m3, formats::e5m2};

@@ -257,13 +257,24 @@ TEST_CASE("experiment: the summary table's layout", "[experiment]") {
   row.result.skipped_steps = 3;
   row.result.final_loss_scale = 65536;
   row.result.wall_seconds = 12.34;
+  row.result.stat_totals.resize(1);  // one instrumented layer
+  result.rows.push_back(row);
+  row.name = "fp32";
+  row.result.stat_totals.clear();  // stats_interval = 0: nothing was measured
   result.rows.push_back(row);
   result.log = "runs/x.h5";
   result.config = "runs/x.toml";
+  const std::string footnote =
+      "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. flush: nonzero values that\n"
+      " rounding to the arm's format made zero; <2^-24: nonzero values below binary16's smallest subnormal; both per "
+      "nonzero value.\n skipped: steps skipped for an inf/NaN gradient. loss scale: after the last step.)\n";
   CHECK(format_summary(result) ==
         "\narm               test acc test loss act-g flush act-g<2^-24   w-g flush   w-g<2^-24  skipped loss scale"
         "   wall s  status\n"
         "fp16-mixed          81.23%    0.5123     0.0123%     0.0000%     0.0000%    50.0000%        3      65536"
         "     12.3  completed\n"
-        "\nlog: runs/x.h5\nconfig: runs/x.toml\n");
+        "fp32                81.23%    0.5123         n/a         n/a         n/a         n/a        3      65536"
+        "     12.3  completed\n" +
+            footnote + "(n/a: no step was instrumented; set train.stats_interval > 0 to measure these)\n" +
+            "\nlog: runs/x.h5\nconfig: runs/x.toml\n");
 }

@@ -109,6 +109,18 @@ TEST_CASE("sweep: --smoke applies the [smoke] overrides", "[sweep][config]") {
   CHECK_THAT(sweep_error(base, {}, true), Catch::Matchers::Contains("has no [smoke] table"));
 }
 
+TEST_CASE("sweep: --smoke never writes the full run's log", "[sweep][config]") {
+  // Issue 18: `mpsim run default.toml --smoke` used to replace runs/default.h5.
+  const std::string smoke = "[smoke]\ntrain.epochs = 1\n";
+  CHECK(parse_sweep("output = \"runs/x.h5\"\n" + base + smoke, "t", {}, true).points[0].config.output ==
+        "runs/x-smoke.h5");
+  CHECK(parse_sweep(base + smoke, "t", {}, true).points[0].config.output == "runs/default-smoke.h5");
+  CHECK(parse_sweep(base + smoke, "t").points[0].config.output == "runs/default.h5");  // not without --smoke
+  // [smoke] may name its own output, and the command line still wins.
+  CHECK(parse_sweep(base + "[smoke]\noutput = \"s.h5\"\n", "t", {}, true).points[0].config.output == "s.h5");
+  CHECK(parse_sweep(base + smoke, "t", {"output=\"o.h5\""}, true).points[0].config.output == "o.h5");
+}
+
 TEST_CASE("sweep: errors name the key and the point", "[sweep][config]") {
   CHECK_THAT(sweep_error(base + "[sweep]\n\"optimizer.lr\" = 0.1\n"),
              Catch::Matchers::Contains("sweep.\"optimizer.lr\" must be a non-empty array"));

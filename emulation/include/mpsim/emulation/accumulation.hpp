@@ -49,6 +49,10 @@ struct TensorCoreModel {
   friend bool operator==(const TensorCoreModel&, const TensorCoreModel&) = default;
 };
 
+// The GPUs that tensor_core_preset knows, as the measured vectors' folders
+// name them (../shared/tensor-core-vectors/V100, ...).
+std::span<const std::string_view> tensor_core_gpus();
+
 // The model of `gpu` ("V100", "A100", "H100"; any case) for these formats, or
 // nothing where the GPU has no such instruction or no model is known.
 std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu, const Format& input, const Format& output);
