@@ -64,14 +64,6 @@ std::string to_string(const RoundingPoint& p) {
   return s;
 }
 
-std::string_view to_string(LossScaleMode mode) {
-  switch (mode) {
-    case LossScaleMode::none: return "none";
-    case LossScaleMode::fixed: return "static";
-    case LossScaleMode::dynamic: return "dynamic";
-  }
-  return "?";
-}
 
 std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b) {
   if (p.gemm == "ieee") return std::nullopt;

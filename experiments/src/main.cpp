@@ -5,6 +5,7 @@
 #include <exception>
 #include <functional>
 
+#include "docs_command.hpp"
 #include "fp_command.hpp"
 #include "mpsim/core/experiment.hpp"
 #include "run_command.hpp"
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   mpsim::cli::add_fp_command(app, run);
   mpsim::cli::add_run_command(app, run);
   mpsim::cli::add_tc_command(app, run);
+  mpsim::cli::add_docs_command(app, run);
   try {
     app.parse(argc, argv);
     return run ? run() : 0;

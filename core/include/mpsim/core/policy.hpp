@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/names.hpp"
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
@@ -38,7 +39,11 @@ struct RoundingPoint {
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error);
 std::string to_string(const RoundingPoint& point);
 
-std::string_view to_string(LossScaleMode mode);  // "none", "static", "dynamic" (the config's names)
+// The config's names of the loss scaling modes and of the loss reductions.
+inline constexpr EnumNames<LossScaleMode, 3> loss_scale_mode_names{{"none", "static", "dynamic"}};
+inline std::string_view to_string(LossScaleMode mode) { return loss_scale_mode_names(mode); }
+inline constexpr EnumNames<LossReduction, 2> loss_reduction_names{{"mean", "sum"}};
+inline std::string_view to_string(LossReduction reduction) { return loss_reduction_names(reduction); }
 
 struct Policy {
   std::string name;
