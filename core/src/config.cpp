@@ -91,9 +91,11 @@ class Section {
 struct Limits {
   bool has_min = false, min_open = false, has_max = false, max_open = false, finite = false;
   double min = 0, max = 0;
+  double type_max = std::numeric_limits<double>::infinity();  // an int member's INT_MAX; not shown in docs
 
   bool accepts(double v) const {
     if (finite && !std::isfinite(v)) return false;
+    if (v > type_max) return false;
     if (has_min && !(min_open ? v > min : v >= min)) return false;
     if (has_max && !(max_open ? v < max : v <= max)) return false;
     return true;
@@ -168,18 +170,21 @@ constexpr std::string_view type_name() {
 // Integers are never negative, and an int member holds at most INT_MAX.
 template <typename T>
 constexpr Limits integer_limits(Limits limits) {
-  if (!limits.has_min) limits = {.has_min = true, .has_max = limits.has_max, .max_open = limits.max_open,
-                                 .min = 0, .max = limits.max};
-  if (sizeof(T) < sizeof(std::int64_t) && !limits.has_max) {
-    limits.has_max = true;
-    limits.max = static_cast<double>(std::numeric_limits<T>::max());
+  if (!limits.has_min) {
+    limits.has_min = true;
+    limits.min_open = false;
+    limits.min = 0;
   }
+  if (sizeof(T) < sizeof(std::int64_t)) limits.type_max = static_cast<double>(std::numeric_limits<T>::max());
   return limits;
 }
 
 template <typename S>
 void check_number(const Section& s, const ConfigField<S>& f, double v, bool element) {
   if (f.limits.accepts(v)) return;
+  if (v > f.limits.type_max)
+    throw ConfigError(s.key_path(f.name) + " must be at most " + number_text(f.limits.type_max) +
+                      ", the largest value it holds (got " + number_text(v) + ")");
   throw ConfigError(s.key_path(f.name) + (element ? ": every element must be " : " must be ") + f.limits.text() +
                     " (got " + number_text(v) + ")");
 }
