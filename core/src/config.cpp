@@ -6,6 +6,7 @@
 
 #include <toml++/toml.h>
 
+#include <charconv>
 #include <climits>
 #include <cmath>
 #include <fstream>
@@ -411,8 +412,7 @@ constexpr auto schedule_fields = std::to_array<ConfigField<ScheduleSpec>>({
 // The rounding points come from their own table, rounding_points (policy.hpp).
 template <std::size_t I>
 constexpr ConfigField<Policy> point_key() {
-  return key<rounding_points[I].point>(rounding_points[I].name, "",
-                                       "a rounding point: `FORMAT[/MODE][/scaled]` ([policies.md](policies.md))");
+  return key<rounding_points[I].point>(rounding_points[I].name, "", rounding_points[I].doc);
 }
 template <std::size_t... I>
 constexpr auto policy_fields_of(std::index_sequence<I...>) {
@@ -632,15 +632,27 @@ std::string ExperimentConfig::to_toml() const {
 
 namespace {
 
+// The shortest decimal that reads back as v, with a point (TOML's float).
+std::string shortest_text(double v) {
+  char buffer[64];
+  const auto end = std::to_chars(buffer, buffer + sizeof buffer, v).ptr;
+  std::string text(buffer, end);
+  if (text.find_first_of(".en") == std::string::npos) text += ".0";
+  return text;
+}
+
 template <typename S, std::size_t N>
 void describe_fields(std::vector<ConfigKey>& out, const std::string& prefix,
                      const std::array<ConfigField<S>, N>& fields, const S& defaults) {
   const toml::table values = write_fields(fields, defaults);
   for (const auto& f : fields) {
     std::ostringstream value;
-    values.get(f.name)->visit([&value](const auto& node) { value << node; });
+    if (const auto number = values.get(f.name)->template value_exact<double>())
+      value << shortest_text(*number);  // toml++ writes 0.05 as 0.050000000000000003
+    else
+      values.get(f.name)->visit([&value](const auto& node) { value << node; });
     std::string allowed;
-    if (!f.choices.empty()) allowed = "one of: " + join(f.choices);
+    if (!f.choices.empty()) allowed = (f.type.starts_with("array") ? "each one of: " : "one of: ") + join(f.choices);
     if (f.limits.any()) allowed = (f.type.starts_with("array") ? std::string("each ") : std::string()) +
                                   f.limits.text();
     if (f.non_empty) allowed += allowed.empty() ? "not empty" : "; not empty";

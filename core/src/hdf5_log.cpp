@@ -278,7 +278,7 @@ void write_policy(hid_t arm_group, const Policy& p) {
   const hid_t g = group.get();
   h5::write_attribute(g, "name", p.name);
   std::vector<std::string> points;
-  for (const auto& [name, member] : rounding_points) {
+  for (const auto& [name, member, doc] : rounding_points) {
     const RoundingPoint& point = p.*member;
     const std::string key(name);
     points.push_back(key);

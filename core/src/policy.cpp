@@ -147,7 +147,7 @@ std::optional<Policy> preset_policy(std::string_view name) {
 std::string describe(const Policy& p) {
   std::ostringstream out;
   out << "policy " << p.name << "\n";
-  for (const auto& [name, point] : rounding_points) {
+  for (const auto& [name, point, doc] : rounding_points) {
     if (name == "weight_storage") out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
     out << name << " = " << to_string(p.*point) << "\n";
   }

@@ -30,9 +30,10 @@ std::string unquote(std::string s) {
 
 std::vector<std::string> choices(const ConfigKey& k) {
   std::vector<std::string> out;
+  const std::string allowed = k.allowed.starts_with("each ") ? k.allowed.substr(5) : k.allowed;
   const std::string prefix = "one of: ";
-  if (!k.allowed.starts_with(prefix)) return out;
-  std::string rest = k.allowed.substr(prefix.size());
+  if (!allowed.starts_with(prefix)) return out;
+  std::string rest = allowed.substr(prefix.size());
   for (std::size_t start = 0;;) {
     const auto comma = rest.find(", ", start);
     out.push_back(rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start));

@@ -80,18 +80,19 @@ struct Policy {
 struct NamedPoint {
   std::string_view name;
   RoundingPoint Policy::*point;
+  std::string_view doc;  // what rounds there (docs/configs.md)
 };
 inline constexpr std::array<NamedPoint, 10> rounding_points{{
-    {"weights", &Policy::weights},
-    {"activations", &Policy::activations},
-    {"accumulation", &Policy::accumulation},
-    {"gemm_output", &Policy::gemm_output},
-    {"elementwise", &Policy::elementwise},
-    {"gradient_operands", &Policy::gradient_operands},
-    {"activation_grads", &Policy::activation_grads},
-    {"weight_grads", &Policy::weight_grads},
-    {"weight_storage", &Policy::weight_storage},
-    {"optimizer_state", &Policy::optimizer_state},
+    {"weights", &Policy::weights, "working copy of the weights, rounded from the master copy once per step"},
+    {"activations", &Policy::activations, "activation operand of Linear/Conv GEMMs"},
+    {"accumulation", &Policy::accumulation, "binary32: FP32 accumulation; else every GEMM addition rounds to this"},
+    {"gemm_output", &Policy::gemm_output, "GEMM (+bias) results"},
+    {"elementwise", &Policy::elementwise, "outputs of activations, pooling and normalisation"},
+    {"gradient_operands", &Policy::gradient_operands, "output gradient as a GEMM operand (FP8: e5m2, scaled)"},
+    {"activation_grads", &Policy::activation_grads, "every gradient with respect to an activation"},
+    {"weight_grads", &Policy::weight_grads, "gradients with respect to parameters"},
+    {"weight_storage", &Policy::weight_storage, "format of the stored weights (binary32 when master weights are kept)"},
+    {"optimizer_state", &Policy::optimizer_state, "momentum and Adam moments"},
 }};
 
 // The model a GEMM with operands in formats a and b uses under p.gemm:
