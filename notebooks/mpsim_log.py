@@ -191,8 +191,9 @@ def steps(path: PathOrFile, arm: str) -> dict[str, np.ndarray]:
     with _log(path) as f:
         g = _arm(f, arm)["steps"]
         result = {name: g[name][()] for name in g}
-        for flag in ("found_inf", "skipped"):
-            result[flag] = result[flag].astype(bool)
+        for name, values in result.items():  # flags are uint8 0 or 1 (docs/hdf5-schema.md)
+            if values.dtype == np.uint8:
+                result[name] = values.astype(bool)
         return result
 
 

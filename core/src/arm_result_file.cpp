@@ -14,29 +14,6 @@ namespace fs = std::filesystem;
 
 constexpr char magic[8] = {'m', 'p', 's', 'i', 'm', 'A', 'r', 'm'};
 
-template <typename M>
-struct MemberOf;
-template <typename T>
-struct MemberOf<T ArmResult::*> {
-  using type = T;
-};
-
-// The table names every member of ArmResult once: their sizes add up to the
-// struct's (all members are 8-byte aligned, so there is no padding to hide one).
-constexpr bool table_is_complete() {
-  std::size_t bytes = 0;
-  for (std::size_t i = 0; i < arm_result_fields.size(); ++i) {
-    bytes += std::visit([](auto member) { return sizeof(typename MemberOf<decltype(member)>::type); },
-                        arm_result_fields[i].member);
-    for (std::size_t j = 0; j < i; ++j)
-      if (arm_result_fields[j].member == arm_result_fields[i].member ||
-          arm_result_fields[j].name == arm_result_fields[i].name)
-        return false;
-  }
-  return bytes == sizeof(ArmResult);
-}
-static_assert(table_is_complete(), "every ArmResult member needs one line in arm_result_fields");
-
 // A value is kept as raw bytes: a trivially copyable scalar, or a string or
 // vector of trivially copyable elements.
 template <typename T>

@@ -1,10 +1,23 @@
+// Experiment configs, key by key from one table per section (config_fields
+// below): each key's name, member, type, unit, allowed values and meaning.
+// The tables drive reading TOML (toml++), the checks and their messages,
+// writing the resolved TOML, and the docs (config_keys(), docs/configs.md).
 #include "mpsim/core/config.hpp"
 
 #include <toml++/toml.h>
 
+#include <charconv>
+#include <climits>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <set>
+#include <span>
 #include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "mpsim/core/fields.hpp"
 
 namespace mpsim::core {
 namespace {
@@ -15,6 +28,18 @@ std::string join(const std::vector<std::string>& items) {
   return s;
 }
 
+std::string join(std::span<const std::string_view> items) {
+  return join(std::vector<std::string>(items.begin(), items.end()));
+}
+
+// A number as messages and docs write it: integers without a point.
+std::string number_text(double v) {
+  if (std::isfinite(v) && v == std::floor(v) && std::abs(v) < 1e15) return std::to_string(static_cast<long long>(v));
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+
 // Reads the keys of one table, remembering which were used, so that any key
 // left over is reported as unknown.
 class Section {
@@ -23,79 +48,21 @@ class Section {
 
   std::string key_path(std::string_view key) const { return path_.empty() ? std::string(key) : path_ + "." + std::string(key); }
 
-  template <class T>
-  void read(std::string_view key, T& out) {
+  // The node of `key`, or nullptr when the table does not set it.
+  const toml::node* take(std::string_view key) {
     used_.insert(std::string(key));
-    if (!table_) return;
-    const toml::node* node = table_->get(key);
-    if (!node) return;
-    if constexpr (std::is_same_v<T, bool>) {
-      if (auto v = node->value_exact<bool>()) return void(out = *v);
-      fail_type(key, "true or false");
-    } else if constexpr (std::is_integral_v<T>) {
-      if (auto v = node->value_exact<std::int64_t>()) {
-        if (*v < 0) throw ConfigError(key_path(key) + " must not be negative (got " + std::to_string(*v) + ")");
-        return void(out = static_cast<T>(*v));
-      }
-      fail_type(key, "an integer");
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (auto v = node->value<double>()) return void(out = *v);
-      fail_type(key, "a number");
-    } else if constexpr (std::is_same_v<T, std::string>) {
-      if (auto v = node->value_exact<std::string>()) return void(out = *v);
-      fail_type(key, "a string");
-    }
-  }
-
-  template <class T>
-  void read_array(std::string_view key, std::vector<T>& out) {
-    used_.insert(std::string(key));
-    if (!table_) return;
-    const toml::node* node = table_->get(key);
-    if (!node) return;
-    if constexpr (std::is_same_v<T, std::string>) {
-      if (auto single = node->value_exact<std::string>()) return void(out = {*single});  // arms=fp32
-    }
-    const toml::array* array = node->as_array();
-    if (!array) fail_type(key, "an array");
-    std::vector<T> values;
-    for (const toml::node& item : *array) {
-      if constexpr (std::is_same_v<T, std::string>) {
-        auto v = item.value_exact<std::string>();
-        if (!v) fail_type(key, "an array of strings");
-        values.push_back(*v);
-      } else {
-        auto v = item.value_exact<std::int64_t>();
-        if (!v || *v < 0) fail_type(key, "an array of non-negative integers");
-        values.push_back(static_cast<T>(*v));
-      }
-    }
-    out = std::move(values);
-  }
-
-  // The value must be one of `choices`.
-  void read_choice(std::string_view key, std::string& out, const std::vector<std::string>& choices) {
-    read(key, out);
-    for (const auto& c : choices)
-      if (c == out) return;
-    throw ConfigError(key_path(key) + " = \"" + out + "\" is not accepted; expected one of: " + join(choices));
-  }
-
-  // An enum by its name in the enum's one table.
-  template <typename Enum, std::size_t N>
-  void read_enum(std::string_view key, Enum& out, const EnumNames<Enum, N>& names) {
-    std::string text(names(out));
-    read_choice(key, text, std::vector<std::string>(names.names.begin(), names.names.end()));
-    out = *names.parse(text);
+    return table_ ? table_->get(key) : nullptr;
   }
 
   const toml::table* subtable(std::string_view key) {
-    used_.insert(std::string(key));
-    if (!table_) return nullptr;
-    const toml::node* node = table_->get(key);
+    const toml::node* node = take(key);
     if (!node) return nullptr;
     if (!node->is_table()) fail_type(key, "a table");
     return node->as_table();
+  }
+
+  [[noreturn]] void fail_type(std::string_view key, const char* expected) const {
+    throw ConfigError(key_path(key) + " must be " + expected);
   }
 
   void check_unknown(const std::vector<std::string>& also_known = {}) const {
@@ -114,36 +81,417 @@ class Section {
   }
 
  private:
-  [[noreturn]] void fail_type(std::string_view key, const char* expected) const {
-    throw ConfigError(key_path(key) + " must be " + expected);
-  }
   const toml::table* table_;
   std::string path_;
   std::set<std::string> used_;
 };
 
-RoundingPoint read_point(Section& s, std::string_view key, const RoundingPoint& current) {
-  std::string text = to_string(current);
-  s.read(key, text);
-  std::string error;
-  const auto point = parse_rounding_point(text, &error);
-  if (!point) throw ConfigError(s.key_path(key) + ": " + error);
-  return *point;
+// --- The field machinery -----------------------------------------------------------
+
+// The values a number (or each number of an array) may take.
+struct Limits {
+  bool has_min = false, min_open = false, has_max = false, max_open = false, finite = false;
+  double min = 0, max = 0;
+  double type_max = std::numeric_limits<double>::infinity();  // an int member's INT_MAX; not shown in docs
+
+  bool accepts(double v) const {
+    if (finite && !std::isfinite(v)) return false;
+    if (v > type_max) return false;
+    if (has_min && !(min_open ? v > min : v >= min)) return false;
+    if (has_max && !(max_open ? v < max : v <= max)) return false;
+    return true;
+  }
+  bool any() const { return has_min || has_max || finite; }
+  // ">= 1", "> 0", "in (0, 1]", "a finite number > 0".
+  std::string text() const {
+    const std::string low = std::string(min_open ? "> " : ">= ") + number_text(min);
+    if (has_min && has_max)
+      return "in " + std::string(min_open ? "(" : "[") + number_text(min) + ", " + number_text(max) +
+             (max_open ? ")" : "]");
+    if (has_max) return std::string(max_open ? "< " : "<= ") + number_text(max);
+    if (finite) return "a finite number" + (has_min ? " " + low : std::string());
+    return has_min ? low : std::string();
+  }
+};
+constexpr Limits at_least(double v) { return {.has_min = true, .min = v}; }
+constexpr Limits above(double v) { return {.has_min = true, .min_open = true, .min = v}; }
+constexpr Limits finite_above(double v) { return {.has_min = true, .min_open = true, .finite = true, .min = v}; }
+constexpr Limits above_at_most(double low, double high) {
+  return {.has_min = true, .min_open = true, .has_max = true, .min = low, .max = high};
 }
+constexpr Limits no_limits{};
+
+template <typename S>
+struct ConfigField;
+template <typename S>
+using ReadField = void (*)(Section&, const ConfigField<S>&, S&);
+template <typename S>
+using WriteField = void (*)(toml::table&, const ConfigField<S>&, const S&);
+
+// One config key of section struct S. `read` and `write` are generated from
+// the member (key<&S::member>); the rest is what the key means.
+template <typename S>
+struct ConfigField {
+  std::string_view name;
+  std::string_view type;  // as the docs say it: "integer", "number", "array of strings", ...
+  std::string_view unit;
+  std::string_view doc;
+  Limits limits;                               // numbers: the value; arrays of numbers: each element
+  std::span<const std::string_view> choices;  // strings and enums: the accepted names (empty: any string)
+  bool non_empty = false;                      // arrays: at least one element
+  ReadField<S> read = nullptr;
+  WriteField<S> write = nullptr;
+};
+
+template <auto M>
+struct MemberTraits;
+template <typename S, typename T, T S::*M>
+struct MemberTraits<M> {
+  using Struct = S;
+  using Type = T;
+};
+
+template <typename T>
+struct IsVector : std::false_type {};
+template <typename T>
+struct IsVector<std::vector<T>> : std::true_type {};
+
+template <typename T>
+constexpr std::string_view type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_enum_v<T>) return "string";
+  else if constexpr (std::is_integral_v<T>) return "integer";
+  else if constexpr (std::is_floating_point_v<T>) return "number";
+  else if constexpr (std::is_same_v<T, std::string>) return "string";
+  else if constexpr (std::is_same_v<T, RoundingPoint>) return "rounding point";
+  else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
+  else return "array of integers";
+}
+
+// Integers are never negative, and an int member holds at most INT_MAX.
+template <typename T>
+constexpr Limits integer_limits(Limits limits) {
+  if (!limits.has_min) {
+    limits.has_min = true;
+    limits.min_open = false;
+    limits.min = 0;
+  }
+  if (sizeof(T) < sizeof(std::int64_t)) limits.type_max = static_cast<double>(std::numeric_limits<T>::max());
+  return limits;
+}
+
+template <typename S>
+void check_number(const Section& s, const ConfigField<S>& f, double v, bool element) {
+  if (f.limits.accepts(v)) return;
+  if (v > f.limits.type_max)
+    throw ConfigError(s.key_path(f.name) + " must be at most " + number_text(f.limits.type_max) +
+                      ", the largest value it holds (got " + number_text(v) + ")");
+  throw ConfigError(s.key_path(f.name) + (element ? ": every element must be " : " must be ") + f.limits.text() +
+                    " (got " + number_text(v) + ")");
+}
+
+template <typename S>
+void check_choice(const Section& s, const ConfigField<S>& f, const std::string& v, bool element) {
+  if (f.choices.empty()) return;
+  for (const auto c : f.choices)
+    if (c == v) return;
+  throw ConfigError(s.key_path(f.name) + (element ? ": '" + v + "'" : " = \"" + v + "\"") +
+                    " is not accepted; expected one of: " + join(f.choices));
+}
+
+// Reads one value of type T from `node` (an array's element when `element`).
+template <typename S, typename T>
+T read_value(const Section& s, const ConfigField<S>& f, const toml::node& node, bool element) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (auto v = node.value_exact<bool>()) return *v;
+    s.fail_type(f.name, "true or false");
+  } else if constexpr (std::is_integral_v<T>) {
+    if (auto v = node.value_exact<std::int64_t>()) {
+      check_number(s, f, static_cast<double>(*v), element);
+      return static_cast<T>(*v);
+    }
+    s.fail_type(f.name, element ? "an array of integers" : "an integer");
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (auto v = node.value<double>()) {
+      check_number(s, f, *v, element);
+      return *v;
+    }
+    s.fail_type(f.name, "a number");
+  } else {
+    if (auto v = node.value_exact<std::string>()) {
+      check_choice(s, f, *v, element);
+      return *v;
+    }
+    s.fail_type(f.name, element ? "an array of strings" : "a string");
+  }
+}
+
+template <auto M, auto Names = nullptr>
+void read_member(Section& s, const ConfigField<typename MemberTraits<M>::Struct>& f,
+                 typename MemberTraits<M>::Struct& out) {
+  using S = typename MemberTraits<M>::Struct;
+  using T = typename MemberTraits<M>::Type;
+  const toml::node* node = s.take(f.name);
+  if (!node) return;  // the default stays
+  if constexpr (std::is_enum_v<T>) {
+    out.*M = *Names->parse(read_value<S, std::string>(s, f, *node, false));
+  } else if constexpr (std::is_same_v<T, RoundingPoint>) {
+    std::string error;
+    const auto point = parse_rounding_point(read_value<S, std::string>(s, f, *node, false), &error);
+    if (!point) throw ConfigError(s.key_path(f.name) + ": " + error);
+    out.*M = *point;
+  } else if constexpr (IsVector<T>::value) {
+    using E = typename T::value_type;
+    T values;
+    if constexpr (std::is_same_v<E, std::string>) {
+      if (node->is_string()) values = {read_value<S, E>(s, f, *node, true)};  // arms=fp32
+    }
+    if (!node->is_string()) {
+      const toml::array* array = node->as_array();
+      if (!array) s.fail_type(f.name, "an array");
+      for (const toml::node& item : *array) values.push_back(read_value<S, E>(s, f, item, true));
+    }
+    if (f.non_empty && values.empty())
+      throw ConfigError(s.key_path(f.name) + " must not be empty");
+    out.*M = std::move(values);
+  } else {
+    out.*M = read_value<S, T>(s, f, *node, false);
+  }
+}
+
+template <auto M, auto Names = nullptr>
+void write_member(toml::table& t, const ConfigField<typename MemberTraits<M>::Struct>& f,
+                  const typename MemberTraits<M>::Struct& in) {
+  using T = typename MemberTraits<M>::Type;
+  const T& v = in.*M;
+  if constexpr (std::is_enum_v<T>) {
+    t.insert(f.name, std::string((*Names)(v)));
+  } else if constexpr (std::is_same_v<T, RoundingPoint>) {
+    t.insert(f.name, to_string(v));
+  } else if constexpr (IsVector<T>::value) {
+    toml::array a;
+    for (const auto& e : v) {
+      if constexpr (std::is_integral_v<typename T::value_type>)
+        a.push_back(static_cast<std::int64_t>(e));
+      else
+        a.push_back(e);
+    }
+    t.insert(f.name, std::move(a));
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    t.insert(f.name, static_cast<std::int64_t>(v));
+  } else {
+    t.insert(f.name, v);
+  }
+}
+
+// A key of member M: `key<&TrainSpec::epochs>("epochs", "epochs", "...", at_least(1))`.
+template <auto M>
+constexpr ConfigField<typename MemberTraits<M>::Struct> key(std::string_view name, std::string_view unit,
+                                                            std::string_view doc, Limits limits = no_limits,
+                                                            bool non_empty = false) {
+  using T = typename MemberTraits<M>::Type;
+  using E = std::conditional_t<IsVector<T>::value, T, std::vector<T>>;
+  if constexpr (std::is_integral_v<typename E::value_type> && !std::is_same_v<T, bool>)
+    limits = integer_limits<typename E::value_type>(limits);
+  return {name, type_name<T>(), unit, doc, limits, {}, non_empty, &read_member<M>, &write_member<M>};
+}
+
+// A string key (or array of strings) whose values are one of `choices`.
+template <auto M>
+constexpr ConfigField<typename MemberTraits<M>::Struct> choice(std::string_view name,
+                                                               std::span<const std::string_view> choices,
+                                                               std::string_view doc, bool non_empty = false) {
+  auto f = key<M>(name, "", doc, no_limits, non_empty);
+  f.choices = choices;
+  return f;
+}
+
+// An enum by its names in the enum's one table.
+template <auto M, const auto& Names>
+constexpr ConfigField<typename MemberTraits<M>::Struct> enum_key(std::string_view name, std::string_view doc) {
+  return {name,  "string", "", doc, no_limits, std::span<const std::string_view>(Names.names),
+          false, &read_member<M, &Names>, &write_member<M, &Names>};
+}
+
+template <typename S, std::size_t N>
+void read_fields(Section& s, const std::array<ConfigField<S>, N>& fields, S& out) {
+  for (const auto& f : fields) f.read(s, f, out);
+}
+
+template <typename S, std::size_t N>
+toml::table write_fields(const std::array<ConfigField<S>, N>& fields, const S& in) {
+  toml::table t;
+  for (const auto& f : fields) f.write(t, f, in);
+  return t;
+}
+
+// --- The tables ---------------------------------------------------------------------
+
+constexpr std::array<std::string_view, 2> backend_names{"cpu", "cuda"};
+constexpr std::array<std::string_view, 2> dataset_names{"fashion-mnist", "synthetic"};
+constexpr std::array<std::string_view, 2> model_kind_names{"mlp", "cnn"};
+constexpr std::array<std::string_view, 3> fp32_op_names{"layer_norm", "gelu", "softmax_cross_entropy"};
+
+using C = ExperimentConfig;
+constexpr auto top_fields = std::to_array<ConfigField<C>>({
+    key<&C::name>("name", "", "experiment name"),
+    key<&C::output>("output", "", "the HDF5 log (`-o` overrides); never overwritten without `--force`"),
+    key<&C::arms>("arms", "", "policy names: presets or `[policies.NAME]` tables", no_limits, true),
+    key<&C::seeds>("seeds", "",
+                   "one arm per seed and policy; the seed fixes initial weights, batches and stochastic rounding",
+                   no_limits, true),
+    choice<&C::backends>("backends", backend_names,
+                         "`cuda` when the GPU backend is built and a device is present. With two, every arm on the "
+                         "second is compared with the same policy and seed on the first: the summary prints the "
+                         "agreement, the log keeps it under `/agreement` ([hdf5-schema.md](hdf5-schema.md))"),
+    key<&C::flush_interval>("flush_interval", "steps",
+                            "steps between HDF5 flushes (also flushed at the end, on SIGINT and on SIGTERM)",
+                            at_least(1)),
+});
+
+constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
+    choice<&DataSpec::dataset>("dataset", dataset_names, "`synthetic`: seeded, for fast tests"),
+    key<&DataSpec::path>("path", "", "where Debian's `dataset-fashion-mnist` puts the IDX files"),
+    key<&DataSpec::train_limit>("train_limit", "samples", "`> 0`: use only the first N training samples"),
+    key<&DataSpec::test_limit>("test_limit", "samples", "`> 0`: use only the first N test samples"),
+    key<&DataSpec::synthetic_train>("synthetic_train", "samples", "size of the synthetic training set"),
+    key<&DataSpec::synthetic_test>("synthetic_test", "samples", "size of the synthetic test set"),
+});
+
+constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
+    choice<&ModelSpec::kind>("kind", model_kind_names, "`cnn`: LeNet-5 with ReLU and max pooling"),
+    key<&ModelSpec::hidden>("hidden", "units", "MLP hidden widths", at_least(1)),
+    enum_key<&ModelSpec::activation, activation_names>("activation", "`gelu`: the exact erf form"),
+    key<&ModelSpec::layer_norm>("layer_norm", "", "MLP: LayerNorm after each hidden Linear"),
+    enum_key<&ModelSpec::init, init_scheme_names>(
+        "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
+    key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),
+});
+
+constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
+    key<&TrainSpec::epochs>("epochs", "epochs", "passes over the training set", at_least(1)),
+    key<&TrainSpec::max_steps>("max_steps", "steps", "`> 0`: stop after this many steps"),
+    key<&TrainSpec::batch_size>("batch_size", "samples", "the last incomplete batch of an epoch is dropped",
+                                at_least(1)),
+    key<&TrainSpec::eval_interval>("eval_interval", "steps",
+                                   "steps between test-set evaluations; `0`: end of each epoch"),
+    key<&TrainSpec::eval_batch>("eval_batch", "samples", "batch size of evaluations", at_least(1)),
+    key<&TrainSpec::stats_interval>("stats_interval", "steps", "instrument every Nth step; `0`: never"),
+    key<&TrainSpec::threads>("threads", "threads", "BLAS and quantization threads; `0`: all cores"),
+});
+
+constexpr auto loss_fields = std::to_array<ConfigField<LossDefinition>>({
+    enum_key<&LossDefinition::reduction, loss_reduction_names>(
+        "reduction", "the softmax cross-entropy over the batch: `mean` (PyTorch's default) or `sum`"),
+    key<&LossDefinition::weight>(
+        "weight", "",
+        "multiplies the loss the backward pass differentiates, as a coefficient in a weighted sum of losses; the "
+        "logged `loss` stays the plain batch mean; gradients and their logged norm are those of the weighted loss. "
+        "d_logits = (softmax - onehot) x binary32(scale x weight) [/ batch]: `core::loss_gradient_factor`",
+        finite_above(0)),
+});
+
+constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
+    enum_key<&OptimizerSpec::kind, optimizer_kind_names>("kind", "`sgd`, `adam`, `adamw` (PyTorch's formulas)"),
+    key<&OptimizerSpec::lr>("lr", "", "learning rate (the schedule's start)", above(0)),
+    key<&OptimizerSpec::momentum>("momentum", "", "SGD momentum"),
+    key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)"),
+    key<&OptimizerSpec::beta1>("beta1", "", "Adam, AdamW: first-moment decay"),
+    key<&OptimizerSpec::beta2>("beta2", "", "Adam, AdamW: second-moment decay"),
+    key<&OptimizerSpec::eps>("eps", "", "Adam, AdamW: added to the denominator"),
+});
+
+constexpr auto schedule_fields = std::to_array<ConfigField<ScheduleSpec>>({
+    enum_key<&ScheduleSpec::kind, schedule_kind_names>(
+        "kind", "`constant`, `step` (times `gamma` every `step_size` steps), `cosine` (to `min_lr`)"),
+    key<&ScheduleSpec::step_size>("step_size", "steps", "`step`: steps between multiplications by `gamma`"),
+    key<&ScheduleSpec::gamma>("gamma", "", "`step`: the factor"),
+    key<&ScheduleSpec::min_lr>("min_lr", "", "`cosine`: the rate at the last step"),
+});
+
+// The rounding points come from their own table, rounding_points (policy.hpp).
+template <std::size_t I>
+constexpr ConfigField<Policy> point_key() {
+  return key<rounding_points[I].point>(rounding_points[I].name, "", rounding_points[I].doc);
+}
+template <std::size_t... I>
+constexpr auto policy_fields_of(std::index_sequence<I...>) {
+  return std::to_array<ConfigField<Policy>>({
+      point_key<I>()...,
+      key<&Policy::master_weights>("master_weights", "", "false: the weights live only in `weight_storage`"),
+      key<&Policy::gemm>("gemm", "",
+                         "how GEMMs sum: `ieee` (as `accumulation` says) or an accumulation model (`h100`, "
+                         "`pairwise-fp32`, ...)"),
+      choice<&Policy::fp32_ops>("fp32_ops", fp32_op_names,
+                                "ops that compute and output binary32 whatever the points say"),
+  });
+}
+constexpr auto policy_fields = policy_fields_of(std::make_index_sequence<rounding_points.size()>());
+
+constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
+    enum_key<&LossScaling::mode, loss_scale_mode_names>("mode", "`none`, `static` or `dynamic`"),
+    key<&LossScaling::initial_scale>("initial", "", "initial (static: the) loss scale", above(0)),
+    key<&LossScaling::growth_factor>("growth_factor", "", "dynamic: factor after `growth_interval` clean steps",
+                                     at_least(1)),
+    key<&LossScaling::backoff_factor>("backoff_factor", "", "dynamic: factor on a step with inf/NaN gradients",
+                                      above_at_most(0, 1)),
+    key<&LossScaling::growth_interval>("growth_interval", "steps", "dynamic: clean steps before growing",
+                                       at_least(1)),
+    key<&LossScaling::hysteresis>("hysteresis", "steps",
+                                  "dynamic: overflowing steps tolerated before backing off", at_least(1)),
+    key<&LossScaling::min_scale>("min", "", "dynamic: lower bound of the scale (0: none)"),
+    key<&LossScaling::max_scale>("max", "", "dynamic: upper bound of the scale (0: none)"),
+});
+
+constexpr auto delayed_scaling_fields = std::to_array<ConfigField<DelayedScaling>>({
+    key<&DelayedScaling::history>("history", "steps", "amax history length of scaled points", at_least(1)),
+    key<&DelayedScaling::margin>("margin", "binades", "scaled points: the scale is divided by 2^margin"),
+});
+
+// Every member is a key, or a section of its own (named beside the assert).
+template <typename S, std::size_t N>
+constexpr bool names_distinct(const std::array<ConfigField<S>, N>& fields) {
+  for (std::size_t i = 0; i < N; ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (fields[i].name == fields[j].name) return false;
+  return true;
+}
+static_assert(names_distinct(top_fields) && names_distinct(data_fields) && names_distinct(model_fields) &&
+              names_distinct(train_fields) && names_distinct(loss_fields) && names_distinct(optimizer_fields) &&
+              names_distinct(schedule_fields) && names_distinct(policy_fields) &&
+              names_distinct(loss_scale_fields) && names_distinct(delayed_scaling_fields));
+static_assert(top_fields.size() + 6 == member_count_v<ExperimentConfig>,  // + data, model, train, optimizer, schedule, policies
+              "every ExperimentConfig member needs a line in top_fields");
+static_assert(data_fields.size() == member_count_v<DataSpec>, "every DataSpec member needs a line in data_fields");
+static_assert(model_fields.size() == member_count_v<ModelSpec>, "every ModelSpec member needs a line in model_fields");
+static_assert(train_fields.size() + 1 == member_count_v<TrainSpec>,  // + loss: [loss]
+              "every TrainSpec member needs a line in train_fields");
+static_assert(loss_fields.size() == member_count_v<LossDefinition>, "every LossDefinition member needs a line");
+static_assert(optimizer_fields.size() == member_count_v<OptimizerSpec>, "every OptimizerSpec member needs a line");
+static_assert(schedule_fields.size() == member_count_v<ScheduleSpec>, "every ScheduleSpec member needs a line");
+static_assert(policy_fields.size() + 3 == member_count_v<Policy>,  // + name, [loss_scale], [delayed_scaling]
+              "every Policy member needs a line in policy_fields");
+static_assert(loss_scale_fields.size() == member_count_v<LossScaling>, "every LossScaling member needs a line");
+static_assert(delayed_scaling_fields.size() == member_count_v<DelayedScaling>,
+              "every DelayedScaling member needs a line");
+
+// --- Reading ----------------------------------------------------------------------------
 
 Policy read_policy(const std::string& name, const toml::table* table) {
   Section s(table, "policies." + name);
   std::string base = preset_policy(name) ? name : "fp32";
-  s.read("base", base);
+  if (const toml::node* node = s.take("base")) {
+    const auto text = node->value_exact<std::string>();
+    if (!text) s.fail_type("base", "a string");
+    base = *text;
+  }
   auto policy = preset_policy(base);
   if (!policy)
     throw ConfigError("policies." + name + ".base = \"" + base + "\" is not a preset; expected one of: " +
                       join(preset_policy_names()));
   Policy p = *policy;
   p.name = name;
-  for (const auto& [key, point] : rounding_points) p.*point = read_point(s, key, p.*point);
-  s.read("master_weights", p.master_weights);
-  s.read("gemm", p.gemm);
+  read_fields(s, policy_fields, p);
   // Every GEMM's operand pair, as the layers form them.
   try {
     gemm_model(p, p.activations, p.weights);
@@ -152,38 +500,15 @@ Policy read_policy(const std::string& name, const toml::table* table) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError("policies." + name + ": " + e.what());
   }
-  s.read_array("fp32_ops", p.fp32_ops);
-  for (const auto& op : p.fp32_ops)
-    if (op != "layer_norm" && op != "gelu" && op != "softmax_cross_entropy")
-      throw ConfigError("policies." + name + ".fp32_ops: unknown op '" + op +
-                        "'; expected layer_norm, gelu or softmax_cross_entropy");
   if (p.master_weights && !p.weight_storage.is_identity())
     throw ConfigError("policies." + name + ": weight_storage must be binary32 when master_weights = true");
 
   Section ls(s.subtable("loss_scale"), "policies." + name + ".loss_scale");
-  auto& l = p.loss_scaling;
-  std::string mode(to_string(l.mode));
-  ls.read_choice("mode", mode, {"none", "static", "dynamic"});
-  l.mode = mode == "none" ? LossScaleMode::none : mode == "static" ? LossScaleMode::fixed : LossScaleMode::dynamic;
-  ls.read("initial", l.initial_scale);
-  ls.read("growth_factor", l.growth_factor);
-  ls.read("backoff_factor", l.backoff_factor);
-  ls.read("growth_interval", l.growth_interval);
-  ls.read("hysteresis", l.hysteresis);
-  ls.read("min", l.min_scale);
-  ls.read("max", l.max_scale);
+  read_fields(ls, loss_scale_fields, p.loss_scaling);
   ls.check_unknown();
-  if (!(l.initial_scale > 0) || !(l.growth_factor >= 1) || !(l.backoff_factor > 0 && l.backoff_factor <= 1) ||
-      l.growth_interval < 1 || l.hysteresis < 1)
-    throw ConfigError("policies." + name +
-                      ".loss_scale: need initial > 0, growth_factor >= 1, 0 < backoff_factor <= 1, "
-                      "growth_interval >= 1, hysteresis >= 1");
-
   Section ds(s.subtable("delayed_scaling"), "policies." + name + ".delayed_scaling");
-  ds.read("history", p.delayed_scaling.history);
-  ds.read("margin", p.delayed_scaling.margin);
+  read_fields(ds, delayed_scaling_fields, p.delayed_scaling);
   ds.check_unknown();
-  if (p.delayed_scaling.history < 1) throw ConfigError("policies." + name + ".delayed_scaling.history must be >= 1");
   s.check_unknown();
   return p;
 }
@@ -237,81 +562,18 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
 
   ExperimentConfig c;
   Section top(&root, "");
-  top.read("name", c.name);
-  top.read("output", c.output);
-  top.read_array("arms", c.arms);
-  top.read_array("seeds", c.seeds);
-  top.read_array("backends", c.backends);
-  top.read("flush_interval", c.flush_interval);
-  if (c.arms.empty()) throw ConfigError("arms is empty; name at least one policy, e.g. arms = [\"fp32\"]");
-  if (c.seeds.empty()) throw ConfigError("seeds is empty; give at least one, e.g. seeds = [1]");
-  for (const auto& b : c.backends)
-    if (b != "cpu" && b != "cuda")
-      throw ConfigError("backends: unknown backend '" + b + "'; expected cpu or cuda");
-  if (c.flush_interval < 1) throw ConfigError("flush_interval must be >= 1");
-
-  Section data(top.subtable("data"), "data");
-  data.read_choice("dataset", c.data.dataset, {"fashion-mnist", "synthetic"});
-  data.read("path", c.data.path);
-  data.read("train_limit", c.data.train_limit);
-  data.read("test_limit", c.data.test_limit);
-  data.read("synthetic_train", c.data.synthetic_train);
-  data.read("synthetic_test", c.data.synthetic_test);
-  data.check_unknown();
-
-  Section model(top.subtable("model"), "model");
-  model.read_choice("kind", c.model.kind, {"mlp", "cnn"});
-  model.read_array("hidden", c.model.hidden);
-  std::string activation(to_string(c.model.activation));
-  model.read_choice("activation", activation, {"relu", "gelu"});
-  c.model.activation = activation == "relu" ? Activation::relu : Activation::gelu;
-  model.read("layer_norm", c.model.layer_norm);
-  std::string init(to_string(c.model.init));
-  model.read_choice("init", init, {"he", "xavier", "normal"});
-  c.model.init = init == "he" ? InitScheme::he : init == "xavier" ? InitScheme::xavier : InitScheme::normal;
-  model.read("init_scale", c.model.init_scale);
-  model.check_unknown();
-  for (const auto h : c.model.hidden)
-    if (h < 1) throw ConfigError("model.hidden: every width must be >= 1");
-
-  Section train(top.subtable("train"), "train");
-  train.read("epochs", c.train.epochs);
-  train.read("max_steps", c.train.max_steps);
-  train.read("batch_size", c.train.batch_size);
-  train.read("eval_interval", c.train.eval_interval);
-  train.read("eval_batch", c.train.eval_batch);
-  train.read("stats_interval", c.train.stats_interval);
-  train.read("threads", c.train.threads);
-  train.check_unknown();
-  if (c.train.batch_size < 1 || c.train.eval_batch < 1) throw ConfigError("train.batch_size and train.eval_batch must be >= 1");
-  if (c.train.epochs < 1) throw ConfigError("train.epochs must be >= 1");
-
-  Section loss(top.subtable("loss"), "loss");
-  std::string reduction = c.train.loss.reduction == LossReduction::mean ? "mean" : "sum";
-  loss.read_choice("reduction", reduction, {"mean", "sum"});
-  c.train.loss.reduction = reduction == "mean" ? LossReduction::mean : LossReduction::sum;
-  loss.read("weight", c.train.loss.weight);
-  loss.check_unknown();
-  if (!(c.train.loss.weight > 0) || !is_finite(c.train.loss.weight))
-    throw ConfigError("loss.weight must be a finite number > 0 (it multiplies the loss the backward pass differentiates)");
-
-  Section opt(top.subtable("optimizer"), "optimizer");
-  opt.read_enum("kind", c.optimizer.kind, optimizer_kind_names);
-  opt.read("lr", c.optimizer.lr);
-  opt.read("momentum", c.optimizer.momentum);
-  opt.read("weight_decay", c.optimizer.weight_decay);
-  opt.read("beta1", c.optimizer.beta1);
-  opt.read("beta2", c.optimizer.beta2);
-  opt.read("eps", c.optimizer.eps);
-  opt.check_unknown();
-  if (!(c.optimizer.lr > 0)) throw ConfigError("optimizer.lr must be > 0");
-
-  Section sched(top.subtable("schedule"), "schedule");
-  sched.read_enum("kind", c.schedule.kind, schedule_kind_names);
-  sched.read("step_size", c.schedule.step_size);
-  sched.read("gamma", c.schedule.gamma);
-  sched.read("min_lr", c.schedule.min_lr);
-  sched.check_unknown();
+  read_fields(top, top_fields, c);
+  const auto section = [&top](std::string_view name, const auto& fields, auto& out) {
+    Section s(top.subtable(name), std::string(name));
+    read_fields(s, fields, out);
+    s.check_unknown();
+  };
+  section("data", data_fields, c.data);
+  section("model", model_fields, c.model);
+  section("train", train_fields, c.train);
+  section("loss", loss_fields, c.train.loss);
+  section("optimizer", optimizer_fields, c.optimizer);
+  section("schedule", schedule_fields, c.schedule);
 
   const toml::table* policies = top.subtable("policies");
   std::vector<std::string> custom;
@@ -346,79 +608,86 @@ ExperimentConfig load_config(const std::filesystem::path& file, const std::vecto
 }
 
 std::string ExperimentConfig::to_toml() const {
-  const auto strings = [](const std::vector<std::string>& v) {
-    toml::array a;
-    for (const auto& s : v) a.push_back(s);
-    return a;
-  };
-  toml::array seed_array, hidden;
-  for (const auto s : seeds) seed_array.push_back(static_cast<std::int64_t>(s));
-  for (const auto h : model.hidden) hidden.push_back(h);
-  toml::table t{
-      {"name", name},
-      {"output", output},
-      {"arms", strings(arms)},
-      {"seeds", seed_array},
-      {"backends", strings(backends)},
-      {"flush_interval", flush_interval},
-      {"data", toml::table{{"dataset", data.dataset},
-                           {"path", data.path},
-                           {"train_limit", data.train_limit},
-                           {"test_limit", data.test_limit},
-                           {"synthetic_train", data.synthetic_train},
-                           {"synthetic_test", data.synthetic_test}}},
-      {"model", toml::table{{"kind", model.kind},
-                            {"hidden", hidden},
-                            {"activation", to_string(model.activation)},
-                            {"layer_norm", model.layer_norm},
-                            {"init", to_string(model.init)},
-                            {"init_scale", model.init_scale}}},
-      {"train", toml::table{{"epochs", train.epochs},
-                            {"max_steps", train.max_steps},
-                            {"batch_size", train.batch_size},
-                            {"eval_interval", train.eval_interval},
-                            {"eval_batch", train.eval_batch},
-                            {"stats_interval", train.stats_interval},
-                            {"threads", train.threads}}},
-      {"loss", toml::table{{"reduction", train.loss.reduction == LossReduction::mean ? "mean" : "sum"},
-                           {"weight", train.loss.weight}}},
-      {"optimizer", toml::table{{"kind", to_string(optimizer.kind)},
-                                {"lr", optimizer.lr},
-                                {"momentum", optimizer.momentum},
-                                {"weight_decay", optimizer.weight_decay},
-                                {"beta1", optimizer.beta1},
-                                {"beta2", optimizer.beta2},
-                                {"eps", optimizer.eps}}},
-      {"schedule", toml::table{{"kind", to_string(schedule.kind)},
-                               {"step_size", schedule.step_size},
-                               {"gamma", schedule.gamma},
-                               {"min_lr", schedule.min_lr}}},
-  };
+  toml::table t = write_fields(top_fields, *this);
+  t.insert("data", write_fields(data_fields, data));
+  t.insert("model", write_fields(model_fields, model));
+  t.insert("train", write_fields(train_fields, train));
+  t.insert("loss", write_fields(loss_fields, train.loss));
+  t.insert("optimizer", write_fields(optimizer_fields, optimizer));
+  t.insert("schedule", write_fields(schedule_fields, schedule));
   toml::table ps;
   for (const auto& [pname, p] : policies) {
-    toml::array ops;
-    for (const auto& op : p.fp32_ops) ops.push_back(op);
-    const auto& l = p.loss_scaling;
-    toml::table table{{"master_weights", p.master_weights},
-                      {"gemm", p.gemm},
-                      {"fp32_ops", ops},
-                      {"loss_scale", toml::table{{"mode", to_string(l.mode)},
-                                                 {"initial", l.initial_scale},
-                                                 {"growth_factor", l.growth_factor},
-                                                 {"backoff_factor", l.backoff_factor},
-                                                 {"growth_interval", l.growth_interval},
-                                                 {"hysteresis", l.hysteresis},
-                                                 {"min", l.min_scale},
-                                                 {"max", l.max_scale}}},
-                      {"delayed_scaling", toml::table{{"history", p.delayed_scaling.history},
-                                                      {"margin", p.delayed_scaling.margin}}}};
-    for (const auto& [key, point] : rounding_points) table.insert(key, to_string(p.*point));
+    toml::table table = write_fields(policy_fields, p);
+    table.insert("loss_scale", write_fields(loss_scale_fields, p.loss_scaling));
+    table.insert("delayed_scaling", write_fields(delayed_scaling_fields, p.delayed_scaling));
     ps.insert(pname, std::move(table));
   }
   t.insert("policies", ps);
   std::ostringstream out;
   out << t << "\n";
   return out.str();
+}
+
+// --- Docs ---------------------------------------------------------------------------------
+
+namespace {
+
+// The shortest decimal that reads back as v, with a point (TOML's float).
+std::string shortest_text(double v) {
+  char buffer[64];
+  const auto end = std::to_chars(buffer, buffer + sizeof buffer, v).ptr;
+  std::string text(buffer, end);
+  if (text.find_first_of(".en") == std::string::npos) text += ".0";
+  return text;
+}
+
+template <typename S, std::size_t N>
+void describe_fields(std::vector<ConfigKey>& out, const std::string& prefix,
+                     const std::array<ConfigField<S>, N>& fields, const S& defaults) {
+  const toml::table values = write_fields(fields, defaults);
+  for (const auto& f : fields) {
+    std::ostringstream value;
+    if (const auto number = values.get(f.name)->template value_exact<double>())
+      value << shortest_text(*number);  // toml++ writes 0.05 as 0.050000000000000003
+    else
+      values.get(f.name)->visit([&value](const auto& node) { value << node; });
+    std::string allowed;
+    if (!f.choices.empty()) allowed = (f.type.starts_with("array") ? "each one of: " : "one of: ") + join(f.choices);
+    if (f.limits.any()) allowed = (f.type.starts_with("array") ? std::string("each ") : std::string()) +
+                                  f.limits.text();
+    if (f.non_empty) allowed += allowed.empty() ? "not empty" : "; not empty";
+    out.push_back({prefix + std::string(f.name), std::string(f.type), value.str(), std::string(f.unit), allowed,
+                   std::string(f.doc)});
+  }
+}
+
+}  // namespace
+
+std::vector<ConfigKey> config_keys() {
+  const ExperimentConfig c;
+  std::vector<ConfigKey> keys;
+  describe_fields(keys, "", top_fields, c);
+  describe_fields(keys, "data.", data_fields, c.data);
+  describe_fields(keys, "model.", model_fields, c.model);
+  describe_fields(keys, "train.", train_fields, c.train);
+  describe_fields(keys, "loss.", loss_fields, c.train.loss);
+  describe_fields(keys, "optimizer.", optimizer_fields, c.optimizer);
+  describe_fields(keys, "schedule.", schedule_fields, c.schedule);
+  keys.push_back({"policies.NAME.base", "string", "NAME if a preset, else \"fp32\"", "",
+                  "one of: " + join(preset_policy_names()),
+                  "the preset whose settings the keys below change (defaults shown: `fp32`'s)"});
+  const Policy fp32 = *preset_policy("fp32");
+  describe_fields(keys, "policies.NAME.", policy_fields, fp32);
+  describe_fields(keys, "policies.NAME.loss_scale.", loss_scale_fields, fp32.loss_scaling);
+  describe_fields(keys, "policies.NAME.delayed_scaling.", delayed_scaling_fields, fp32.delayed_scaling);
+  return keys;
+}
+
+std::string config_keys_markdown() {
+  std::vector<std::array<std::string, 6>> rows;
+  for (const ConfigKey& k : config_keys())
+    rows.push_back({"`" + k.key + "`", k.type, "`" + k.default_value + "`", k.unit, k.allowed, k.doc});
+  return markdown_table<6>({"key", "type", "default", "unit", "allowed", "meaning"}, rows);
 }
 
 }  // namespace mpsim::core

@@ -371,6 +371,11 @@ std::vector<hsize_t> extent(hid_t dataset) {
   return dims;
 }
 
+void read_all(hid_t dataset, hid_t mem_type, void* data) {
+  quiet_errors();
+  check_at(H5Dread(dataset, mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data), "cannot read", dataset, "");
+}
+
 void append_rows(hid_t dataset, hid_t mem_type, std::size_t rows, const void* data) {
   quiet_errors();
   if (rows == 0) return;

@@ -129,6 +129,10 @@ Handle create_extendible(hid_t parent, const std::string& name, hid_t file_type,
 // `data`, laid out in C order in `mem_type`.
 void append_rows(hid_t dataset, hid_t mem_type, std::size_t rows, const void* data);
 
+// Reads the whole dataset into `data` (room for every element, in C order,
+// as `mem_type`).
+void read_all(hid_t dataset, hid_t mem_type, void* data);
+
 // Current extent of a dataset.
 std::vector<hsize_t> extent(hid_t dataset);
 

@@ -74,6 +74,102 @@ std::vector<std::string> bin_labels() {
   return labels;
 }
 
+// --- Records, from their field tables (run_log.hpp) --------------------------------
+
+// A record field's types: in the file (little-endian) and in memory, as the
+// column type T that its values are converted to.
+template <typename T>
+struct RecordType;
+template <>
+struct RecordType<std::int64_t> {
+  using Column = std::int64_t;
+  static hid_t file() { return H5T_STD_I64LE; }
+  static hid_t memory() { return H5T_NATIVE_INT64; }
+};
+template <>
+struct RecordType<double> {
+  using Column = double;
+  static hid_t file() { return H5T_IEEE_F64LE; }
+  static hid_t memory() { return H5T_NATIVE_DOUBLE; }
+};
+template <>
+struct RecordType<bool> {
+  using Column = std::uint8_t;
+  static hid_t file() { return H5T_STD_U8LE; }
+  static hid_t memory() { return H5T_NATIVE_UINT8; }
+};
+
+// Creates one dataset per field of `table` in `group`, the first made the
+// dimension scale `step` and attached to the others.
+template <typename Record, std::size_t N>
+void create_record_datasets(hid_t group, const std::array<RecordField<Record>, N>& table, hsize_t chunk,
+                            std::array<h5::Handle, N>& datasets) {
+  for (std::size_t i = 0; i < N; ++i) {
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(std::declval<Record&>().*member)>;
+          datasets[i] = h5::create_extendible(group, std::string(table[i].name), RecordType<T>::file(), {}, {chunk});
+        },
+        table[i].member);
+    if (i == 0)
+      h5::make_scale(datasets[0].get(), "step");
+    else
+      h5::attach_scale(datasets[i].get(), datasets[0].get(), 0);
+  }
+}
+
+// Appends `records` to their datasets, one column per field.
+template <typename Record, std::size_t N>
+void append_records(const std::vector<Record>& records, const std::array<RecordField<Record>, N>& table,
+                    const std::array<h5::Handle, N>& datasets) {
+  for (std::size_t i = 0; i < N; ++i) {
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(std::declval<Record&>().*member)>;
+          using Column = typename RecordType<T>::Column;
+          std::vector<Column> column;
+          column.reserve(records.size());
+          for (const Record& r : records) column.push_back(static_cast<Column>(r.*member));
+          h5::append_rows(datasets[i].get(), RecordType<T>::memory(), records.size(), column.data());
+        },
+        table[i].member);
+  }
+}
+
+// Reads the records of `group_name` ("steps", "eval") of an arm, one column per field.
+template <typename Record, std::size_t N>
+std::vector<Record> read_records(const std::filesystem::path& file, const std::string& arm,
+                                 const std::string& group_name, const std::array<RecordField<Record>, N>& table) {
+  auto library = h5::library_lock();
+  const std::string where = file.string() + ": arm '" + arm + "'";
+  const h5::Handle source =
+      h5::take(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open HDF5 log " + file.string());
+  const std::string path = "arms/" + arm + "/" + group_name;
+  const h5::Handle group = h5::take(H5Gopen2(source.get(), path.c_str(), H5P_DEFAULT), where + ": no group " + path);
+  std::vector<Record> records;
+  for (std::size_t i = 0; i < N; ++i) {
+    const std::string name(table[i].name);
+    const h5::Handle dataset =
+        h5::take(H5Dopen2(group.get(), name.c_str(), H5P_DEFAULT), where + ": no dataset " + path + "/" + name);
+    const std::vector<hsize_t> dims = h5::extent(dataset.get());
+    if (dims.size() != 1) throw std::runtime_error(where + ": " + path + "/" + name + " is not 1-D");
+    if (i == 0) records.resize(dims[0]);
+    if (dims[0] != records.size())
+      throw std::runtime_error(where + ": " + path + "/" + name + " has " + std::to_string(dims[0]) + " rows, " +
+                               path + "/" + std::string(table[0].name) + " " + std::to_string(records.size()));
+    if (records.empty()) continue;
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(std::declval<Record&>().*member)>;
+          std::vector<typename RecordType<T>::Column> column(records.size());
+          h5::read_all(dataset.get(), RecordType<T>::memory(), column.data());
+          for (std::size_t r = 0; r < records.size(); ++r) records[r].*member = static_cast<T>(column[r]);
+        },
+        table[i].member);
+  }
+  return records;
+}
+
 class Hdf5Log;
 
 class Hdf5Arm final : public ArmLog {
@@ -98,15 +194,11 @@ class Hdf5Arm final : public ArmLog {
   std::string name_;
   std::size_t layers_;
   h5::Handle group_;
-  struct {
-    h5::Handle step, loss, loss_scale, found_inf, skipped, learning_rate, grad_norm;
-  } steps_ds_;
+  std::array<h5::Handle, step_record_fields.size()> steps_ds_;  // in table order; [0] is the step scale
   struct {
     h5::Handle step, histogram, counters;
   } stats_ds_;
-  struct {
-    h5::Handle step, epoch, train_loss, train_accuracy, test_loss, test_accuracy;
-  } eval_ds_;
+  std::array<h5::Handle, eval_record_fields.size()> eval_ds_;
 
   std::vector<StepRecord> steps_;
   std::vector<std::int64_t> stat_steps_;
@@ -186,7 +278,7 @@ void write_policy(hid_t arm_group, const Policy& p) {
   const hid_t g = group.get();
   h5::write_attribute(g, "name", p.name);
   std::vector<std::string> points;
-  for (const auto& [name, member] : rounding_points) {
+  for (const auto& [name, member, doc] : rounding_points) {
     const RoundingPoint& point = p.*member;
     const std::string key(name);
     points.push_back(key);
@@ -216,12 +308,6 @@ void write_policy(hid_t arm_group, const Policy& p) {
 
 // --- Hdf5Arm -------------------------------------------------------------------------
 
-h5::Handle create_series(hid_t group, const std::string& name, hid_t type, hid_t step_scale) {
-  h5::Handle dataset = h5::create_extendible(group, name, type, {}, {step_chunk});
-  h5::attach_scale(dataset.get(), step_scale, 0);
-  return dataset;
-}
-
 Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     : log_(log), name_(info.name), layers_(info.layers.size()) {
   group_ = h5::create_group(arms_group, info.name);
@@ -249,16 +335,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
 
   {
     h5::Handle steps = h5::create_group(g, "steps");
-    const hid_t s = steps.get();
-    auto& d = steps_ds_;
-    d.step = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {step_chunk});
-    h5::make_scale(d.step.get(), "step");
-    d.loss = create_series(s, "loss", H5T_IEEE_F64LE, d.step.get());
-    d.loss_scale = create_series(s, "loss_scale", H5T_IEEE_F64LE, d.step.get());
-    d.found_inf = create_series(s, "found_inf", H5T_STD_U8LE, d.step.get());
-    d.skipped = create_series(s, "skipped", H5T_STD_U8LE, d.step.get());
-    d.learning_rate = create_series(s, "learning_rate", H5T_IEEE_F64LE, d.step.get());
-    d.grad_norm = create_series(s, "grad_norm", H5T_IEEE_F64LE, d.step.get());
+    create_record_datasets(steps.get(), step_record_fields, step_chunk, steps_ds_);
   }
   {
     h5::Handle stats = h5::create_group(g, "stats");
@@ -281,16 +358,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
   }
   {
     h5::Handle eval = h5::create_group(g, "eval");
-    const hid_t s = eval.get();
-    auto& d = eval_ds_;
-    d.step = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {eval_chunk});
-    h5::make_scale(d.step.get(), "step");
-    for (auto [handle, name] : {std::pair{&d.epoch, "epoch"}, std::pair{&d.train_loss, "train_loss"},
-                                std::pair{&d.train_accuracy, "train_accuracy"}, std::pair{&d.test_loss, "test_loss"},
-                                std::pair{&d.test_accuracy, "test_accuracy"}}) {
-      *handle = h5::create_extendible(s, name, H5T_IEEE_F64LE, {}, {eval_chunk});
-      h5::attach_scale(handle->get(), d.step.get(), 0);
-    }
+    create_record_datasets(eval.get(), eval_record_fields, eval_chunk, eval_ds_);
   }
 }
 
@@ -345,34 +413,9 @@ void Hdf5Arm::finish(const std::string& status) {
   log_.flush_locked();
 }
 
-// One field of each record, as the dataset's element type.
-template <typename T, typename Record, typename F>
-std::vector<T> column(const std::vector<Record>& records, F field) {
-  std::vector<T> values;
-  values.reserve(records.size());
-  for (const auto& r : records) values.push_back(static_cast<T>(field(r)));
-  return values;
-}
-
 void Hdf5Arm::append_pending() {
   if (!steps_.empty()) {
-    const auto& r = steps_;
-    const std::size_t n = r.size();
-    auto& d = steps_ds_;
-    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n,
-                    column<std::int64_t>(r, [](const StepRecord& s) { return s.step; }).data());
-    h5::append_rows(d.loss.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const StepRecord& s) { return s.loss; }).data());
-    h5::append_rows(d.loss_scale.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const StepRecord& s) { return s.loss_scale; }).data());
-    h5::append_rows(d.found_inf.get(), H5T_NATIVE_UINT8, n,
-                    column<std::uint8_t>(r, [](const StepRecord& s) { return s.found_inf; }).data());
-    h5::append_rows(d.skipped.get(), H5T_NATIVE_UINT8, n,
-                    column<std::uint8_t>(r, [](const StepRecord& s) { return s.skipped; }).data());
-    h5::append_rows(d.learning_rate.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const StepRecord& s) { return s.learning_rate; }).data());
-    h5::append_rows(d.grad_norm.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const StepRecord& s) { return s.grad_norm; }).data());
+    append_records(steps_, step_record_fields, steps_ds_);
     steps_.clear();
   }
   if (!stat_steps_.empty()) {
@@ -386,21 +429,7 @@ void Hdf5Arm::append_pending() {
     counters_.clear();
   }
   if (!evals_.empty()) {
-    const auto& r = evals_;
-    const std::size_t n = r.size();
-    auto& d = eval_ds_;
-    h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n,
-                    column<std::int64_t>(r, [](const EvalRecord& e) { return e.step; }).data());
-    h5::append_rows(d.epoch.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const EvalRecord& e) { return e.epoch; }).data());
-    h5::append_rows(d.train_loss.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const EvalRecord& e) { return e.train_loss; }).data());
-    h5::append_rows(d.train_accuracy.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const EvalRecord& e) { return e.train_accuracy; }).data());
-    h5::append_rows(d.test_loss.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const EvalRecord& e) { return e.test_loss; }).data());
-    h5::append_rows(d.test_accuracy.get(), H5T_NATIVE_DOUBLE, n,
-                    column<double>(r, [](const EvalRecord& e) { return e.test_accuracy; }).data());
+    append_records(evals_, eval_record_fields, eval_ds_);
     evals_.clear();
   }
 }
@@ -601,6 +630,28 @@ std::unique_ptr<ExperimentLog> create_hdf5_log(const std::filesystem::path& path
   register_log(log.get());
   return log;
 }
+
+std::vector<StepRecord> read_step_records(const std::filesystem::path& file, const std::string& arm) {
+  return read_records(file, arm, "steps", step_record_fields);
+}
+
+std::vector<EvalRecord> read_eval_records(const std::filesystem::path& file, const std::string& arm) {
+  return read_records(file, arm, "eval", eval_record_fields);
+}
+
+namespace {
+template <typename Record, std::size_t N>
+std::string record_fields_markdown(const std::array<RecordField<Record>, N>& table) {
+  std::vector<std::array<std::string, 4>> rows;
+  for (const auto& f : table)
+    rows.push_back({"`" + std::string(f.name) + "`", std::string(hdf5_type_name(f)), std::string(f.unit),
+                    std::string(f.doc)});
+  return markdown_table<4>({"dataset", "type", "unit", "meaning"}, rows);
+}
+}  // namespace
+
+std::string step_fields_markdown() { return record_fields_markdown(step_record_fields); }
+std::string eval_fields_markdown() { return record_fields_markdown(eval_record_fields); }
 
 void flush_all_logs() {
   std::lock_guard lock(registry_mutex());

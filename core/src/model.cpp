@@ -26,16 +26,6 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t index) {
 
 }  // namespace
 
-std::string_view to_string(Activation activation) { return activation == Activation::relu ? "relu" : "gelu"; }
-
-std::string_view to_string(InitScheme scheme) {
-  switch (scheme) {
-    case InitScheme::he: return "he";
-    case InitScheme::xavier: return "xavier";
-    case InitScheme::normal: return "normal";
-  }
-  return "?";
-}
 
 namespace {
 constexpr std::array<std::string_view, site_count> site_names{

@@ -64,14 +64,6 @@ std::string to_string(const RoundingPoint& p) {
   return s;
 }
 
-std::string_view to_string(LossScaleMode mode) {
-  switch (mode) {
-    case LossScaleMode::none: return "none";
-    case LossScaleMode::fixed: return "static";
-    case LossScaleMode::dynamic: return "dynamic";
-  }
-  return "?";
-}
 
 std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b) {
   if (p.gemm == "ieee") return std::nullopt;
@@ -155,7 +147,7 @@ std::optional<Policy> preset_policy(std::string_view name) {
 std::string describe(const Policy& p) {
   std::ostringstream out;
   out << "policy " << p.name << "\n";
-  for (const auto& [name, point] : rounding_points) {
+  for (const auto& [name, point, doc] : rounding_points) {
     if (name == "weight_storage") out << "master_weights = " << (p.master_weights ? "true" : "false") << "\n";
     out << name << " = " << to_string(p.*point) << "\n";
   }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "docs_command.hpp"
 #include "fp_command.hpp"
 #include "mpsim/core/experiment.hpp"
 #include "run_command.hpp"
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   mpsim::cli::add_fp_command(app, run);
   mpsim::cli::add_run_command(app, run);
   mpsim::cli::add_tc_command(app, run);
+  mpsim::cli::add_docs_command(app, run);
   try {
     check_command_words(app, argc, argv);
     std::vector<std::string> args = negative_numbers_as_values(argc, argv);

@@ -152,6 +152,14 @@ int run(const RunOptions& o) {
   return 0;
 }
 
+// The config keys for --help, from the config's field tables: one line each.
+std::string config_keys_help() {
+  std::string text = "Config keys (every one, with its meaning: docs/configs.md or `mpsim docs configs`):\n";
+  for (const ConfigKey& k : config_keys())
+    text += fmt::format("  {:<46} {}{}\n", k.key, k.type, k.allowed.empty() ? "" : ", " + k.allowed);
+  return text;
+}
+
 }  // namespace
 
 void add_run_command(CLI::App& app, std::function<int()>& action) {
@@ -171,6 +179,7 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   // Internal: how a parallel run starts its child processes.
   cmd->add_option("--arm-index", options->arm_index)->group("");
   cmd->add_option("--result", options->result_file)->group("");
+  cmd->footer(config_keys_help());
   cmd->callback([&action, options] { action = [options] { return run(*options); }; });
 }
 

@@ -1,7 +1,10 @@
 #pragma once
 // Experiment configs: TOML files (toml++) with dotted `key=value` overrides.
-// Every key is checked: an unknown key or a value of the wrong type is an
-// error that names the key and what is accepted. docs/configs.md lists them.
+// Every key is checked: an unknown key, a value of the wrong type or out of
+// range is an error that names the key, the value and what is accepted.
+// Every key is one line of a table in config.cpp (name, member, type, unit,
+// allowed values, meaning), which reads, checks, writes and documents it:
+// config_keys() below, docs/configs.md, `mpsim docs configs`.
 
 #include <cstdint>
 #include <filesystem>
@@ -51,5 +54,19 @@ struct ExperimentConfig {
 ExperimentConfig parse_config(const std::string& text, const std::string& source,
                               const std::vector<std::string>& overrides = {});
 ExperimentConfig load_config(const std::filesystem::path& file, const std::vector<std::string>& overrides = {});
+
+// One config key as the tables describe it, for docs and --help.
+struct ConfigKey {
+  std::string key;            // dotted: "train.epochs", "policies.NAME.loss_scale.initial"
+  std::string type;           // "integer", "number", "bool", "string", "array of strings", ...
+  std::string default_value;  // as TOML; a policy's keys show the fp32 preset's
+  std::string unit;           // "steps", "samples", ...; empty for plain numbers
+  std::string allowed;        // ">= 1", "in (0, 1]", "one of: mlp, cnn"; empty: any value of the type
+  std::string doc;
+};
+// Every key, in the order of the tables: the top level, then each section.
+std::vector<ConfigKey> config_keys();
+// config_keys() as a markdown table (docs/configs.md).
+std::string config_keys_markdown();
 
 }  // namespace mpsim::core

@@ -122,8 +122,10 @@ class Layer {
 
 enum class Activation : std::uint8_t { relu, gelu };
 enum class InitScheme : std::uint8_t { he, xavier, normal };
-std::string_view to_string(Activation activation);  // "relu", "gelu" (the config's names)
-std::string_view to_string(InitScheme scheme);      // "he", "xavier", "normal"
+inline constexpr EnumNames<Activation, 2> activation_names{{"relu", "gelu"}};  // the config's names
+inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
+inline std::string_view to_string(Activation activation) { return activation_names(activation); }
+inline std::string_view to_string(InitScheme scheme) { return init_scheme_names(scheme); }
 
 struct ModelSpec {
   std::string kind = "mlp";           // "mlp" or "cnn" (LeNet-5 style)

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/names.hpp"
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
@@ -38,7 +39,11 @@ struct RoundingPoint {
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error);
 std::string to_string(const RoundingPoint& point);
 
-std::string_view to_string(LossScaleMode mode);  // "none", "static", "dynamic" (the config's names)
+// The config's names of the loss scaling modes and of the loss reductions.
+inline constexpr EnumNames<LossScaleMode, 3> loss_scale_mode_names{{"none", "static", "dynamic"}};
+inline std::string_view to_string(LossScaleMode mode) { return loss_scale_mode_names(mode); }
+inline constexpr EnumNames<LossReduction, 2> loss_reduction_names{{"mean", "sum"}};
+inline std::string_view to_string(LossReduction reduction) { return loss_reduction_names(reduction); }
 
 struct Policy {
   std::string name;
@@ -75,18 +80,19 @@ struct Policy {
 struct NamedPoint {
   std::string_view name;
   RoundingPoint Policy::*point;
+  std::string_view doc;  // what rounds there (docs/configs.md)
 };
 inline constexpr std::array<NamedPoint, 10> rounding_points{{
-    {"weights", &Policy::weights},
-    {"activations", &Policy::activations},
-    {"accumulation", &Policy::accumulation},
-    {"gemm_output", &Policy::gemm_output},
-    {"elementwise", &Policy::elementwise},
-    {"gradient_operands", &Policy::gradient_operands},
-    {"activation_grads", &Policy::activation_grads},
-    {"weight_grads", &Policy::weight_grads},
-    {"weight_storage", &Policy::weight_storage},
-    {"optimizer_state", &Policy::optimizer_state},
+    {"weights", &Policy::weights, "working copy of the weights, rounded from the master copy once per step"},
+    {"activations", &Policy::activations, "activation operand of Linear/Conv GEMMs"},
+    {"accumulation", &Policy::accumulation, "binary32: FP32 accumulation; else every GEMM addition rounds to this"},
+    {"gemm_output", &Policy::gemm_output, "GEMM (+bias) results"},
+    {"elementwise", &Policy::elementwise, "outputs of activations, pooling and normalisation"},
+    {"gradient_operands", &Policy::gradient_operands, "output gradient as a GEMM operand (FP8: e5m2, scaled)"},
+    {"activation_grads", &Policy::activation_grads, "every gradient with respect to an activation"},
+    {"weight_grads", &Policy::weight_grads, "gradients with respect to parameters"},
+    {"weight_storage", &Policy::weight_storage, "format of the stored weights (binary32 when master weights are kept)"},
+    {"optimizer_state", &Policy::optimizer_state, "momentum and Adam moments"},
 }};
 
 // The model a GEMM with operands in formats a and b uses under p.gemm:

@@ -6,29 +6,87 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
+#include <variant>
 #include <vector>
 
+#include "mpsim/core/fields.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
 
 namespace mpsim::core {
 
+// One row of /arms/<arm>/steps/ per optimiser step. Every member is a line
+// of step_record_fields below, which writes, reads and documents it.
 struct StepRecord {
-  std::int64_t step = 0;  // 0-based optimiser step (skipped steps included)
-  double loss = 0.0;      // mean training loss of the batch (unscaled)
+  std::int64_t step = 0;
+  double loss = 0.0;
   double loss_scale = 1.0;
-  bool found_inf = false;  // some gradient was inf or NaN
-  bool skipped = false;    // the optimiser step was skipped
+  bool found_inf = false;
+  bool skipped = false;
   double learning_rate = 0.0;
-  double grad_norm = 0.0;  // L2 norm of the unscaled gradients (inf/NaN when found_inf)
+  double grad_norm = 0.0;
+  friend bool operator==(const StepRecord&, const StepRecord&) = default;
 };
 
+// One row of /arms/<arm>/eval/ per evaluation; eval_record_fields below.
 struct EvalRecord {
-  std::int64_t step = 0;  // steps done when evaluated
+  std::int64_t step = 0;
   double epoch = 0.0;
-  double train_loss = 0.0, train_accuracy = 0.0;  // mean over the epoch's batches so far
+  double train_loss = 0.0, train_accuracy = 0.0;
   double test_loss = 0.0, test_accuracy = 0.0;
+  friend bool operator==(const EvalRecord&, const EvalRecord&) = default;
 };
+
+// A record's field: one 1-D dataset of its group, named as the field. The
+// member's type gives the dataset's: std::int64_t int64, double float64,
+// bool uint8 (0 or 1). The first field, `step`, is the group's dimension scale.
+template <typename Record>
+using RecordField = Field<Record, std::int64_t, double, bool>;
+
+inline constexpr auto step_record_fields = std::to_array<RecordField<StepRecord>>({
+    {"step", &StepRecord::step, "step", "dimension scale `step`: 0-based optimiser step, skipped steps included"},
+    {"loss", &StepRecord::loss, "", "mean training loss of the batch, unscaled"},
+    {"loss_scale", &StepRecord::loss_scale, "", "loss scale used for the step (1 without loss scaling)"},
+    {"found_inf", &StepRecord::found_inf, "flag", "1 if some gradient was inf or NaN, else 0"},
+    {"skipped", &StepRecord::skipped, "flag", "1 if the optimiser step was skipped, else 0"},
+    {"learning_rate", &StepRecord::learning_rate, "", "learning rate of the step"},
+    {"grad_norm", &StepRecord::grad_norm, "", "L2 norm of the unscaled gradients (inf or NaN when `found_inf`)"},
+});
+
+inline constexpr auto eval_record_fields = std::to_array<RecordField<EvalRecord>>({
+    {"step", &EvalRecord::step, "step", "dimension scale `step`: optimiser steps done when evaluated"},
+    {"epoch", &EvalRecord::epoch, "epoch", "epochs done (fractional)"},
+    {"train_loss", &EvalRecord::train_loss, "", "mean training loss over the epoch's batches so far"},
+    {"train_accuracy", &EvalRecord::train_accuracy, "0..1", "mean training accuracy over the epoch's batches so far"},
+    {"test_loss", &EvalRecord::test_loss, "", "loss on the test set"},
+    {"test_accuracy", &EvalRecord::test_accuracy, "0..1", "accuracy on the test set"},
+});
+
+static_assert(describes_every_member<StepRecord>(step_record_fields),
+              "every StepRecord member needs one line in step_record_fields");
+static_assert(describes_every_member<EvalRecord>(eval_record_fields),
+              "every EvalRecord member needs one line in eval_record_fields");
+static_assert(step_record_fields[0].name == "step" && eval_record_fields[0].name == "step",
+              "a record's first field is its step, the dimension scale of its group");
+
+// The HDF5 type name of a record field ("int64", "float64", "uint8").
+template <typename Record>
+constexpr std::string_view hdf5_type_name(const RecordField<Record>& field) {
+  return std::visit(
+      [](auto member) -> std::string_view {
+        using T = std::remove_cvref_t<decltype(std::declval<Record>().*member)>;
+        if constexpr (std::is_same_v<T, bool>) return "uint8";
+        else if constexpr (std::is_same_v<T, double>) return "float64";
+        else return "int64";
+      },
+      field.member);
+}
+
+// The tables as markdown (docs/hdf5-schema.md; `mpsim docs steps|eval`).
+std::string step_fields_markdown();
+std::string eval_fields_markdown();
 
 // Per layer, per TensorKind.
 using LayerStats = std::vector<std::array<TensorStats, tensor_kind_count>>;
@@ -79,6 +137,12 @@ class ExperimentLog {
 // on flush() and in the destructor.
 std::unique_ptr<ExperimentLog> create_hdf5_log(const std::filesystem::path& path, const ExperimentInfo& info,
                                                int flush_interval);
+
+// An arm's records read back from such a file (through the same tables as
+// they were written), in file order. Throws std::runtime_error naming the
+// file, arm and dataset at fault.
+std::vector<StepRecord> read_step_records(const std::filesystem::path& file, const std::string& arm);
+std::vector<EvalRecord> read_eval_records(const std::filesystem::path& file, const std::string& arm);
 
 // Flushes every open HDF5 log; async-signal paths call this from a watcher
 // thread, see install_flush_on_signals().

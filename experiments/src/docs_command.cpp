@@ -1,0 +1,36 @@
+// mpsim docs configs|steps|eval: prints a field table as markdown. The tables
+// live in core (config.hpp, run_log.hpp); docs/*.md hold this output between
+// markers, and a CLI test fails when they differ.
+#include "docs_command.hpp"
+
+#include <fmt/core.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "mpsim/core/config.hpp"
+#include "mpsim/core/run_log.hpp"
+
+namespace mpsim::cli {
+
+void add_docs_command(CLI::App& app, std::function<int()>& action) {
+  static const std::map<std::string, std::string (*)()> tables{
+      {"configs", &core::config_keys_markdown},
+      {"steps", &core::step_fields_markdown},
+      {"eval", &core::eval_fields_markdown},
+  };
+  auto which = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("docs", "Print a field table as markdown (docs/configs.md, docs/hdf5-schema.md)");
+  cmd->add_option("table", *which, "configs: every config key; steps, eval: the log's record datasets")
+      ->required()
+      ->check(CLI::IsMember({"configs", "steps", "eval"}));
+  cmd->callback([&action, which] {
+    action = [which] {
+      fmt::print("{}", tables.at(*which)());
+      return 0;
+    };
+  });
+}
+
+}  // namespace mpsim::cli
