@@ -511,12 +511,12 @@ class CudaBackend final : public core::Backend {
   void gelu_forward_impl(const Tensor& x, Tensor& y) override {
     require(x.numel() == y.numel(), "gelu_forward: sizes differ");
     const Input v = in(x);
-    kernels::gelu_forward(v, out(y), x.numel(), gelu_constants(), stream());
+    kernels::gelu_forward(v, out(y), x.numel(), stream());
   }
   void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
     require(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes differ");
     const Input v = in(x), g = in(dy);
-    kernels::gelu_backward(v, g, out(dx), x.numel(), gelu_constants(), stream());
+    kernels::gelu_backward(v, g, out(dx), x.numel(), stream());
   }
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {
@@ -889,10 +889,6 @@ class CudaBackend final : public core::Backend {
     require(image.numel() == g.batch * g.channels * g.height * g.width, "image size does not match the geometry");
   }
 
-  static kernels::GeluConstants gelu_constants() {
-    // As cpu_backend.cpp spells them, so that both sides use the same binary32 constants.
-    return {static_cast<float>(M_SQRT1_2), 0.3989422804014327f};
-  }
 
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS
   // reads each row-major buffer as its column-major transpose, with the
