@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -153,10 +154,10 @@ Policy read_policy(const std::string& name, const toml::table* table) {
     throw ConfigError("policies." + name + ": " + e.what());
   }
   s.read_array("fp32_ops", p.fp32_ops);
+  const std::vector<std::string> fp32_ops = fp32_op_names();
   for (const auto& op : p.fp32_ops)
-    if (op != "layer_norm" && op != "gelu" && op != "softmax_cross_entropy")
-      throw ConfigError("policies." + name + ".fp32_ops: unknown op '" + op +
-                        "'; expected layer_norm, gelu or softmax_cross_entropy");
+    if (std::find(fp32_ops.begin(), fp32_ops.end(), op) == fp32_ops.end())
+      throw ConfigError("policies." + name + ".fp32_ops: unknown op '" + op + "'; expected one of: " + join(fp32_ops));
   if (p.master_weights && !p.weight_storage.is_identity())
     throw ConfigError("policies." + name + ": weight_storage must be binary32 when master_weights = true");
 
@@ -262,9 +263,7 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
   Section model(top.subtable("model"), "model");
   model.read_choice("kind", c.model.kind, {"mlp", "cnn"});
   model.read_array("hidden", c.model.hidden);
-  std::string activation(to_string(c.model.activation));
-  model.read_choice("activation", activation, {"relu", "gelu"});
-  c.model.activation = activation == "relu" ? Activation::relu : Activation::gelu;
+  model.read_enum("activation", c.model.activation, activation_names);
   model.read("layer_norm", c.model.layer_norm);
   std::string init(to_string(c.model.init));
   model.read_choice("init", init, {"he", "xavier", "normal"});

@@ -220,19 +220,15 @@ class CpuBackend final : public Backend {
     return sum;
   }
 
-  // Branch-free loops: ReLU's sign test is a coin flip on real activations, and
-  // a branch mispredicted on every other element cost 3 ns per element.
-  void relu_forward_impl(const Tensor& x, Tensor& y) override {
-    activation_forward_loop<Relu>(data(x), data(y), x.numel());
+  // Every activation of the table, one loop each, instantiated from the table.
+  // Branch-free loops: ReLU's sign test is a coin flip on real activations,
+  // and a branch mispredicted on every other element cost 3 ns per element.
+  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+    Activations::visit(kind, [&]<typename A>(A) { activation_forward_loop<A>(data(x), data(y), x.numel()); });
   }
-  void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    activation_backward_loop<Relu>(data(x), data(dy), data(dx), x.numel());
-  }
-  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
-    activation_forward_loop<Gelu>(data(x), data(y), x.numel());
-  }
-  void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    activation_backward_loop<Gelu>(data(x), data(dy), data(dx), x.numel());
+  void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    Activations::visit(kind,
+                       [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
   }
 
   // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.

@@ -26,8 +26,6 @@ std::uint64_t mix(std::uint64_t seed, std::uint64_t index) {
 
 }  // namespace
 
-std::string_view to_string(Activation activation) { return activation == Activation::relu ? "relu" : "gelu"; }
-
 std::string_view to_string(InitScheme scheme) {
   switch (scheme) {
     case InitScheme::he: return "he";
@@ -103,9 +101,7 @@ namespace {
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const InputShape& in) {
   std::vector<std::unique_ptr<Layer>> layers;
   const std::string act(to_string(spec.activation));
-  const auto activation = [&](const std::string& name) {
-    return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
-  };
+  const auto activation = [&](const std::string& name) { return make_activation(name, spec.activation); };
   if (spec.kind == "mlp") {
     layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;

@@ -1,4 +1,5 @@
 #include "mpsim/core/policy.hpp"
+#include "mpsim/core/numerics_layers.hpp"
 
 #include <algorithm>
 #include <sstream>
@@ -87,6 +88,14 @@ std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint
                                 to_string(a) + " by " + to_string(b) +
                                 " operands; give activations, weights and gradient_operands one unscaled format");
   return model;
+}
+
+std::vector<std::string> fp32_op_names() {
+  std::vector<std::string> names{"layer_norm"};
+  for (std::size_t i = 0; i < Activations::size; ++i)
+    if (Activations::fp32_op[i]) names.emplace_back(Activations::names.names[i]);
+  names.emplace_back("softmax_cross_entropy");
+  return names;
 }
 
 bool Policy::runs_in_fp32(std::string_view op) const {

@@ -43,10 +43,11 @@ struct Draws {
 };
 
 // --- Element-wise -------------------------------------------------------------
-void relu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream);
-void relu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream);
-void gelu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream);
-void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream);
+// Any activation of the table (numerics_layers.hpp): one templated kernel,
+// instantiated for every entry.
+void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream);
+void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
+                         cudaStream_t stream);
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);
 void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 

@@ -17,19 +17,6 @@ __global__ void activation_backward_kernel(const float* x, const float* dy, floa
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = A::backward(x[i], dy[i]);
 }
 
-template <typename A>
-void activation_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  activation_forward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, y, n);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-template <typename A>
-void activation_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  activation_backward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, dy, dx, n);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
 __global__ void scale_kernel(float* x, std::int64_t n, float factor) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) x[i] = __fmul_rn(x[i], factor);
 }
@@ -40,17 +27,21 @@ __global__ void add_row_vector_kernel(float* x, const float* row, std::int64_t n
 
 }  // namespace
 
-void relu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream) {
-  activation_forward<core::Relu>(x, y, n, stream);
+void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  core::Activations::visit(kind, [&]<typename A>(A) {
+    activation_forward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, y, n);
+  });
+  MPSIM_CUDA_CHECK_LAUNCH();
 }
-void relu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream) {
-  activation_backward<core::Relu>(x, dy, dx, n, stream);
-}
-void gelu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream) {
-  activation_forward<core::Gelu>(x, y, n, stream);
-}
-void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream) {
-  activation_backward<core::Gelu>(x, dy, dx, n, stream);
+
+void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
+                         cudaStream_t stream) {
+  if (n <= 0) return;
+  core::Activations::visit(kind, [&]<typename A>(A) {
+    activation_backward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, dy, dx, n);
+  });
+  MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream) {

@@ -25,6 +25,7 @@
 
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/core/policy.hpp"
 
 using namespace mpsim::core;
 
@@ -393,6 +394,12 @@ TEST_CASE("softmax cross-entropy row: loss, gradient and argmax against binary64
       CHECK(std::fabs(total) <= factor * (cols + 4.0) * 8.0 * u32 * (1.0 + spread));
     }
   }
+  // Ties: the first largest logit is the prediction (PyTorch's argmax), so a
+  // tie counts as correct only for the first of the tied labels.
+  const float tied[4] = {0.5f, 2.0f, -1.0f, 2.0f};
+  float dt[4];
+  CHECK(softmax_cross_entropy_row(tied, 4, 1.0f, 1.0f, dt).correct);
+  CHECK_FALSE(softmax_cross_entropy_row(tied, 4, 3.0f, 1.0f, dt).correct);
   // A label outside [0, cols): NaN loss, no one-hot term, never correct.
   const float z[3] = {1.0f, 2.0f, 3.0f};
   float d[3];
@@ -402,4 +409,26 @@ TEST_CASE("softmax cross-entropy row: loss, gradient and argmax against binary64
     CHECK_FALSE(row.correct);
     for (const float v : d) CHECK(v > 0.0f);
   }
+}
+
+TEST_CASE("the activation table: names, enum order and which ones fp32_ops may name", "[numerics][layers]") {
+  CHECK(Activations::size == activation_names.names.size());
+  CHECK(activation_names.list() == "relu or gelu");
+  for (std::size_t i = 0; i < Activations::size; ++i) {
+    const auto kind = static_cast<Activation>(i);
+    CHECK(activation_names.parse(to_string(kind)) == kind);
+    // visit reaches exactly the entry of `kind`.
+    int visits = 0;
+    Activations::visit(kind, [&]<typename A>(A) {
+      ++visits;
+      CHECK(A::kind == kind);
+      CHECK(A::name == to_string(kind));
+    });
+    CHECK(visits == 1);
+  }
+  const std::vector<std::string> ops = fp32_op_names();
+  CHECK(std::find(ops.begin(), ops.end(), "gelu") != ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "relu") == ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "layer_norm") != ops.end());
+  CHECK(std::find(ops.begin(), ops.end(), "softmax_cross_entropy") != ops.end());
 }

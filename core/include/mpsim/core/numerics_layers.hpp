@@ -16,21 +16,35 @@
 // rows, Eigen's column sums) stay in each backend; LayerNorm's dgamma and
 // dbeta add rows in increasing order from 0 on both.
 
+#include <array>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 
+#include "mpsim/core/names.hpp"
 #include "mpsim/emulation/host_device.hpp"
 
 namespace mpsim::core {
 
 // --- Activations ----------------------------------------------------------------------------------------------------
-// An activation is a struct with forward(x) = y and backward(x, dy) = dx,
-// both host/device.
+// An element-wise activation is one entry of the table below: a struct with
+// its enumerator (`kind`), its config and log name, whether a policy's
+// fp32_ops may exempt it from rounding (autocast's FP32 list), and
+// forward(x) = y and backward(x, dy) = dx, both host/device. The backends'
+// generic activation op (a CPU loop, one templated CUDA kernel), the generic
+// activation layer, the config's choices and the policies' fp32_ops all read
+// the table, so adding an activation is this file alone: an enumerator, a
+// struct, and its place in `Activations`.
+enum class Activation : std::uint8_t { relu, gelu };
 
 // ReLU: NaN stays NaN (x <= 0 is false for NaN), as in PyTorch; the gradient
 // at 0 is 0.
 struct Relu {
+  static constexpr Activation kind = Activation::relu;
+  static constexpr std::string_view name = "relu";
+  static constexpr bool fp32_op = false;
   MPSIM_HOST_DEVICE static float forward(float x) { return x <= 0.0f ? 0.0f : x; }
   MPSIM_HOST_DEVICE static float backward(float x, float dy) { return x > 0.0f ? dy : 0.0f; }
 };
@@ -39,6 +53,9 @@ struct Relu {
 // Linear Units", 2016; PyTorch's approximate="none"):
 // y = 0.5 x (1 + erf(x / sqrt 2)), dy/dx = Phi(x) + x phi(x).
 struct Gelu {
+  static constexpr Activation kind = Activation::gelu;
+  static constexpr std::string_view name = "gelu";
+  static constexpr bool fp32_op = true;  // autocast runs GELU in FP32 when fp32_ops lists it
   // binary32 1/sqrt(2) and 1/sqrt(2 pi), correctly rounded (as
   // static_cast<float>(M_SQRT1_2) and 0.3989422804014327f).
   static constexpr float sqrt1_2 = 0x1.6a09e6p-1f;
@@ -50,6 +67,31 @@ struct Gelu {
     return dy * (cdf + x * pdf);
   }
 };
+
+// The table: every activation, in the enum's order.
+template <typename... A>
+struct ActivationTable {
+  static constexpr std::size_t size = sizeof...(A);
+  static constexpr EnumNames<Activation, size> names{{A::name...}};
+  static constexpr std::array<bool, size> fp32_op{A::fp32_op...};
+  // Calls f(A{}) with the entry of `kind` (host code: a backend picks its loop or kernel).
+  template <typename F>
+  static void visit(Activation kind, F&& f) {
+    (void)((A::kind == kind ? (f(A{}), true) : false) || ...);
+  }
+  static constexpr bool in_enum_order() {
+    std::size_t i = 0;
+    return ((static_cast<std::size_t>(A::kind) == i++) && ...);
+  }
+};
+using Activations = ActivationTable<Relu, Gelu>;
+static_assert(Activations::in_enum_order(), "Activations lists every activation in the enum's order");
+
+// The names: the config's model.activation, the log, messages.
+inline constexpr const auto& activation_names = Activations::names;
+inline std::string_view to_string(Activation kind) { return activation_names(kind); }
+// Whether a policy's fp32_ops may name this activation.
+constexpr bool activation_is_fp32_op(Activation kind) { return Activations::fp32_op[static_cast<std::size_t>(kind)]; }
 
 // --- LayerNorm (Ba, Kiros and Hinton, "Layer Normalization", 2016) --------------------------------------------------
 // y = (x - mean) * rstd * gamma + beta over each row of `cols` features.

@@ -100,4 +100,8 @@ std::vector<std::string> preset_policy_names();
 // A human-readable table of every point of a policy (logged with each arm).
 std::string describe(const Policy& policy);
 
+// The ops a policy's fp32_ops may name: layer_norm, softmax_cross_entropy,
+// and the activations the table marks (numerics_layers.hpp).
+std::vector<std::string> fp32_op_names();
+
 }  // namespace mpsim::core
