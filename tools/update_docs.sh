@@ -5,7 +5,7 @@
 # The CLI tests "docs: ..." fail while a block differs from the output.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-mpsim=${1:-$root/build/cpu/experiments/mpsim}
+mpsim=${1:-$root/build/default/experiments/mpsim}
 update() {  # DOC TABLE
   local doc=$root/$1 table=$2 generated
   generated=$(mktemp)

@@ -133,38 +133,28 @@ bool same_size(std::initializer_list<const Tensor*> tensors) {
 }
 }  // namespace
 
-void Backend::relu_forward(const Tensor& x, Tensor& y) {
-  require_support(Op::relu, "relu_forward");
-  require_tensor(x, "relu_forward", "x");
-  require_tensor(y, "relu_forward", "y");
-  require_shape(same_size({&x, &y}), "relu_forward", "x and y differ in size");
-  relu_forward_impl(x, y);
+void Backend::require_activation(Activation kind, std::string_view call) const {
+  require_support(Op::activation, call);
+  if (!supports_activation(kind))
+    throw BackendError("backend \"" + std::string(name()) + "\" does not support " + std::string(to_string(kind)) +
+                       " (called as " + std::string(call) + "); run this arm on a backend that does");
 }
 
-void Backend::relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  require_support(Op::relu, "relu_backward");
-  require_tensor(x, "relu_backward", "x");
-  require_tensor(dy, "relu_backward", "dy");
-  require_tensor(dx, "relu_backward", "dx");
-  require_shape(same_size({&x, &dy, &dx}), "relu_backward", "x, dy and dx differ in size");
-  relu_backward_impl(x, dy, dx);
+void Backend::activation_forward(Activation kind, const Tensor& x, Tensor& y) {
+  require_activation(kind, "activation_forward");
+  require_tensor(x, "activation_forward", "x");
+  require_tensor(y, "activation_forward", "y");
+  require_shape(same_size({&x, &y}), "activation_forward", "x and y differ in size");
+  activation_forward_impl(kind, x, y);
 }
 
-void Backend::gelu_forward(const Tensor& x, Tensor& y) {
-  require_support(Op::gelu, "gelu_forward");
-  require_tensor(x, "gelu_forward", "x");
-  require_tensor(y, "gelu_forward", "y");
-  require_shape(same_size({&x, &y}), "gelu_forward", "x and y differ in size");
-  gelu_forward_impl(x, y);
-}
-
-void Backend::gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx) {
-  require_support(Op::gelu, "gelu_backward");
-  require_tensor(x, "gelu_backward", "x");
-  require_tensor(dy, "gelu_backward", "dy");
-  require_tensor(dx, "gelu_backward", "dx");
-  require_shape(same_size({&x, &dy, &dx}), "gelu_backward", "x, dy and dx differ in size");
-  gelu_backward_impl(x, dy, dx);
+void Backend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  require_activation(kind, "activation_backward");
+  require_tensor(x, "activation_backward", "x");
+  require_tensor(dy, "activation_backward", "dy");
+  require_tensor(dx, "activation_backward", "dx");
+  require_shape(same_size({&x, &dy, &dx}), "activation_backward", "x, dy and dx differ in size");
+  activation_backward_impl(kind, x, dy, dx);
 }
 
 void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

@@ -330,7 +330,6 @@ toml::table write_fields(const std::array<ConfigField<S>, N>& fields, const S& i
 constexpr std::array<std::string_view, 2> backend_names{"cpu", "cuda"};
 constexpr std::array<std::string_view, 2> dataset_names{"fashion-mnist", "synthetic"};
 constexpr std::array<std::string_view, 2> model_kind_names{"mlp", "cnn"};
-constexpr std::array<std::string_view, 3> fp32_op_names{"layer_norm", "gelu", "softmax_cross_entropy"};
 
 using C = ExperimentConfig;
 constexpr auto top_fields = std::to_array<ConfigField<C>>({
@@ -361,7 +360,9 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
 constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     choice<&ModelSpec::kind>("kind", model_kind_names, "`cnn`: LeNet-5 with ReLU and max pooling"),
     key<&ModelSpec::hidden>("hidden", "units", "MLP hidden widths", at_least(1)),
-    enum_key<&ModelSpec::activation, activation_names>("activation", "`gelu`: the exact erf form"),
+    enum_key<&ModelSpec::activation, activation_names>(
+        "activation",
+        "`gelu`: the exact erf form; the names come from `Activations` (core/include/mpsim/core/numerics_layers.hpp)"),
     key<&ModelSpec::layer_norm>("layer_norm", "", "MLP: LayerNorm after each hidden Linear"),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),

@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
+#include "mpsim/core/numerics.hpp"
+#include "mpsim/core/numerics_layers.hpp"
 
 namespace mpsim::core {
 namespace {
@@ -33,22 +35,6 @@ MatrixMap matrix(const Tensor& t) { return MatrixMap(data(t), t.rows(), t.cols()
 
 void require(bool ok, const char* what) {
   if (!ok) throw std::logic_error(std::string("cpu backend: ") + what);
-}
-
-// x + y rounded to binary64 by round-to-odd. Rounding this to a format of at
-// most 51 significand bits gives the correctly rounded x + y (Boldo and
-// Melquiond, "Emulation of FMA and correctly rounded sums: proved algorithms
-// using rounding to odd", IEEE TC 2008), so no double rounding.
-inline double add_round_to_odd(double x, double y) {
-  const double s = x + y;
-  const double bb = s - x;
-  const double err = (x - (s - bb)) + (y - bb);  // Knuth's TwoSum: exact when s is finite
-  if (err == 0.0 || !std::isfinite(s)) return s;
-  auto bits = std::bit_cast<std::uint64_t>(s);
-  if ((bits & 1u) != 0) return s;
-  // The exact sum lies strictly between s and its neighbour toward err: that neighbour is odd.
-  return std::nextafter(s, err > 0 ? std::numeric_limits<double>::infinity()
-                                   : -std::numeric_limits<double>::infinity());
 }
 
 // Buffers are recycled by size: a training step allocates the same shapes
@@ -89,20 +75,28 @@ QuantizeOptions options_for(const RoundingPoint& point, StochasticStream stream,
 
 std::uint64_t count_infinite(std::span<const float> v) {
   std::uint64_t n = 0;
-  for (const float x : v) n += std::isinf(x);
+  for (const float x : v) n += is_infinite_magnitude(magnitude_bits(x));
   return n;
 }
 
-// The largest |x|, NaN ignored. Compares the magnitudes' encodings as
-// integers (ordered like the values for non-NaN binary32), so it vectorises;
-// a float max chain ran at one element per few cycles.
+// The largest |x|, NaN ignored: the largest amax_key (numerics.hpp), so it
+// vectorises; a float max chain ran at one element per few cycles. The keys
+// are below 2^31, so a signed max (SSE2 has no unsigned one) orders them.
 float amax_of(std::span<const float> v) {
   std::int32_t largest = 0;
-  for (const float x : v) {
-    const auto magnitude = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(x) & 0x7fffffffu);
-    largest = std::max(largest, magnitude > 0x7f800000 ? 0 : magnitude);
-  }
+  for (const float x : v) largest = std::max(largest, static_cast<std::int32_t>(amax_key(x)));
   return std::bit_cast<float>(largest);
+}
+
+// out[i] = A::forward(in[i]) and dx[i] = A::backward(x[i], dy[i]) over n
+// elements: numerics_layers.hpp's rules, the loops the CUDA kernels run too.
+template <typename A>
+void activation_forward_loop(const float* in, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = A::forward(in[i]);
+}
+template <typename A>
+void activation_backward_loop(const float* x, const float* dy, float* dx, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) dx[i] = A::backward(x[i], dy[i]);
 }
 
 class CpuBackend final : public Backend {
@@ -226,38 +220,18 @@ class CpuBackend final : public Backend {
     return sum;
   }
 
-  // Branch-free loops: ReLU's sign test is a coin flip on real activations, and
-  // a branch mispredicted on every other element cost 3 ns per element.
-  void relu_forward_impl(const Tensor& x, Tensor& y) override {
-    const float* in = data(x);
-    float* out = data(y);
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) out[i] = in[i] <= 0.0f ? 0.0f : in[i];  // NaN stays NaN, as in PyTorch
+  // Every activation of the table, one loop each, instantiated from the table.
+  // Branch-free loops: ReLU's sign test is a coin flip on real activations,
+  // and a branch mispredicted on every other element cost 3 ns per element.
+  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+    Activations::visit(kind, [&]<typename A>(A) { activation_forward_loop<A>(data(x), data(y), x.numel()); });
   }
-  void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    const float *in = data(x), *g = data(dy);
-    float* out = data(dx);
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
-      const float gradient = g[i];  // read unconditionally, so that the loop vectorises
-      out[i] = in[i] > 0.0f ? gradient : 0.0f;
-    }
-  }
-  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
-    const float* in = data(x);
-    float* out = data(y);
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i)
-      out[i] = 0.5f * in[i] * (1.0f + std::erf(in[i] * static_cast<float>(M_SQRT1_2)));
-  }
-  void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    const float *in = data(x), *g = data(dy);
-    float* out = data(dx);
-    const float inv_sqrt_2pi = 0.3989422804014327f;
-    for (std::int64_t i = 0, n = x.numel(); i < n; ++i) {
-      const float cdf = 0.5f * (1.0f + std::erf(in[i] * static_cast<float>(M_SQRT1_2)));
-      const float pdf = inv_sqrt_2pi * std::exp(-0.5f * in[i] * in[i]);
-      out[i] = g[i] * (cdf + in[i] * pdf);
-    }
+  void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    Activations::visit(kind,
+                       [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
   }
 
+  // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
@@ -265,15 +239,10 @@ class CpuBackend final : public Backend {
     float *out = data(y), *mu = data(mean), *rs = data(rstd);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = in + r * cols;
-      double s = 0.0, s2 = 0.0;
-      for (std::int64_t j = 0; j < cols; ++j) s += row[j];
-      const double m = s / static_cast<double>(cols);
-      for (std::int64_t j = 0; j < cols; ++j) s2 += (row[j] - m) * (row[j] - m);
-      const float mf = static_cast<float>(m);
-      const float rf = static_cast<float>(1.0 / std::sqrt(s2 / static_cast<double>(cols) + eps));
-      mu[r] = mf;
-      rs[r] = rf;
-      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = (row[j] - mf) * rf * g[j] + b[j];
+      const LayerNormStatistics st = layer_norm_statistics(row, cols, eps);
+      mu[r] = st.mean;
+      rs[r] = st.rstd;
+      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = layer_norm_output(row[j], st.mean, st.rstd, g[j], b[j]);
     }
   }
   void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
@@ -285,20 +254,13 @@ class CpuBackend final : public Backend {
     std::fill(gb, gb + cols, 0.0f);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float *row = in + r * cols, *grow = gy + r * cols;
-      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, mu[r], rs[r]);
       for (std::int64_t j = 0; j < cols; ++j) {
-        const float xhat = (row[j] - mu[r]) * rs[r];
-        const float dxhat = grow[j] * g[j];
-        sum_dxhat += dxhat;
-        sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+        const float xhat = layer_norm_xhat(row[j], mu[r], rs[r]);
+        gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);
+        // dgamma and dbeta: rows added in increasing r from 0, as the CUDA kernel's column threads do.
         gg[j] += grow[j] * xhat;
         gb[j] += grow[j];
-      }
-      const float mean_dxhat = static_cast<float>(sum_dxhat / static_cast<double>(cols));
-      const float mean_dxhat_xhat = static_cast<float>(sum_dxhat_xhat / static_cast<double>(cols));
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const float xhat = (row[j] - mu[r]) * rs[r];
-        gx[r * cols + j] = rs[r] * (grow[j] * g[j] - mean_dxhat - xhat * mean_dxhat_xhat);
       }
     }
   }
@@ -399,28 +361,17 @@ class CpuBackend final : public Backend {
                                    Tensor& d_logits) override {
     return softmax_rows(logits, labels, grad_scale / static_cast<float>(logits.rows()), d_logits);
   }
-  // d_logits = (softmax - onehot) * factor.
+  // d_logits = (softmax - onehot) * factor, row by row (numerics_layers.hpp);
+  // the rows' losses added in binary64 in row order, as the CUDA step does.
   static LossResult softmax_rows(const Tensor& logits, const Tensor& labels, float factor, Tensor& d_logits) {
     const std::int64_t rows = logits.rows(), cols = logits.cols();
     const float *z = data(logits), *y = data(labels);
     float* dz = data(d_logits);
     LossResult result;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float* row = z + r * cols;
-      const auto label = static_cast<std::int64_t>(y[r]);
-      std::int64_t argmax = 0;
-      float max = row[0];
-      for (std::int64_t j = 1; j < cols; ++j)
-        if (row[j] > max) max = row[j], argmax = j;
-      float sum = 0.0f;
-      for (std::int64_t j = 0; j < cols; ++j) sum += std::exp(row[j] - max);
-      const float log_sum = std::log(sum);
-      result.loss_sum += static_cast<double>(log_sum - (row[label] - max));
-      result.correct += argmax == label;
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const float p = std::exp(row[j] - max - log_sum);
-        dz[r * cols + j] = (p - (j == label ? 1.0f : 0.0f)) * factor;
-      }
+      const SoftmaxRow row = softmax_cross_entropy_row(z + r * cols, cols, y[r], factor, dz + r * cols);
+      result.loss_sum += static_cast<double>(row.loss);
+      result.correct += row.correct;
     }
     return result;
   }
@@ -474,14 +425,10 @@ class CpuBackend final : public Backend {
                      StochasticStream stream, TensorStats* stats) override {
     const std::span<float> ring = values(history);
     require(ring.size() >= 2 && point.delayed_scaling, "round_delayed: needs a scaled point and a history of >= 1");
-    const std::size_t length = ring.size() - 1;
-    float amax = 0.0f;
-    for (std::size_t i = 0; i < length; ++i) amax = std::max(amax, ring[i]);
+    const int length = static_cast<int>(ring.size() - 1);
+    const float amax = history_amax(ring.data(), length);
     const RoundResult r = round(t, point, delayed_scale(amax, point.format.largest_finite(), margin), stream, stats);
-    if (!record) return;
-    const auto next = static_cast<std::size_t>(ring[length]);
-    ring[next] = r.amax;
-    ring[length] = static_cast<float>((next + 1) % length);
+    if (record) push_history(ring.data(), length, r.amax);
   }
 
   // --- The training step: its scalars live on the host here ---------------------------------------------------
@@ -503,11 +450,11 @@ class CpuBackend final : public Backend {
   void step_check_gradient_impl(const Tensor& grad) override { current_.grad_sum_squares += sum_squares(grad); }
   void end_step_impl() override {
     current_.loss_scale = scaler_.scale;
-    current_.found_inf = !is_finite(current_.grad_sum_squares) || !is_finite(current_.loss_sum);
-    update_loss_scale(scaler_, scaling_, current_.found_inf);
-    skip_ = current_.found_inf;
-    unscale_ = current_.loss_scale != 1.0;
-    inverse_scale_ = static_cast<float>(1.0 / current_.loss_scale);
+    const StepDecision decision = decide_step(scaler_, scaling_, current_.loss_sum, current_.grad_sum_squares);
+    current_.found_inf = decision.found_inf;
+    skip_ = decision.found_inf;
+    unscale_ = decision.unscale;
+    inverse_scale_ = decision.inverse_scale;
     if (!skip_) ++optimizer_steps_;
     steps_.push_back(std::exchange(current_, {}));
   }

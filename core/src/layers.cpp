@@ -231,7 +231,7 @@ class Flatten final : public Layer {
   Shape input_shape_;
 };
 
-// ReLU and GELU: y = f(x), dx = f'(x) dy.
+// Every activation of the table (numerics_layers.hpp): y = f(x), dx = f'(x) dy.
 class Pointwise final : public Layer {
  public:
   Pointwise(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
@@ -242,8 +242,7 @@ class Pointwise final : public Layer {
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     input_ = x;
     Tensor y = ctx.backend.empty(x.shape());
-    if (kind_ == Activation::relu) ctx.backend.relu_forward(x, y);
-    else ctx.backend.gelu_forward(x, y);
+    ctx.backend.activation_forward(kind_, x, y);
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
@@ -251,8 +250,7 @@ class Pointwise final : public Layer {
     Tensor dx;
     if (need_input_grad) {
       dx = ctx.backend.empty(input_.shape());
-      if (kind_ == Activation::relu) ctx.backend.relu_backward(input_, dy, dx);
-      else ctx.backend.gelu_backward(input_, dy, dx);
+      ctx.backend.activation_backward(kind_, input_, dy, dx);
       ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
     input_ = Tensor();
@@ -261,7 +259,8 @@ class Pointwise final : public Layer {
 
  private:
   RoundingPoint output_point(const Policy& p) const {
-    return kind_ == Activation::gelu && p.runs_in_fp32("gelu") ? RoundingPoint{} : p.elementwise;
+    return activation_is_fp32_op(kind_) && p.runs_in_fp32(to_string(kind_)) ? RoundingPoint{}
+                                                                                          : p.elementwise;
   }
   Activation kind_;
   Tensor input_;
@@ -329,12 +328,11 @@ std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, st
   return std::make_unique<MaxPool2d>(std::move(name), kernel, stride);
 }
 std::unique_ptr<Layer> make_flatten(std::string name) { return std::make_unique<Flatten>(std::move(name)); }
-std::unique_ptr<Layer> make_relu(std::string name) {
-  return std::make_unique<Pointwise>(std::move(name), Activation::relu);
+std::unique_ptr<Layer> make_activation(std::string name, Activation kind) {
+  return std::make_unique<Pointwise>(std::move(name), kind);
 }
-std::unique_ptr<Layer> make_gelu(std::string name) {
-  return std::make_unique<Pointwise>(std::move(name), Activation::gelu);
-}
+std::unique_ptr<Layer> make_relu(std::string name) { return make_activation(std::move(name), Activation::relu); }
+std::unique_ptr<Layer> make_gelu(std::string name) { return make_activation(std::move(name), Activation::gelu); }
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
   return std::make_unique<LayerNorm>(std::move(name), features, eps);
 }

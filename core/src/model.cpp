@@ -93,9 +93,7 @@ namespace {
 std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const InputShape& in) {
   std::vector<std::unique_ptr<Layer>> layers;
   const std::string act(to_string(spec.activation));
-  const auto activation = [&](const std::string& name) {
-    return spec.activation == Activation::relu ? make_relu(name) : make_gelu(name);
-  };
+  const auto activation = [&](const std::string& name) { return make_activation(name, spec.activation); };
   if (spec.kind == "mlp") {
     layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;

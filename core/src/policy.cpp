@@ -1,4 +1,5 @@
 #include "mpsim/core/policy.hpp"
+#include "mpsim/core/numerics_layers.hpp"
 
 #include <algorithm>
 #include <sstream>

@@ -1,5 +1,7 @@
 #include "mpsim/core/stats.hpp"
 
+#include "mpsim/core/numerics.hpp"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -34,10 +36,11 @@ std::uint32_t extract_fields(const float* v, std::size_t m, std::uint8_t* keys, 
   std::uint32_t special = 0;
   std::uint8_t lo = low_minus_1, hi = high_plus_1;
   for (std::size_t i = 0; i < m; ++i) {
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
-    const auto key = static_cast<std::uint8_t>(bits >> 23);
+    // numerics.hpp's classification, which the CUDA histogram kernel runs too.
+    const std::uint32_t bits = magnitude_bits(v[i]);
+    const auto key = static_cast<std::uint8_t>(exponent_field(bits));
     keys[i] = key;
-    special += static_cast<std::uint32_t>(bits - 1u < 0x7fffffu || key == 255);  // 0 < bits < 2^23: subnormal
+    special += static_cast<std::uint32_t>(is_subnormal_magnitude(bits) || key == 255);
     lo = std::min<std::uint8_t>(lo, static_cast<std::uint8_t>(key - 1));
     hi = std::max<std::uint8_t>(hi, static_cast<std::uint8_t>(key + 1));
   }
@@ -49,9 +52,10 @@ std::uint32_t extract_fields(const float* v, std::size_t m, std::uint8_t* keys, 
 // Subnormal binades, infinities and NaNs of a chunk that holds any.
 void resolve_special(const float* v, std::size_t m, FieldCounts& out) {
   for (std::size_t i = 0; i < m; ++i) {
-    const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
-    if (bits >= 0x7f800000u) ++(bits == 0x7f800000u ? out.infinite : out.nan);
-    else if (bits != 0 && bits < 0x800000u) ++out.subnormal[31 - std::countl_zero(bits)];  // binade 2^(k - 149)
+    const std::uint32_t bits = magnitude_bits(v[i]);
+    if (is_infinite_magnitude(bits)) ++out.infinite;
+    else if (is_nan_magnitude(bits)) ++out.nan;
+    else if (is_subnormal_magnitude(bits)) ++out.subnormal[subnormal_binade(bits)];  // binade 2^(k - 149)
   }
 }
 
@@ -393,9 +397,9 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
     bool special = false;
     auto count_one_by_one = [&](std::size_t from, std::size_t to) {
       for (std::size_t i = from; i < to; ++i) {
-        const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
-        ++counts[bits >> 23];
-        special |= bits - 1u < 0x7fffffu || bits >= 0x7f800000u;
+        const std::uint32_t bits = magnitude_bits(v[i]);
+        ++counts[exponent_field(bits)];
+        special |= is_subnormal_magnitude(bits) || exponent_field(bits) == 255;
       }
     };
     const std::size_t blocks = m / 64;

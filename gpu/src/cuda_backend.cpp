@@ -45,6 +45,7 @@
 namespace mpsim::gpu {
 namespace {
 
+using core::Activation;
 using core::ConvGeometry;
 using core::Counter;
 using core::RoundingPoint;
@@ -498,25 +499,14 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Activations and LayerNorm -----------------------------------------------------------------------------------
-  void relu_forward_impl(const Tensor& x, Tensor& y) override {
-    require(x.numel() == y.numel(), "relu_forward: sizes differ");
+  // Every activation of the table (numerics_layers.hpp): one templated kernel.
+  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
     const Input v = in(x);
-    kernels::relu_forward(v, out(y), x.numel(), stream());
+    kernels::activation_forward(kind, v, out(y), x.numel(), stream());
   }
-  void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    require(x.numel() == dy.numel() && x.numel() == dx.numel(), "relu_backward: sizes differ");
+  void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const Input v = in(x), g = in(dy);
-    kernels::relu_backward(v, g, out(dx), x.numel(), stream());
-  }
-  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
-    require(x.numel() == y.numel(), "gelu_forward: sizes differ");
-    const Input v = in(x);
-    kernels::gelu_forward(v, out(y), x.numel(), gelu_constants(), stream());
-  }
-  void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    require(x.numel() == dy.numel() && x.numel() == dx.numel(), "gelu_backward: sizes differ");
-    const Input v = in(x), g = in(dy);
-    kernels::gelu_backward(v, g, out(dx), x.numel(), gelu_constants(), stream());
+    kernels::activation_backward(kind, v, g, out(dx), x.numel(), stream());
   }
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {
@@ -889,10 +879,6 @@ class CudaBackend final : public core::Backend {
     require(image.numel() == g.batch * g.channels * g.height * g.width, "image size does not match the geometry");
   }
 
-  static kernels::GeluConstants gelu_constants() {
-    // As cpu_backend.cpp spells them, so that both sides use the same binary32 constants.
-    return {static_cast<float>(M_SQRT1_2), 0.3989422804014327f};
-  }
 
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS
   // reads each row-major buffer as its column-major transpose, with the

@@ -5,17 +5,19 @@
 //
 // Bits: where the CPU backend's result is reproducible, the kernels do its
 // binary32 and binary64 operations in its order, one correctly rounded
-// operation each, written with the _rn intrinsics: nvcc contracts a*b + c
-// into one FMA (one rounding instead of two) unless told not to, and the
-// intrinsics are never contracted. This needs the default -ftz=false,
-// -prec-div=true and -prec-sqrt=true (no --use_fast_math), as gpu/CMakeLists.txt
-// compiles. Sums whose CPU order is not reproducible here (Eigen's column
+// operation each. The per-element and per-row rules are core's host/device
+// functions (numerics.hpp, numerics_layers.hpp), the very code the CPU backend
+// runs; what remains here is written with the _rn intrinsics. Both rely on
+// gpu/CMakeLists.txt's -fmad=false (nvcc would otherwise contract a*b + c into
+// one FMA, one rounding instead of two), -ftz=false, -prec-div=true and
+// -prec-sqrt=true (no --use_fast_math). Sums whose CPU order is not reproducible here (Eigen's column
 // sums, OpenBLAS) and the libm functions (erf, exp, log) differ from the CPU
 // within the bounds tests/gpu/test_backend_ops.cpp states.
 #include <cstdint>
 
 #include "check.hpp"
 #include "mpsim/core/numerics.hpp"
+#include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu::kernels {
@@ -41,16 +43,11 @@ struct Draws {
 };
 
 // --- Element-wise -------------------------------------------------------------
-void relu_forward(const float* x, float* y, std::int64_t n, cudaStream_t stream);
-void relu_backward(const float* x, const float* dy, float* dx, std::int64_t n, cudaStream_t stream);
-// The constants come from the host as the CPU backend spells them, so that
-// both sides use the same binary32 values.
-struct GeluConstants {
-  float sqrt1_2;       // static_cast<float>(M_SQRT1_2)
-  float inv_sqrt_2pi;  // 0.3989422804014327f
-};
-void gelu_forward(const float* x, float* y, std::int64_t n, GeluConstants c, cudaStream_t stream);
-void gelu_backward(const float* x, const float* dy, float* dx, std::int64_t n, GeluConstants c, cudaStream_t stream);
+// Any activation of the table (numerics_layers.hpp): one templated kernel,
+// instantiated for every entry.
+void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream);
+void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
+                         cudaStream_t stream);
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);
 void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 

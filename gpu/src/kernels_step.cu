@@ -38,11 +38,11 @@ __global__ void end_kernel(StepState* state, core::LossScaling scaling, StepReco
   r.grad_sum_squares = s.grad_sum_squares;
   r.loss_scale = s.scaler.scale;
   r.correct = s.correct;
-  r.found_inf = !core::is_finite(s.grad_sum_squares) || !core::is_finite(s.loss_sum);
-  core::update_loss_scale(s.scaler, scaling, r.found_inf != 0);
-  s.skip = r.found_inf;
-  s.unscale = r.loss_scale != 1.0;
-  s.inverse_scale = static_cast<float>(__ddiv_rn(1.0, r.loss_scale));
+  const core::StepDecision decision = core::decide_step(s.scaler, scaling, s.loss_sum, s.grad_sum_squares);
+  r.found_inf = decision.found_inf;
+  s.skip = decision.found_inf;
+  s.unscale = decision.unscale;
+  s.inverse_scale = decision.inverse_scale;
   if (!r.found_inf) ++s.optimizer_steps;
   s.loss_sum = s.grad_sum_squares = 0.0;
   s.correct = 0;
@@ -53,17 +53,13 @@ __global__ void end_kernel(StepState* state, core::LossScaling scaling, StepReco
 __global__ void delayed_scale_kernel(const float* ring, int length, double largest, int margin, float* scale,
                                      unsigned int* amax, const StepState* gate) {
   if (gate && gate->skip) return;
-  float largest_amax = 0.0f;
-  for (int i = 0; i < length; ++i) largest_amax = largest_amax < ring[i] ? ring[i] : largest_amax;  // std::max
-  *scale = core::delayed_scale(largest_amax, largest, margin);
+  *scale = core::delayed_scale(core::history_amax(ring, length), largest, margin);
   *amax = 0;
 }
 
 __global__ void push_amax_kernel(float* ring, int length, const unsigned int* amax, const StepState* gate) {
   if (gate && gate->skip) return;
-  const int next = static_cast<int>(ring[length]);
-  ring[next] = __uint_as_float(*amax);
-  ring[length] = static_cast<float>((next + 1) % length);
+  core::push_history(ring, length, __uint_as_float(*amax));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "check.hpp"
+#include "mpsim/core/numerics.hpp"
 #include "mpsim/core/stats.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
@@ -19,13 +20,14 @@ inline constexpr int infinite_bin = field_bins + subnormal_bins, nan_bin = infin
 inline constexpr int histogram_bins = nan_bin + 1;
 
 #ifdef __CUDACC__
-// Counts one value into a block's shared bins.
+// Counts one value into a block's shared bins, classified by numerics.hpp's
+// rules, as the CPU's TensorStats::add_values.
 __device__ inline void count_value(float x, unsigned int* bins) {
-  const unsigned int bits = __float_as_uint(x) & 0x7fffffffu;
-  atomicAdd(&bins[bits >> 23], 1u);
-  if (bits != 0 && bits < 0x800000u) atomicAdd(&bins[field_bins + 31 - __clz(bits)], 1u);  // 2^(k - 149)
-  if (bits == 0x7f800000u) atomicAdd(&bins[infinite_bin], 1u);
-  if (bits > 0x7f800000u) atomicAdd(&bins[nan_bin], 1u);
+  const std::uint32_t bits = core::magnitude_bits(x);
+  atomicAdd(&bins[core::exponent_field(bits)], 1u);
+  if (core::is_subnormal_magnitude(bits)) atomicAdd(&bins[field_bins + core::subnormal_binade(bits)], 1u);  // 2^(k - 149)
+  if (core::is_infinite_magnitude(bits)) atomicAdd(&bins[infinite_bin], 1u);
+  if (core::is_nan_magnitude(bits)) atomicAdd(&bins[nan_bin], 1u);
 }
 #endif
 

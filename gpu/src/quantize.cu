@@ -39,10 +39,7 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
   for (std::size_t i = blockIdx.x * static_cast<std::size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
     float x = values[i];
-    if (p.amax) {
-      const unsigned int magnitude = __float_as_uint(x) & 0x7fffffffu;
-      largest = max(largest, magnitude > 0x7f800000u ? 0u : magnitude);  // NaN ignored
-    }
+    if (p.amax) largest = max(largest, core::amax_key(x));  // NaN ignored, as the CPU's amax_of
     if (p.scale_before) x = __fmul_rn(x, p.before);
     if (p.bins) count_value(x, bins);
     if (p.round) {
@@ -55,7 +52,7 @@ __global__ void round_in_place(float* values, std::size_t n, RoundLaunch p) {
       local[counter::overflow] += r.overflow;
       local[counter::nan] += r.nan;
       // Counted before unscaling, as the CPU does.
-      local[counter::infinite] += (__float_as_uint(x) & 0x7fffffffu) == 0x7f800000u;
+      local[counter::infinite] += core::is_infinite_magnitude(core::magnitude_bits(x));
     }
     if (p.store) {
       const std::uint32_t code = encode_storage(x, p.format);  // x is a value of the format: exact

@@ -1,20 +1,19 @@
 // Rounding of binary64 values for the kernels that must round an exact sum
 // once: apply_update (w + u) and the GEMM that rounds after every addition
-// (acc + a*b). The CPU backend rounds these sums to odd in binary64
-// (cpu_backend.cpp add_round_to_odd) and then quantizes the double once
+// (acc + a*b). Both backends round these sums to odd in binary64
+// (numerics.hpp add_round_to_odd), then the CPU quantizes the double once
 // (mpsim::quantize on a double array); rounding the double through a float
 // would round twice, so this is round_float (device_rounding.hpp) redone on
 // the binary64 pattern, bit for bit the emulator's round_exact for binary64
 // inputs, NaN payloads included.
 //
-// Integer arithmetic on the pattern only, like device_rounding.hpp, except
-// add_round_to_odd, whose binary64 additions use the _rn intrinsics on the
-// device so that nvcc cannot contract or reorder them.
+// Integer arithmetic on the pattern only, like device_rounding.hpp.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+#include "mpsim/core/numerics.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu {
@@ -86,29 +85,9 @@ MPSIM_HOST_DEVICE inline std::uint32_t narrow_magnitude(std::uint64_t a) {
 
 }  // namespace detail
 
-// x + y rounded to binary64 by round-to-odd, as cpu_backend.cpp's
-// add_round_to_odd: rounding the result once more, to any format of at most
-// 51 significand bits, gives the correctly rounded x + y (Boldo and
-// Melquiond, IEEE TC 2008). Knuth's TwoSum gives the error of s = x + y; when
-// s is inexact and even, its neighbour toward the error is odd.
-MPSIM_HOST_DEVICE inline double add_round_to_odd(double x, double y) {
-#ifdef __CUDA_ARCH__
-  const double s = __dadd_rn(x, y);
-  const double bb = __dsub_rn(s, x);
-  const double err = __dadd_rn(__dsub_rn(x, __dsub_rn(s, bb)), __dsub_rn(y, bb));
-#else
-  const double s = x + y;
-  const double bb = s - x;
-  const double err = (x - (s - bb)) + (y - bb);
-#endif
-  const std::uint64_t bits = detail::bits_of(s);
-  if (err == 0.0 || (bits & detail::infinity_bits64) == detail::infinity_bits64) return s;  // exact, or inf / NaN
-  if ((bits & 1u) != 0) return s;
-  // s != 0 here (a sum of two binary64 values is exact when it is that small).
-  // Toward err: away from zero when err has s's sign, i.e. one more in the magnitude.
-  const bool away = (err > 0.0) == ((bits & detail::sign_bit64) == 0);
-  return detail::double_of(away ? bits + 1 : bits - 1);
-}
+// x + y rounded to binary64 by round-to-odd: core's rule (numerics.hpp),
+// which the CPU backend calls too.
+using core::add_round_to_odd;
 
 // Rounds the binary64 value x once into the format (which fits in binary32)
 // and returns the format's value as a float, with what QuantizeCounts counts

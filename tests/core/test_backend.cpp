@@ -22,13 +22,13 @@ namespace {
 class NoGelu final : public test::ForwardingBackend {
  public:
   NoGelu() : ForwardingBackend(make_cpu_backend()) {}
-  bool supports(Op op) const override { return op != Op::gelu; }
+  bool supports_activation(Activation kind) const override { return kind != Activation::gelu; }
   int gelu_calls = 0;
 
  protected:
-  void gelu_forward_impl(const Tensor& x, Tensor& y) override {
-    ++gelu_calls;
-    ForwardingBackend::gelu_forward_impl(x, y);
+  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+    gelu_calls += kind == Activation::gelu;
+    ForwardingBackend::activation_forward_impl(kind, x, y);
   }
 };
 
@@ -68,7 +68,7 @@ TEST_CASE("a tensor of another device is refused before any work", "[backend]") 
   const Tensor x = on_cuda({6});
   std::vector<float> host(6);
   CHECK_THROWS_WITH(cpu->to_host(x, host), Contains("backend \"cpu\", to_host: t lives on cuda, this backend on host"));
-  CHECK_THROWS_AS(cpu->relu_forward(x, y), BackendError);
+  CHECK_THROWS_AS(cpu->activation_forward(Activation::relu, x, y), BackendError);
   CHECK_THROWS_WITH(cpu->copy(y, const_cast<Tensor&>(x)), Contains("to lives on cuda"));
 }
 
@@ -86,7 +86,8 @@ TEST_CASE("shapes that do not fit are refused, naming the call", "[backend]") {
   CHECK_NOTHROW(cpu->gemm(at, true, b_ok, false, c, {}, {}));
 
   Tensor x = cpu->zeros({4, 3}), y = cpu->zeros({4, 2});
-  CHECK_THROWS_WITH(cpu->relu_forward(x, y), Contains("relu_forward: x and y differ in size"));
+  CHECK_THROWS_WITH(cpu->activation_forward(Activation::relu, x, y),
+                    Contains("activation_forward: x and y differ in size"));
   Tensor row = cpu->zeros({2});
   CHECK_THROWS_WITH(cpu->add_row_vector(x, row), Contains("add_row_vector: row of 2 for x of shape [4, 3]"));
   std::vector<float> five(5);
@@ -115,8 +116,8 @@ TEST_CASE("the optimiser step checks its state for the optimiser it runs", "[bac
 TEST_CASE("an unsupported op is reported, never run or replaced", "[backend]") {
   NoGelu backend;
   Tensor x = backend.zeros({4}), y = backend.zeros({4});
-  CHECK_THROWS_WITH(backend.gelu_forward(x, y),
-                    Contains("backend \"cpu\" does not support gelu (called as gelu_forward)"));
+  CHECK_THROWS_WITH(backend.activation_forward(Activation::gelu, x, y),
+                    Contains("backend \"cpu\" does not support gelu (called as activation_forward)"));
   CHECK(backend.gelu_calls == 0);
-  CHECK_NOTHROW(backend.relu_forward(x, y));
+  CHECK_NOTHROW(backend.activation_forward(Activation::relu, x, y));
 }

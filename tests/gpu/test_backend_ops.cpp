@@ -244,11 +244,11 @@ TEST_CASE("element-wise ops match the CPU bit for bit", "[gpu][backend]") {
   const auto xs = b.upload(x, {rows, cols}), gs = b.upload(g, {rows, cols});
   SECTION("relu") {
     auto y = b.empty({rows, cols}), dx = b.empty({rows, cols});
-    b.cpu->relu_forward(xs.cpu, y.cpu);
-    b.gpu->relu_forward(xs.gpu, y.gpu);
+    b.cpu->activation_forward(core::Activation::relu, xs.cpu, y.cpu);
+    b.gpu->activation_forward(core::Activation::relu, xs.gpu, y.gpu);
     check_same("relu forward", b, y);
-    b.cpu->relu_backward(xs.cpu, gs.cpu, dx.cpu);
-    b.gpu->relu_backward(xs.gpu, gs.gpu, dx.gpu);
+    b.cpu->activation_backward(core::Activation::relu, xs.cpu, gs.cpu, dx.cpu);
+    b.gpu->activation_backward(core::Activation::relu, xs.gpu, gs.gpu, dx.gpu);
     check_same("relu backward", b, dx);
   }
   SECTION("scale") {
@@ -581,8 +581,8 @@ TEST_CASE("rounded tensors are stored in their format and read back as the CPU's
     CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu.reshaped({n})) == c.bytes);
     // Read by an element-wise op, a reduction and a copy; the outputs are binary32.
     auto y = b.empty({rows, cols});
-    b.cpu->relu_forward(t.cpu, y.cpu);
-    b.gpu->relu_forward(t.gpu, y.gpu);
+    b.cpu->activation_forward(core::Activation::relu, t.cpu, y.cpu);
+    b.gpu->activation_forward(core::Activation::relu, t.gpu, y.gpu);
     check_same("relu of a stored tensor", b, y);
     CHECK(gpu::cuda_storage_bytes(*b.gpu, y.gpu) == 4);
     CHECK(std::isnan(b.cpu->sum_squares(t.cpu)) == std::isnan(b.gpu->sum_squares(t.gpu)));
@@ -597,8 +597,8 @@ TEST_CASE("rounded tensors are stored in their format and read back as the CPU's
     CHECK(gpu::cuda_storage_bytes(*b.gpu, t.gpu) == 4);
     // An op's output that was stored narrow gets binary32 memory again.
     b.gpu->round(y.gpu, p, c.scale, s, nullptr);
-    b.gpu->relu_forward(copied.gpu, y.gpu);
-    b.cpu->relu_forward(copied.cpu, y.cpu);
+    b.gpu->activation_forward(core::Activation::relu, copied.gpu, y.gpu);
+    b.cpu->activation_forward(core::Activation::relu, copied.cpu, y.cpu);
     check_same("output over a stored tensor", b, y);
   }
   SECTION("delayed scaling stores the scaled codes and the device's scale") {
@@ -700,16 +700,16 @@ TEST_CASE("GELU within the erff/expf bounds", "[gpu][backend]") {
   const std::int64_t n = static_cast<std::int64_t>(x.size());
   const auto xs = b.upload(x, {n}), gs = b.upload(g, {n});
   auto y = b.empty({n}), dx = b.empty({n});
-  b.cpu->gelu_forward(xs.cpu, y.cpu);
-  b.gpu->gelu_forward(xs.gpu, y.gpu);
+  b.cpu->activation_forward(core::Activation::gelu, xs.cpu, y.cpu);
+  b.gpu->activation_forward(core::Activation::gelu, xs.gpu, y.gpu);
   // y = (0.5 x) (1 + erf(x / sqrt 2)): erf differs by at most 3 ulps (<= 3 * 2^-24 below 1; CUDA's erff 2 ulps,
   // glibc's 1), 1 + erf by that plus a rounding on each side (<= 2 * 2^-24): |dy| <= 0.5 |x| 5 * 2^-24 plus an
   // ulp of y for the last rounding on each side. Bound: |x| 2^-22 + 2 ulp(y).
   const FVec yc = b.cpu_values(y.cpu);
   check_close("gelu forward", yc, b.gpu_values(y.gpu),
               [&](std::size_t i) { return std::fabs(x[i]) * 0x1p-22 + 2 * ulp_of(yc[i]); });
-  b.cpu->gelu_backward(xs.cpu, gs.cpu, dx.cpu);
-  b.gpu->gelu_backward(xs.gpu, gs.gpu, dx.gpu);
+  b.cpu->activation_backward(core::Activation::gelu, xs.cpu, gs.cpu, dx.cpu);
+  b.gpu->activation_backward(core::Activation::gelu, xs.gpu, gs.gpu, dx.gpu);
   // dx = g (cdf + x pdf): cdf differs by <= 2.5 * 2^-24, pdf by 3 ulps of exp and two roundings (<= 4 * 2^-23
   // relative, and |x| pdf <= 0.25), the sum (< 1.2) by two more roundings: |d| <= 3.5 * 2^-23 |g|, plus an ulp
   // of dx. Bound: |g| 2^-20 + 2 ulp(dx).

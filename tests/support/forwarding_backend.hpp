@@ -39,13 +39,12 @@ class ForwardingBackend : public core::Backend {
   void column_sums_impl(const core::Tensor& x, core::Tensor& sums) override { inner_->column_sums(x, sums); }
   void scale_impl(core::Tensor& x, float factor) override { inner_->scale(x, factor); }
   double sum_squares_impl(const core::Tensor& x) override { return inner_->sum_squares(x); }
-  void relu_forward_impl(const core::Tensor& x, core::Tensor& y) override { inner_->relu_forward(x, y); }
-  void relu_backward_impl(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
-    inner_->relu_backward(x, dy, dx);
+  void activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
+    inner_->activation_forward(kind, x, y);
   }
-  void gelu_forward_impl(const core::Tensor& x, core::Tensor& y) override { inner_->gelu_forward(x, y); }
-  void gelu_backward_impl(const core::Tensor& x, const core::Tensor& dy, core::Tensor& dx) override {
-    inner_->gelu_backward(x, dy, dx);
+  void activation_backward_impl(core::Activation kind, const core::Tensor& x, const core::Tensor& dy,
+                                core::Tensor& dx) override {
+    inner_->activation_backward(kind, x, dy, dx);
   }
   void layer_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
                           core::Tensor& y, core::Tensor& mean, core::Tensor& rstd) override {

@@ -135,7 +135,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   fs::create_directories(out_dir);
   std::ofstream manifest(out_dir / "manifest.txt");
   manifest << "case " << c.name << "\nmodel " << c.model.kind << "\nactivation "
-           << (c.model.activation == Activation::relu ? "relu" : "gelu") << "\nlayer_norm "
+           << to_string(c.model.activation) << "\nlayer_norm "
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
            << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
            << "\nweight_decay " << number(c.optimizer.weight_decay) << "\nbeta1 " << number(c.optimizer.beta1)

@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/core/names.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
@@ -86,11 +87,11 @@ struct AdamParams {
 // Every operation of the interface, one name table: Backend::supports and
 // the errors name them.
 enum class Op : std::uint8_t {
-  round, gemm, add_row_vector, column_sums, scale, sum_squares, relu, gelu, layer_norm, im2col, col2im,
+  round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step
 };
-inline constexpr EnumNames<Op, 17> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
-                                             "sum_squares", "relu", "gelu", "layer_norm", "im2col", "col2im",
+inline constexpr EnumNames<Op, 16> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+                                             "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
@@ -117,6 +118,9 @@ class Backend {
   // False for an operation this backend does not implement: calling it
   // throws BackendError rather than falling back to anything.
   virtual bool supports(Op) const { return true; }
+  // The same for each activation of the table (numerics_layers.hpp), when
+  // the backend supports Op::activation.
+  virtual bool supports_activation(Activation) const { return true; }
   virtual void set_threads(int threads) = 0;
 
   // Memory.
@@ -140,11 +144,10 @@ class Backend {
   void scale(Tensor& x, float factor);                // x *= factor
   double sum_squares(const Tensor& x);                // in binary64; inf/NaN propagate
 
-  void relu_forward(const Tensor& x, Tensor& y);
-  void relu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
-  // GELU with the exact erf form (PyTorch's default).
-  void gelu_forward(const Tensor& x, Tensor& y);
-  void gelu_backward(const Tensor& x, const Tensor& dy, Tensor& dx);
+  // An element-wise activation of the table (numerics_layers.hpp: ReLU, GELU
+  // with the exact erf form, ...): y = f(x) and dx = f'(x) dy.
+  void activation_forward(Activation kind, const Tensor& x, Tensor& y);
+  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
   // Normalises each row; statistics in binary32 from the binary32 inputs.
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd);
@@ -220,10 +223,8 @@ class Backend {
   virtual void column_sums_impl(const Tensor& x, Tensor& sums) = 0;
   virtual void scale_impl(Tensor& x, float factor) = 0;
   virtual double sum_squares_impl(const Tensor& x) = 0;
-  virtual void relu_forward_impl(const Tensor& x, Tensor& y) = 0;
-  virtual void relu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
-  virtual void gelu_forward_impl(const Tensor& x, Tensor& y) = 0;
-  virtual void gelu_backward_impl(const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
+  virtual void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                        Tensor& mean, Tensor& rstd) = 0;
   virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
@@ -269,6 +270,7 @@ class Backend {
  private:
   // Throws BackendError unless supports(op).
   void require_support(Op op, std::string_view call) const;
+  void require_activation(Activation kind, std::string_view call) const;  // Op::activation and this kind
   // Throws BackendError unless t holds binary32 values on this backend's device.
   void require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const;
   // Throws BackendError naming the call when ok is false.

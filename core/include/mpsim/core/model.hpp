@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/core/backend.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/run_log.hpp"
@@ -120,11 +121,9 @@ class Layer {
   std::string name_;
 };
 
-enum class Activation : std::uint8_t { relu, gelu };
+// Activation and its names: the table in numerics_layers.hpp.
 enum class InitScheme : std::uint8_t { he, xavier, normal };
-inline constexpr EnumNames<Activation, 2> activation_names{{"relu", "gelu"}};  // the config's names
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
-inline std::string_view to_string(Activation activation) { return activation_names(activation); }
 inline std::string_view to_string(InitScheme scheme) { return init_scheme_names(scheme); }
 
 struct ModelSpec {
@@ -160,8 +159,10 @@ std::unique_ptr<Layer> make_conv2d(std::string name, std::int64_t in_channels, s
                                    std::int64_t kernel, std::int64_t stride, std::int64_t padding);
 std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, std::int64_t stride);
 std::unique_ptr<Layer> make_flatten(std::string name);
-std::unique_ptr<Layer> make_relu(std::string name);
-std::unique_ptr<Layer> make_gelu(std::string name);
+// Any activation of the table (numerics_layers.hpp).
+std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
+std::unique_ptr<Layer> make_relu(std::string name);  // make_activation(name, Activation::relu)
+std::unique_ptr<Layer> make_gelu(std::string name);  // make_activation(name, Activation::gelu)
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 
 // Fills every parameter's `initial` values: fan-in/fan-out from the shape

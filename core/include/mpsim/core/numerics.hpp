@@ -1,8 +1,10 @@
 #pragma once
 // The numerics of a training step, written once for every backend: the
-// scalar rules (the loss scaler, delayed scaling's factor, the loss
-// gradient's factor) and the per-element rules (unscaling, SGD, Adam and
-// AdamW, swallowed updates). The CPU backend calls them on the host, the CUDA
+// scalar rules (the loss scaler and the step's decision, delayed scaling's
+// factor and amax history, the loss gradient's factor) and the per-element
+// rules (unscaling, SGD, Adam and AdamW, the exact sum rounded to odd,
+// swallowed updates, the statistics' exponent binning). The layers' math is
+// numerics_layers.hpp. The CPU backend calls them on the host, the CUDA
 // kernels on the device (MPSIM_HOST_DEVICE; nvcc's --expt-relaxed-constexpr
 // for the constexpr ones), so the ordinary CPU tests prove the GPU's
 // arithmetic. Nothing here names CUDA.
@@ -85,6 +87,24 @@ constexpr bool update_loss_scale(LossScaleState& s, const LossScaling& config, b
   return false;
 }
 
+// The decision at the end of a step, from the step's sums: whether it found
+// inf or NaN (skip the optimiser step), and the unscaling factor of the scale
+// the step ran with (GradScaler.unscale_ multiplies by 1/scale rounded once
+// to binary32). Advances the scaler for the next step. Every backend ends a
+// step with this; the CPU on the host, the CUDA backend in a one-thread kernel.
+struct StepDecision {
+  bool found_inf;
+  bool unscale;         // the step's scale was not 1
+  float inverse_scale;  // binary32 1/scale
+};
+constexpr StepDecision decide_step(LossScaleState& s, const LossScaling& config, double loss_sum,
+                                   double grad_sum_squares) {
+  const double scale = s.scale;
+  const bool found_inf = !is_finite(grad_sum_squares) || !is_finite(loss_sum);
+  update_loss_scale(s, config, found_inf);
+  return {found_inf, scale != 1.0, static_cast<float>(1.0 / scale)};
+}
+
 // What the backward pass differentiates: the batch's softmax cross-entropy,
 // averaged over the batch (PyTorch's reduction="mean") or summed, times
 // `weight`, as a loss term's coefficient in a weighted sum of losses. The
@@ -121,6 +141,23 @@ constexpr float delayed_scale(float amax, double largest, int margin) {
   int e = static_cast<int>((std::bit_cast<std::uint64_t>(ratio) >> 52) & 0x7ff) - 1023 - margin;
   e = e < -126 ? -126 : (e > 127 ? 127 : e);
   return std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+}
+
+// Delayed scaling's amax history: a ring of `length` binary32 amaxes followed
+// by the position of the next write (stored as a binary32 integer, exact below
+// 2^24), so that the whole history is one tensor of length + 1 values that a
+// backend keeps wherever its tensors live.
+// The largest amax in the ring (0 for a fresh, zeroed ring).
+MPSIM_HOST_DEVICE constexpr float history_amax(const float* ring, int length) {
+  float largest = 0.0f;
+  for (int i = 0; i < length; ++i) largest = largest < ring[i] ? ring[i] : largest;  // std::max's order
+  return largest;
+}
+// Records this use's amax and advances the position.
+MPSIM_HOST_DEVICE constexpr void push_history(float* ring, int length, float amax) {
+  const int next = static_cast<int>(ring[length]);
+  ring[next] = amax;
+  ring[length] = static_cast<float>((next + 1) % length);
 }
 
 // --- Per-element rules ---------------------------------------------------------------------------------------------
@@ -184,11 +221,71 @@ MPSIM_HOST_DEVICE inline float adam_update(const AdamConstants& c, float w, floa
   return decay - c.step_size * m / denom;
 }
 
+// x + y rounded to binary64 by round-to-odd. Rounding this once more, to any
+// format of at most 51 significand bits, gives the correctly rounded x + y
+// (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
+// algorithms using rounding to odd", IEEE TC 57(4), 2008), so no double
+// rounding: the weight update w + u and the GEMM's acc + a*b round this way.
+// Knuth's TwoSum (TAOCP vol. 2, 4.2.2) gives the error of s = x + y exactly
+// when s is finite; when s is inexact and even, its neighbour toward the error
+// is odd. On the pattern: "toward the error" is one more in the magnitude
+// when the error has s's sign (s != 0 here: a sum that small is exact).
+MPSIM_HOST_DEVICE inline double add_round_to_odd(double x, double y) {
+  const double s = x + y;
+  const double bb = s - x;
+  const double err = (x - (s - bb)) + (y - bb);
+  const auto bits = std::bit_cast<std::uint64_t>(s);
+  constexpr std::uint64_t exponent_mask = 0x7FF0000000000000ull, sign_bit = 0x8000000000000000ull;
+  if (err == 0.0 || (bits & exponent_mask) == exponent_mask) return s;  // exact, or inf / NaN
+  if ((bits & 1u) != 0) return s;
+  const bool away = (err > 0.0) == ((bits & sign_bit) == 0);
+  return std::bit_cast<double>(away ? bits + 1 : bits - 1);
+}
+
 // A nonzero update that leaves the weight unchanged was swallowed: the
 // weight's spacing is more than twice the update (Micikevicius et al. 2018,
 // section 3.1, the reason for FP32 master weights).
 MPSIM_HOST_DEVICE constexpr bool swallowed(float update, float before, float after) {
   return update != 0.0f && after == before;
+}
+
+// --- Statistics: per-element classification -------------------------------------------------------------------------
+// TensorStats (stats.hpp) bins a binary32 value by its exponent field; the
+// CPU's vectorised histogram and the CUDA histogram kernel classify each value
+// with these, and both hand TensorStats::add_field_counts the same counts.
+// Binades follow IEEE 754-2019 3.4: field e in 1..254 is the binade
+// 2^(e - 127); field 0 holds zeros and subnormals, field 255 inf and NaN.
+
+// |x|'s pattern: the sign cleared, NaN payloads kept.
+MPSIM_HOST_DEVICE constexpr std::uint32_t magnitude_bits(float x) {
+  return std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+}
+MPSIM_HOST_DEVICE constexpr std::uint32_t exponent_field(std::uint32_t magnitude) { return magnitude >> 23; }
+// 0 < magnitude < 2^23, one unsigned comparison (it vectorises).
+MPSIM_HOST_DEVICE constexpr bool is_subnormal_magnitude(std::uint32_t magnitude) {
+  return magnitude - 1u < 0x7fffffu;
+}
+MPSIM_HOST_DEVICE constexpr bool is_infinite_magnitude(std::uint32_t magnitude) { return magnitude == 0x7f800000u; }
+MPSIM_HOST_DEVICE constexpr bool is_nan_magnitude(std::uint32_t magnitude) { return magnitude > 0x7f800000u; }
+// The subnormal binade k of a subnormal magnitude: its value lies in
+// [2^(k - 149), 2^(k - 148)), k = index of its top bit, 0..22. A binary search
+// rather than a count-leading-zeros builtin, so one spelling serves the host
+// and the device (subnormals are rare: speed does not matter here).
+MPSIM_HOST_DEVICE constexpr int subnormal_binade(std::uint32_t magnitude) {
+  int k = 0;
+  if (magnitude >= (1u << 16)) magnitude >>= 16, k += 16;
+  if (magnitude >= (1u << 8)) magnitude >>= 8, k += 8;
+  if (magnitude >= (1u << 4)) magnitude >>= 4, k += 4;
+  if (magnitude >= (1u << 2)) magnitude >>= 2, k += 2;
+  if (magnitude >= (1u << 1)) k += 1;
+  return k;
+}
+// The key whose maximum over a tensor is its amax (delayed scaling): the
+// magnitude's pattern, ordered like the values for non-NaN binary32, with
+// NaN mapped to 0 (ignored). Integer max vectorises and is exact.
+MPSIM_HOST_DEVICE constexpr std::uint32_t amax_key(float x) {
+  const std::uint32_t magnitude = magnitude_bits(x);
+  return is_nan_magnitude(magnitude) ? 0u : magnitude;
 }
 
 }  // namespace mpsim::core

@@ -3,6 +3,7 @@
 // docs/policies.md lists every rounding point and what each preset puts there;
 // the GPU backend reproduces exactly these points.
 
+#include <algorithm>
 #include <array>
 #include <optional>
 #include <string>
@@ -11,6 +12,7 @@
 
 #include "mpsim/core/names.hpp"
 #include "mpsim/core/numerics.hpp"
+#include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"
@@ -105,5 +107,20 @@ std::optional<Policy> preset_policy(std::string_view name);
 std::vector<std::string> preset_policy_names();
 // A human-readable table of every point of a policy (logged with each arm).
 std::string describe(const Policy& policy);
+
+// The ops a policy's fp32_ops may name: layer_norm, the activations that the
+// table marks (numerics_layers.hpp), softmax_cross_entropy. The config reads,
+// checks and documents the key from this list.
+inline constexpr auto fp32_op_names = [] {
+  constexpr auto marked = static_cast<std::size_t>(
+      std::count(Activations::fp32_op.begin(), Activations::fp32_op.end(), true));
+  std::array<std::string_view, marked + 2> names{};
+  std::size_t n = 0;
+  names[n++] = "layer_norm";
+  for (std::size_t i = 0; i < Activations::size; ++i)
+    if (Activations::fp32_op[i]) names[n++] = Activations::names.names[i];
+  names[n++] = "softmax_cross_entropy";
+  return names;
+}();
 
 }  // namespace mpsim::core

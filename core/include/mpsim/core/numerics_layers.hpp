@@ -1,0 +1,173 @@
+#pragma once
+// The layers' arithmetic, written once for every backend: per element
+// (activations, LayerNorm's normalisation and gradients) and per row
+// (LayerNorm's statistics, softmax cross-entropy). The CPU backend loops over
+// these on the host, the CUDA kernels call them on the device
+// (MPSIM_HOST_DEVICE), so the CPU tests prove the GPU's arithmetic. Nothing
+// here names CUDA.
+//
+// Bits: every binary32 and binary64 operation is one operator, rounded once
+// to nearest even (numerics.hpp: no FMA contraction on either side). What
+// still differs between the backends is the libm: erff, expf and logf are
+// glibc's on the host and CUDA's on the device (CUDA documents at most 2, 2
+// and 1 ulps), so GELU and the loss agree within the bounds
+// tests/gpu/test_backend_ops.cpp states; everything else is bit for bit.
+// The reductions that are not per row (the parameter gradients' sums over
+// rows, Eigen's column sums) stay in each backend; LayerNorm's dgamma and
+// dbeta add rows in increasing order from 0 on both.
+
+#include <array>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "mpsim/core/names.hpp"
+#include "mpsim/emulation/host_device.hpp"
+
+namespace mpsim::core {
+
+// --- Activations ----------------------------------------------------------------------------------------------------
+// An element-wise activation is one entry of the table below: a struct with
+// its enumerator (`kind`), its config and log name, whether a policy's
+// fp32_ops may exempt it from rounding (autocast's FP32 list), and
+// forward(x) = y and backward(x, dy) = dx, both host/device. The backends'
+// generic activation op (a CPU loop, one templated CUDA kernel), the generic
+// activation layer, the config's choices and the policies' fp32_ops all read
+// the table, so adding an activation is this file alone: an enumerator, a
+// struct, and its place in `Activations`.
+enum class Activation : std::uint8_t { relu, gelu };
+
+// ReLU: NaN stays NaN (x <= 0 is false for NaN), as in PyTorch; the gradient
+// at 0 is 0.
+struct Relu {
+  static constexpr Activation kind = Activation::relu;
+  static constexpr std::string_view name = "relu";
+  static constexpr bool fp32_op = false;
+  MPSIM_HOST_DEVICE static float forward(float x) { return x <= 0.0f ? 0.0f : x; }
+  MPSIM_HOST_DEVICE static float backward(float x, float dy) { return x > 0.0f ? dy : 0.0f; }
+};
+
+// GELU, the exact form x * Phi(x) (Hendrycks and Gimpel, "Gaussian Error
+// Linear Units", 2016; PyTorch's approximate="none"):
+// y = 0.5 x (1 + erf(x / sqrt 2)), dy/dx = Phi(x) + x phi(x).
+struct Gelu {
+  static constexpr Activation kind = Activation::gelu;
+  static constexpr std::string_view name = "gelu";
+  static constexpr bool fp32_op = true;  // autocast runs GELU in FP32 when fp32_ops lists it
+  // binary32 1/sqrt(2) and 1/sqrt(2 pi), correctly rounded (as
+  // static_cast<float>(M_SQRT1_2) and 0.3989422804014327f).
+  static constexpr float sqrt1_2 = 0x1.6a09e6p-1f;
+  static constexpr float inv_sqrt_2pi = 0x1.988454p-2f;
+  MPSIM_HOST_DEVICE static float forward(float x) { return 0.5f * x * (1.0f + erff(x * sqrt1_2)); }
+  MPSIM_HOST_DEVICE static float backward(float x, float dy) {
+    const float cdf = 0.5f * (1.0f + erff(x * sqrt1_2));
+    const float pdf = inv_sqrt_2pi * expf(-0.5f * x * x);
+    return dy * (cdf + x * pdf);
+  }
+};
+
+// The table: every activation, in the enum's order.
+template <typename... A>
+struct ActivationTable {
+  static constexpr std::size_t size = sizeof...(A);
+  static constexpr EnumNames<Activation, size> names{{A::name...}};
+  static constexpr std::array<bool, size> fp32_op{A::fp32_op...};
+  // Calls f(A{}) with the entry of `kind` (host code: a backend picks its loop or kernel).
+  template <typename F>
+  static void visit(Activation kind, F&& f) {
+    (void)((A::kind == kind ? (f(A{}), true) : false) || ...);
+  }
+  static constexpr bool in_enum_order() {
+    std::size_t i = 0;
+    return ((static_cast<std::size_t>(A::kind) == i++) && ...);
+  }
+};
+using Activations = ActivationTable<Relu, Gelu>;
+static_assert(Activations::in_enum_order(), "Activations lists every activation in the enum's order");
+
+// The names: the config's model.activation, the log, messages.
+inline constexpr const auto& activation_names = Activations::names;
+inline std::string_view to_string(Activation kind) { return activation_names(kind); }
+// Whether a policy's fp32_ops may name this activation.
+constexpr bool activation_is_fp32_op(Activation kind) { return Activations::fp32_op[static_cast<std::size_t>(kind)]; }
+
+// --- LayerNorm (Ba, Kiros and Hinton, "Layer Normalization", 2016) --------------------------------------------------
+// y = (x - mean) * rstd * gamma + beta over each row of `cols` features.
+
+// A row's statistics: mean and rstd = 1 / sqrt(var + eps) (biased variance,
+// as PyTorch), summed in binary64 in increasing j (two passes: the mean, then
+// the squared deviations) and stored as binary32.
+struct LayerNormStatistics {
+  float mean, rstd;
+};
+MPSIM_HOST_DEVICE inline LayerNormStatistics layer_norm_statistics(const float* row, std::int64_t cols, float eps) {
+  const double count = static_cast<double>(cols);
+  double s = 0.0, s2 = 0.0;
+  for (std::int64_t j = 0; j < cols; ++j) s += static_cast<double>(row[j]);
+  const double m = s / count;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const double d = static_cast<double>(row[j]) - m;
+    s2 += d * d;
+  }
+  return {static_cast<float>(m), static_cast<float>(1.0 / sqrt(s2 / count + static_cast<double>(eps)))};
+}
+MPSIM_HOST_DEVICE inline float layer_norm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
+MPSIM_HOST_DEVICE inline float layer_norm_output(float x, float mean, float rstd, float gamma, float beta) {
+  return layer_norm_xhat(x, mean, rstd) * gamma + beta;
+}
+
+// Backward, per row: the means of dxhat = dy * gamma and of dxhat * xhat
+// (binary64 sums in increasing j, stored as binary32), then per element
+// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+struct LayerNormRowMeans {
+  float dxhat, dxhat_xhat;
+};
+MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row, const float* dy_row,
+                                                                const float* gamma, std::int64_t cols, float mean,
+                                                                float rstd) {
+  double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const float xhat = layer_norm_xhat(row[j], mean, rstd);
+    const float dxhat = dy_row[j] * gamma[j];
+    sum_dxhat += static_cast<double>(dxhat);
+    sum_dxhat_xhat += static_cast<double>(dxhat) * static_cast<double>(xhat);
+  }
+  const double count = static_cast<double>(cols);
+  return {static_cast<float>(sum_dxhat / count), static_cast<float>(sum_dxhat_xhat / count)};
+}
+MPSIM_HOST_DEVICE inline float layer_norm_input_grad(float dy, float gamma, float xhat, float rstd,
+                                                     const LayerNormRowMeans& means) {
+  return rstd * (dy * gamma - means.dxhat - xhat * means.dxhat_xhat);
+}
+
+// --- Softmax cross-entropy, one row ----------------------------------------------------------------------------------
+// loss = log(sum_j exp(z_j - max)) - (z_label - max), the max-shifted
+// log-sum-exp; d[j] = (softmax_j - [j == label]) * factor; correct when the
+// first largest logit is the label's. The label is a class index stored as
+// binary32; anything outside [0, cols) gives a NaN loss and no one-hot term.
+struct SoftmaxRow {
+  float loss;
+  bool correct;
+};
+MPSIM_HOST_DEVICE inline SoftmaxRow softmax_cross_entropy_row(const float* row, std::int64_t cols, float label_value,
+                                                              float factor, float* d) {
+  const bool valid = label_value >= 0.0f && label_value < static_cast<float>(cols);
+  const std::int64_t label = valid ? static_cast<std::int64_t>(label_value) : -1;
+  std::int64_t argmax = 0;
+  float max = row[0];
+  for (std::int64_t j = 1; j < cols; ++j)
+    if (row[j] > max) max = row[j], argmax = j;
+  float sum = 0.0f;
+  for (std::int64_t j = 0; j < cols; ++j) sum += expf(row[j] - max);
+  const float log_sum = logf(sum);
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const float p = expf(row[j] - max - log_sum);
+    d[j] = (p - (j == label ? 1.0f : 0.0f)) * factor;
+  }
+  const float nan = std::bit_cast<float>(0x7fc00000u);
+  return {valid ? log_sum - (row[label] - max) : nan, valid && argmax == label};
+}
+
+}  // namespace mpsim::core
