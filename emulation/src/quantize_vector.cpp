@@ -22,6 +22,7 @@
 #include "hwy/highway.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "emulation/src/quantize_kernel.hpp"
@@ -44,6 +45,9 @@ struct Layout {
 template <class D>
 struct Counters {
   hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
+  // The short paths count with the mask's population count instead: scalar
+  // work that runs beside the vector units.
+  std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0;
 };
 
 // Counts lanes where `mask` holds (mask lanes are all ones: subtracting adds 1).
@@ -57,9 +61,12 @@ HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
 // from zero when their sum carries out of 32 bits.
 template <class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Mask<D> Carry(D d, const Kernel<U>& k, hn::Vec<D> fraction, hn::Vec<D> draw) {
-  const auto random_mask = hn::Set(d, static_cast<U>(k.random_mask));
-  fraction = hn::And(fraction, random_mask);
-  const auto sum = hn::Add(fraction, hn::And(draw, random_mask));
+  if (k.random_mask != ~std::uint32_t{0}) {
+    const auto random_mask = hn::Set(d, static_cast<U>(k.random_mask));
+    fraction = hn::And(fraction, random_mask);
+    draw = hn::And(draw, random_mask);
+  }
+  const auto sum = hn::Add(fraction, draw);
   if constexpr (sizeof(U) == 4) return hn::Lt(sum, fraction);  // wrapped around
   else return hn::Ne(hn::ShiftRight<32>(sum), hn::Zero(d));
 }
@@ -176,8 +183,7 @@ HWY_INLINE hn::Vec<D> RoundPatternNearestEven(D d, const Kernel<U>& k, hn::Vec<D
 // rounding the whole pattern (sign included: no carry can reach it) to a
 // multiple of it is the answer. Only the inexact counter can move.
 template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
-                                            hn::Vec<D>& inexact) {
+HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw) {
   using V = hn::Vec<D>;
   using L = Layout<U>;
   const V one = hn::Set(d, U{1});
@@ -208,8 +214,26 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
                                           : rest >> hn::Set(d, k.base_shift - U{32});
     r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.base_shift == 0 ? hn::Zero(d) : fraction, draw), unit));
   }
-  inexact = hn::Sub(inexact, hn::VecFromMask(d, hn::Ne(r, x)));
   return r;
+}
+
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
+                                            std::uint64_t& inexact) {
+  const hn::Vec<D> r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+  inexact += hn::CountTrue(d, hn::Ne(r, x));
+  return r;
+}
+
+// The counters of the short paths, where no lane is NaN, infinite or
+// overflows and the sign is kept: inexact, flushed to zero, subnormal result.
+template <class D, class U = hn::TFromD<D>>
+HWY_INLINE void CountShortPath(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> r, Counters<D>& c) {
+  const hn::Vec<D> magnitude = hn::And(r, hn::Set(d, Layout<U>::kMagnitude));
+  c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
+  c.flushed_tally += hn::CountTrue(d, hn::AndNot(hn::Eq(a, hn::Zero(d)), hn::Eq(magnitude, hn::Zero(d))));
+  c.subnormal_tally += hn::CountTrue(
+      d, hn::Lt(hn::Sub(magnitude, hn::Set(d, U{1})), hn::Set(d, static_cast<U>(k.smallest_normal - 1))));
 }
 
 // Nearest-even, when every lane is finite and at most the largest finite value
@@ -231,10 +255,91 @@ HWY_INLINE hn::Vec<D> QuantizeSmallLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   const V small = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, a), magic), magic));
   const V r = hn::IfThenElse(hn::Lt(a, hn::Set(d, k.smallest_normal)), hn::Or(small, hn::And(x, hn::Set(d, L::kSign))),
                              normal);
-  const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
-  Count(d, c.inexact, hn::Ne(r, x));
-  Count(d, c.flushed, hn::And(hn::Ne(a, hn::Zero(d)), hn::Eq(magnitude, hn::Zero(d))));
-  Count(d, c.subnormal, hn::Lt(hn::Sub(magnitude, one), hn::Set(d, static_cast<U>(k.smallest_normal - 1))));
+  CountShortPath(d, k, x, a, r, c);
+  return r;
+}
+
+// floor(fraction * 2^32) for a fraction in [0, 1) held in the storage's
+// floating type: stochastic rounding's 0.32 fraction of the quantum. The
+// product is exact (a power of two); truncating conversion floors it.
+template <class D, class DF>
+HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
+  const hn::RebindToSigned<DF> di;
+  const auto z = hn::Mul(fraction, hn::Set(df, 4294967296.0));
+  if constexpr (sizeof(hn::TFromD<D>) == 8) {
+    return hn::BitCast(d, hn::ConvertTo(di, z));
+  } else if constexpr (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86 && hn::MaxLanes(D()) == 16) {
+    return hn::Vec<D>{_mm512_cvttps_epu32(z.raw)};
+  } else {
+    // int32 conversion covers [0, 2^31); at or above 2^31 z is an integer
+    // (24-bit significand), and z - 2^31 is exact.
+    const auto two31 = hn::Set(df, 2147483648.0f);
+    const auto big = hn::Ge(z, two31);
+    const auto low = hn::BitCast(d, hn::ConvertTo(di, hn::IfThenElse(big, hn::Sub(z, two31), z)));
+    return hn::Xor(low, hn::IfThenElseZero(hn::RebindMask(d, big), hn::Set(d, Layout<hn::TFromD<D>>::kSign)));
+  }
+}
+
+// Any mode, gradual underflow, when every lane is zero or a normal number of
+// the storage at most the largest finite value but some lie below the format's
+// smallest normal (gradients that underflow). Lanes in the format's normal
+// range round on the pattern as in QuantizeOrdinaryLanes. Below it the quantum
+// is the fixed 2^(emin - M): y = |x| * 2^(M - emin) lies in [0, 2^M), and
+// rounding y to an integer (its truncation t, plus one where the mode rounds
+// away: t + 1 <= 2^M is exact) and scaling back by 2^(emin - M) is the
+// answer. y - t is exact (Sterbenz), so every decision compares the exact
+// remainder. The host enables this only where 2^(emin - M) is a normal number
+// of the storage, and the caller only for lanes that are zero or normal in
+// it: every operand and result is then normal or zero, the scalings are
+// exact, and neither the FPU's rounding mode nor DAZ/FTZ can change a bit.
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> draw,
+                                             Counters<D>& c) {
+  using V = hn::Vec<D>;
+  using L = Layout<U>;
+  const hn::RebindToFloat<D> df;
+  const hn::RebindToSigned<D> di;
+  using T = hn::TFromD<decltype(df)>;
+  const V sign = hn::And(x, hn::Set(d, L::kSign));
+  const V normal = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+  const V smallest_normal = hn::Set(d, k.smallest_normal);
+  // Lanes at or above the smallest normal are discarded; Min keeps their y finite.
+  const auto y = hn::Mul(hn::BitCast(df, hn::Min(a, smallest_normal)), hn::BitCast(df, hn::Set(d, k.subnormal_scale)));
+  [[maybe_unused]] const auto negative = hn::RebindMask(df, hn::Lt(hn::BitCast(di, x), hn::Zero(di)));
+  hn::Vec<decltype(df)> rounded;
+  if constexpr (kMode == RoundingMode::toward_zero) {
+    rounded = hn::Trunc(y);
+  } else if constexpr (kMode == RoundingMode::toward_positive) {
+    rounded = hn::IfThenElse(negative, hn::Trunc(y), hn::Ceil(y));
+  } else if constexpr (kMode == RoundingMode::toward_negative) {
+    rounded = hn::IfThenElse(negative, hn::Ceil(y), hn::Trunc(y));
+  } else if constexpr (kMode == RoundingMode::odd) {
+    // The truncation as an integer (y < 2^M <= 2^52: exact), its last bit set when inexact.
+    const auto truncated = hn::ConvertTo(di, y);
+    const auto inexact = hn::RebindMask(di, hn::Ne(hn::ConvertTo(df, truncated), y));
+    rounded = hn::ConvertTo(df, hn::Or(truncated, hn::IfThenElseZero(inexact, hn::Set(di, 1))));
+  } else {
+    const auto t = hn::Trunc(y);
+    const auto rest = hn::Sub(y, t);  // exact (Sterbenz)
+    const auto f_half = hn::Set(df, T{0.5});
+    hn::Mask<decltype(df)> up;
+    if constexpr (kMode == RoundingMode::nearest_even) {
+      const auto half_t = hn::Mul(t, f_half);
+      const auto t_odd = hn::Ne(hn::Trunc(half_t), half_t);
+      up = hn::Or(hn::Gt(rest, f_half), hn::And(hn::Eq(rest, f_half), t_odd));
+    } else if constexpr (kMode == RoundingMode::nearest_away) {
+      up = hn::Ge(rest, f_half);
+    } else {  // stochastic
+      up = hn::RebindMask(df, Carry(d, k, FractionBits(d, df, rest), draw));
+    }
+    rounded = hn::Add(t, hn::IfThenElseZero(up, hn::Set(df, T{1})));
+  }
+  V small = hn::BitCast(d, hn::Mul(rounded, hn::BitCast(df, hn::Set(d, k.subnormal_quantum))));
+#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
+  small = hn::And(small, hn::Set(d, L::kMagnitude));  // these targets' Ceil(+0) may be -0
+#endif
+  const V r = hn::IfThenElse(hn::Lt(a, smallest_normal), hn::Or(small, sign), normal);
+  CountShortPath(d, k, x, a, r, c);
   return r;
 }
 
@@ -277,6 +382,10 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
   const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
   const V at_most_largest = hn::Set(d, static_cast<U>(k.largest_finite + 1));  // a < this: a <= largest finite
+  // a is zero or in [storage's smallest normal, largest finite]: QuantizeSubnormalLanes applies.
+  const bool subnormal_path = k.subnormal_scale != 0 && !(kMode == RoundingMode::nearest_even && k.subnormal_magic != 0);
+  const V storage_normal_low = hn::Set(d, Layout<U>::kHidden);
+  const V storage_normal_span = hn::Set(d, static_cast<U>(k.largest_finite - Layout<U>::kHidden + 1));
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -290,6 +399,17 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
+    // Up to one vector of elements through a full-width buffer and the general lane code.
+    auto partial = [&](std::size_t count) {
+      HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
+      std::memcpy(buffer, in + i + j, count * sizeof(T));
+      const V x = hn::BitCast(d, hn::Load(df, buffer));
+      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+      hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, count), c)), df, buffer);
+      std::memcpy(out + i + j, buffer, count * sizeof(T));
+      j += count;
+      low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
+    };
     for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
       const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
@@ -297,29 +417,27 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
       V r;
       if (hn::AllTrue(d, ordinary)) {
-        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact);
+        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
       } else if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0 && hn::AllTrue(d, hn::Lt(a, at_most_largest))) {
         r = QuantizeSmallLanes(d, k, x, a, c);
+      } else if (subnormal_path &&
+                 hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), hn::Eq(a, hn::Zero(d))))) {
+        r = QuantizeSubnormalLanes<kMode>(d, k, x, a, draw, c);
       } else {
         r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
       }
       hn::StoreU(hn::BitCast(df, r), df, out + i + j);
     }
-    if (j < block) {  // the tail, through a full-width buffer
-      HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
-      const std::size_t left = block - j;
-      std::memcpy(buffer, in + i + j, left * sizeof(T));
-      const V x = hn::BitCast(d, hn::Load(df, buffer));
-      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-      hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, left), c)), df, buffer);
-      std::memcpy(out + i + j, buffer, left * sizeof(T));
-    }
+    if (j < block) partial(block - j);  // the tail
     HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)];
     hn::Store(c.inexact, d, lane_counts[0]);
     hn::Store(c.flushed, d, lane_counts[1]);
     hn::Store(c.subnormal, d, lane_counts[2]);
     hn::Store(c.overflow, d, lane_counts[3]);
     hn::Store(c.nan, d, lane_counts[4]);
+    total.inexact += c.inexact_tally;
+    total.flushed_to_zero += c.flushed_tally;
+    total.subnormal += c.subnormal_tally;
     for (std::size_t l = 0; l < lanes; ++l) {
       total.inexact += lane_counts[0][l];
       total.flushed_to_zero += lane_counts[1][l];
