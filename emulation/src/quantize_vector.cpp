@@ -225,40 +225,6 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
   return r;
 }
 
-// The counters of the short paths, where no lane is NaN, infinite or
-// overflows and the sign is kept: inexact, flushed to zero, subnormal result.
-template <class D, class U = hn::TFromD<D>>
-HWY_INLINE void CountShortPath(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> r, Counters<D>& c) {
-  const hn::Vec<D> magnitude = hn::And(r, hn::Set(d, Layout<U>::kMagnitude));
-  c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
-  c.flushed_tally += hn::CountTrue(d, hn::AndNot(hn::Eq(a, hn::Zero(d)), hn::Eq(magnitude, hn::Zero(d))));
-  c.subnormal_tally += hn::CountTrue(
-      d, hn::Lt(hn::Sub(magnitude, hn::Set(d, U{1})), hn::Set(d, static_cast<U>(k.smallest_normal - 1))));
-}
-
-// Nearest-even, when every lane is finite and at most the largest finite value
-// but some are below the smallest normal (gradients that underflow): lanes in
-// the normal range round on the pattern as in QuantizeOrdinaryLanes; lanes
-// below it by (|x| + C) - C with C = 2^(emin - M + storage mantissa). The sum
-// lies in [C, 2C), whose spacing is exactly the subnormal quantum 2^(emin-M),
-// so the FPU's one round-to-nearest-even addition is the rounding, and
-// subtracting C is exact. The host enables this only in round-to-nearest and
-// when half the smallest subnormal is a normal number of the storage.
-template <class D, class U = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> QuantizeSmallLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, Counters<D>& c) {
-  using V = hn::Vec<D>;
-  using L = Layout<U>;
-  const hn::RebindToFloat<D> df;
-  const V one = hn::Set(d, U{1});
-  const V normal = RoundPatternNearestEven(d, k, x);
-  const auto magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
-  const V small = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, a), magic), magic));
-  const V r = hn::IfThenElse(hn::Lt(a, hn::Set(d, k.smallest_normal)), hn::Or(small, hn::And(x, hn::Set(d, L::kSign))),
-                             normal);
-  CountShortPath(d, k, x, a, r, c);
-  return r;
-}
-
 // floor(fraction * 2^32) for a fraction in [0, 1) held in the storage's
 // floating type: stochastic rounding's 0.32 fraction of the quantum. The
 // product is exact (a power of two); truncating conversion floors it.
@@ -282,64 +248,95 @@ HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
 
 // Any mode, gradual underflow, when every lane is zero or a normal number of
 // the storage at most the largest finite value but some lie below the format's
-// smallest normal (gradients that underflow). Lanes in the format's normal
-// range round on the pattern as in QuantizeOrdinaryLanes. Below it the quantum
-// is the fixed 2^(emin - M): y = |x| * 2^(M - emin) lies in [0, 2^M), and
-// rounding y to an integer (its truncation t, plus one where the mode rounds
-// away: t + 1 <= 2^M is exact) and scaling back by 2^(emin - M) is the
-// answer. y - t is exact (Sterbenz), so every decision compares the exact
-// remainder. The host enables this only where 2^(emin - M) is a normal number
-// of the storage, and the caller only for lanes that are zero or normal in
-// it: every operand and result is then normal or zero, the scalings are
-// exact, and neither the FPU's rounding mode nor DAZ/FTZ can change a bit.
+// smallest normal (`small`: gradients that underflow). Lanes in the format's
+// normal range round on the pattern as in QuantizeOrdinaryLanes. Below it the
+// quantum is the fixed 2^(emin - M): y = x * 2^(M - emin) lies in (-2^M, 2^M),
+// and rounding y to an integer and scaling back by 2^(emin - M) is the
+// answer. Truncation, floor and ceiling are exact operations that ignore the
+// FPU's rounding mode and keep the sign of zero; the other modes decide from
+// |y|'s truncation t and remainder |y| - t (exact, Sterbenz), add one where
+// they round away (t + 1 <= 2^M is exact) and put the sign back. The host
+// enables this only where 2^(emin - M) is a normal number of the storage, and
+// the caller only for lanes that are zero or normal in it: every operand and
+// result is then normal or zero, the scalings are exact, and DAZ/FTZ cannot
+// change a bit. Nearest-even uses (|x| + C) - C with C = 2^(emin - M + storage
+// mantissa) where the host allows it (the FPU in round-to-nearest, half the
+// smallest subnormal a normal number): the sum lies in [C, 2C), whose spacing
+// is the subnormal quantum, so the one addition is the rounding and
+// subtracting C is exact.
 template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> draw,
-                                             Counters<D>& c) {
+HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Mask<D> small,
+                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
   using V = hn::Vec<D>;
   using L = Layout<U>;
   const hn::RebindToFloat<D> df;
   const hn::RebindToSigned<D> di;
   using T = hn::TFromD<decltype(df)>;
-  const V sign = hn::And(x, hn::Set(d, L::kSign));
+  using VF = hn::Vec<decltype(df)>;
   const V normal = RoundOrdinaryLanes<kMode>(d, k, x, draw);
-  const V smallest_normal = hn::Set(d, k.smallest_normal);
-  // Lanes at or above the smallest normal are discarded; Min keeps their y finite.
-  const auto y = hn::Mul(hn::BitCast(df, hn::Min(a, smallest_normal)), hn::BitCast(df, hn::Set(d, k.subnormal_scale)));
-  [[maybe_unused]] const auto negative = hn::RebindMask(df, hn::Lt(hn::BitCast(di, x), hn::Zero(di)));
-  hn::Vec<decltype(df)> rounded;
-  if constexpr (kMode == RoundingMode::toward_zero) {
-    rounded = hn::Trunc(y);
-  } else if constexpr (kMode == RoundingMode::toward_positive) {
-    rounded = hn::IfThenElse(negative, hn::Trunc(y), hn::Ceil(y));
-  } else if constexpr (kMode == RoundingMode::toward_negative) {
-    rounded = hn::IfThenElse(negative, hn::Ceil(y), hn::Trunc(y));
-  } else if constexpr (kMode == RoundingMode::odd) {
-    // The truncation as an integer (y < 2^M <= 2^52: exact), its last bit set when inexact.
-    const auto truncated = hn::ConvertTo(di, y);
-    const auto inexact = hn::RebindMask(di, hn::Ne(hn::ConvertTo(df, truncated), y));
-    rounded = hn::ConvertTo(df, hn::Or(truncated, hn::IfThenElseZero(inexact, hn::Set(di, 1))));
+  const VF scale = hn::BitCast(df, hn::Set(d, k.subnormal_scale));
+  const VF quantum = hn::BitCast(df, hn::Set(d, k.subnormal_quantum));
+  // Lanes in the normal range are discarded: zeroing them keeps every y finite.
+  constexpr bool kSigned = (kMode == RoundingMode::toward_zero || kMode == RoundingMode::toward_positive ||
+                            kMode == RoundingMode::toward_negative) &&
+                           HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128;  // their Ceil(+0) may be -0
+  V small_result;
+  if constexpr (kSigned) {
+    const VF y = hn::Mul(hn::BitCast(df, hn::IfThenElseZero(small, x)), scale);
+    VF rounded;
+    if constexpr (kMode == RoundingMode::toward_zero) rounded = hn::Trunc(y);
+    else if constexpr (kMode == RoundingMode::toward_positive) rounded = hn::Ceil(y);
+    else rounded = hn::Floor(y);
+    small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
   } else {
-    const auto t = hn::Trunc(y);
-    const auto rest = hn::Sub(y, t);  // exact (Sterbenz)
-    const auto f_half = hn::Set(df, T{0.5});
-    hn::Mask<decltype(df)> up;
-    if constexpr (kMode == RoundingMode::nearest_even) {
-      const auto half_t = hn::Mul(t, f_half);
-      const auto t_odd = hn::Ne(hn::Trunc(half_t), half_t);
-      up = hn::Or(hn::Gt(rest, f_half), hn::And(hn::Eq(rest, f_half), t_odd));
-    } else if constexpr (kMode == RoundingMode::nearest_away) {
-      up = hn::Ge(rest, f_half);
-    } else {  // stochastic
-      up = hn::RebindMask(df, Carry(d, k, FractionBits(d, df, rest), draw));
-    }
-    rounded = hn::Add(t, hn::IfThenElseZero(up, hn::Set(df, T{1})));
-  }
-  V small = hn::BitCast(d, hn::Mul(rounded, hn::BitCast(df, hn::Set(d, k.subnormal_quantum))));
+    const V small_magnitude = hn::IfThenElseZero(small, a);
+    VF rounded;
+    if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0) {
+      const VF magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
+      small_result = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, small_magnitude), magic), magic));
+    } else {
+      const VF y = hn::Mul(hn::BitCast(df, small_magnitude), scale);
+      if constexpr (kMode == RoundingMode::toward_zero) {
+        rounded = hn::Trunc(y);
+      } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
+        const auto negative = hn::RebindMask(df, hn::Lt(hn::BitCast(di, x), hn::Zero(di)));
+        rounded = (kMode == RoundingMode::toward_positive) == true ? hn::IfThenElse(negative, hn::Trunc(y), hn::Ceil(y))
+                                                                   : hn::IfThenElse(negative, hn::Ceil(y), hn::Trunc(y));
+      } else if constexpr (kMode == RoundingMode::odd) {
+        // The truncation as an integer (y < 2^M <= 2^52: exact), its last bit set when inexact.
+        const auto truncated = hn::ConvertTo(di, y);
+        const auto inexact = hn::RebindMask(di, hn::Ne(hn::ConvertTo(df, truncated), y));
+        rounded = hn::ConvertTo(df, hn::Or(truncated, hn::IfThenElseZero(inexact, hn::Set(di, 1))));
+      } else {
+        const VF t = hn::Trunc(y);
+        const VF rest = hn::Sub(y, t);  // exact (Sterbenz)
+        const VF f_half = hn::Set(df, T{0.5});
+        hn::Mask<decltype(df)> up;
+        if constexpr (kMode == RoundingMode::nearest_even) {
+          const VF half_t = hn::Mul(t, f_half);
+          const auto t_odd = hn::Ne(hn::Trunc(half_t), half_t);
+          up = hn::Or(hn::Gt(rest, f_half), hn::And(hn::Eq(rest, f_half), t_odd));
+        } else if constexpr (kMode == RoundingMode::nearest_away) {
+          up = hn::Ge(rest, f_half);
+        } else {  // stochastic
+          up = hn::RebindMask(df, Carry(d, k, FractionBits(d, df, rest), draw));
+        }
+        rounded = hn::Add(t, hn::IfThenElseZero(up, hn::Set(df, T{1})));
+      }
+      small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
 #if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
-  small = hn::And(small, hn::Set(d, L::kMagnitude));  // these targets' Ceil(+0) may be -0
+      small_result = hn::And(small_result, hn::Set(d, L::kMagnitude));  // their Ceil(+0) may be -0
 #endif
-  const V r = hn::IfThenElse(hn::Lt(a, smallest_normal), hn::Or(small, sign), normal);
-  CountShortPath(d, k, x, a, r, c);
+    }
+    small_result = hn::Or(small_result, hn::And(x, hn::Set(d, L::kSign)));
+  }
+  const V r = hn::IfThenElse(small, small_result, normal);
+  // Counters: no lane is NaN, infinite or overflows, and every sign is kept.
+  const auto nonzero_result = hn::TestBit(r, hn::Set(d, L::kMagnitude));
+  c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
+  c.flushed_tally += hn::CountTrue(d, hn::Not(hn::Or(zero, nonzero_result)));
+  c.subnormal_tally += hn::CountTrue(
+      d, hn::And(nonzero_result, hn::Lt(hn::And(r, hn::Set(d, L::kMagnitude)), hn::Set(d, k.smallest_normal))));
   return r;
 }
 
@@ -381,9 +378,9 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const V ordinary_low = hn::Set(d, k.smallest_normal);
   const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
   const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
-  const V at_most_largest = hn::Set(d, static_cast<U>(k.largest_finite + 1));  // a < this: a <= largest finite
-  // a is zero or in [storage's smallest normal, largest finite]: QuantizeSubnormalLanes applies.
-  const bool subnormal_path = k.subnormal_scale != 0 && !(kMode == RoundingMode::nearest_even && k.subnormal_magic != 0);
+  // Where the host enabled QuantizeSubnormalLanes, one range test picks the
+  // short paths: every lane zero or in [storage's smallest normal, largest finite].
+  const bool subnormal_path = k.subnormal_scale != 0;
   const V storage_normal_low = hn::Set(d, Layout<U>::kHidden);
   const V storage_normal_span = hn::Set(d, static_cast<U>(k.largest_finite - Layout<U>::kHidden + 1));
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
@@ -414,15 +411,19 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
       const V a = hn::And(x, magnitude_mask);
-      const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
       V r;
-      if (hn::AllTrue(d, ordinary)) {
+      if (subnormal_path) {
+        const auto zero = hn::Eq(a, hn::Zero(d));
+        const auto short_path = hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), zero);
+        if (hn::AllTrue(d, short_path)) {
+          const auto small = hn::Lt(a, ordinary_low);
+          if (hn::AllFalse(d, small)) r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+          else r = QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
+        } else {
+          r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
+        }
+      } else if (hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d))))) {
         r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-      } else if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0 && hn::AllTrue(d, hn::Lt(a, at_most_largest))) {
-        r = QuantizeSmallLanes(d, k, x, a, c);
-      } else if (subnormal_path &&
-                 hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), hn::Eq(a, hn::Zero(d))))) {
-        r = QuantizeSubnormalLanes<kMode>(d, k, x, a, draw, c);
       } else {
         r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
       }
