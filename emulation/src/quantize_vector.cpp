@@ -252,7 +252,7 @@ HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
 // normal range round on the pattern as in QuantizeOrdinaryLanes. Below it the
 // quantum is the fixed 2^(emin - M): y = x * 2^(M - emin) lies in (-2^M, 2^M),
 // and rounding y to an integer and scaling back by 2^(emin - M) is the
-// answer. Truncation, floor and ceiling are exact operations that ignore the
+// answer. `small` has no zero lanes (they take the ordinary code). Truncation, floor and ceiling are exact operations that ignore the
 // FPU's rounding mode and keep the sign of zero; the other modes decide from
 // |y|'s truncation t and remainder |y| - t (exact, Sterbenz), add one where
 // they round away (t + 1 <= 2^M is exact) and put the sign back. The host
@@ -278,15 +278,24 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   const VF quantum = hn::BitCast(df, hn::Set(d, k.subnormal_quantum));
   // Lanes in the normal range are discarded: zeroing them keeps every y finite.
   constexpr bool kSigned = (kMode == RoundingMode::toward_zero || kMode == RoundingMode::toward_positive ||
-                            kMode == RoundingMode::toward_negative) &&
+                            kMode == RoundingMode::toward_negative || kMode == RoundingMode::nearest_away) &&
                            HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128;  // their Ceil(+0) may be -0
   V small_result;
   if constexpr (kSigned) {
     const VF y = hn::Mul(hn::BitCast(df, hn::IfThenElseZero(small, x)), scale);
     VF rounded;
-    if constexpr (kMode == RoundingMode::toward_zero) rounded = hn::Trunc(y);
-    else if constexpr (kMode == RoundingMode::toward_positive) rounded = hn::Ceil(y);
-    else rounded = hn::Floor(y);
+    if constexpr (kMode == RoundingMode::toward_zero) {
+      rounded = hn::Trunc(y);
+    } else if constexpr (kMode == RoundingMode::toward_positive) {
+      rounded = hn::Ceil(y);
+    } else if constexpr (kMode == RoundingMode::toward_negative) {
+      rounded = hn::Floor(y);
+    } else {
+      // Nearest-away: with t = trunc(y) and y = t + f, 2y - t = t + 2f is exact
+      // (no wider than 2y) and nonzero (y is: `small` has no zero lanes), and
+      // its truncation is t plus one away from zero exactly when |f| >= 1/2.
+      rounded = hn::Trunc(hn::Sub(hn::Add(y, y), hn::Trunc(y)));
+    }
     small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
   } else {
     const V small_magnitude = hn::IfThenElseZero(small, a);
@@ -303,10 +312,14 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
         rounded = (kMode == RoundingMode::toward_positive) == true ? hn::IfThenElse(negative, hn::Trunc(y), hn::Ceil(y))
                                                                    : hn::IfThenElse(negative, hn::Ceil(y), hn::Trunc(y));
       } else if constexpr (kMode == RoundingMode::odd) {
-        // The truncation as an integer (y < 2^M <= 2^52: exact), its last bit set when inexact.
-        const auto truncated = hn::ConvertTo(di, y);
-        const auto inexact = hn::RebindMask(di, hn::Ne(hn::ConvertTo(df, truncated), y));
-        rounded = hn::ConvertTo(df, hn::Or(truncated, hn::IfThenElseZero(inexact, hn::Set(di, 1))));
+        // The truncation t < 2^M plus 2^(storage mantissa) is exact, and its
+        // pattern's last bit is t's: set it when inexact, and subtract again
+        // (exact, and nonzero: y is).
+        const VF t = hn::Trunc(y);
+        const VF magic = hn::Set(df, static_cast<T>(L::kHidden));
+        const V biased = hn::BitCast(d, hn::Add(t, magic));
+        const V odd = hn::Or(biased, hn::IfThenElseZero(hn::RebindMask(d, hn::Ne(t, y)), hn::Set(d, U{1})));
+        rounded = hn::Sub(hn::BitCast(df, odd), magic);
       } else {
         const VF t = hn::Trunc(y);
         const VF rest = hn::Sub(y, t);  // exact (Sterbenz)
@@ -416,7 +429,8 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
         const auto zero = hn::Eq(a, hn::Zero(d));
         const auto short_path = hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), zero);
         if (hn::AllTrue(d, short_path)) {
-          const auto small = hn::Lt(a, ordinary_low);
+          // Zero lanes round to themselves in the ordinary code of every mode.
+          const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
           if (hn::AllFalse(d, small)) r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
           else r = QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
         } else {
