@@ -17,7 +17,9 @@
 // rotated order, each right after a memcpy of the same array into the same
 // output buffer; a row's ratio in a repetition is its rate over that paired
 // memcpy's rate. Prints medians (and the spread of the ratio over the
-// repetitions) as Markdown.
+// repetitions) as Markdown. Times are the thread's CPU time (on a shared
+// machine, time spent descheduled is nobody's kernel), or wall time with
+// --wall-clock.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 

@@ -25,9 +25,12 @@ T stored_value(const Format& f, Bits bits) {
   else return to_double(f, bits);
 }
 
+// On the bits, so that denormals-are-zero (MXCSR.DAZ) cannot turn a binary32
+// subnormal input into a zero one.
 template <class T>
 bool is_finite_nonzero(T x) {
-  return std::isfinite(x) && x != T{0};
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  return std::isfinite(x) && (std::bit_cast<U>(x) << 1) != 0;
 }
 
 // The reference: every element through the one scalar rounding routine.

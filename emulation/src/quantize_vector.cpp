@@ -279,7 +279,7 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   // Lanes in the normal range are discarded: zeroing them keeps every y finite.
   constexpr bool kSigned = (kMode == RoundingMode::toward_zero || kMode == RoundingMode::toward_positive ||
                             kMode == RoundingMode::toward_negative || kMode == RoundingMode::nearest_away) &&
-                           HWY_TARGET != HWY_SCALAR && HWY_TARGET != HWY_EMU128;  // their Ceil(+0) may be -0
+                           HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4;  // rounding instructions that keep -0
   V small_result;
   if constexpr (kSigned) {
     const VF y = hn::Mul(hn::BitCast(df, hn::IfThenElseZero(small, x)), scale);
@@ -337,19 +337,17 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
         rounded = hn::Add(t, hn::IfThenElseZero(up, hn::Set(df, T{1})));
       }
       small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
-#if HWY_TARGET == HWY_SCALAR || HWY_TARGET == HWY_EMU128
-      small_result = hn::And(small_result, hn::Set(d, L::kMagnitude));  // their Ceil(+0) may be -0
-#endif
     }
     small_result = hn::Or(small_result, hn::And(x, hn::Set(d, L::kSign)));
   }
   const V r = hn::IfThenElse(small, small_result, normal);
   // Counters: no lane is NaN, infinite or overflows, and every sign is kept.
-  const auto nonzero_result = hn::TestBit(r, hn::Set(d, L::kMagnitude));
+  // (Not TestBit: it means "all bits of the mask set" on some targets.)
+  const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
+  const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
   c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
   c.flushed_tally += hn::CountTrue(d, hn::Not(hn::Or(zero, nonzero_result)));
-  c.subnormal_tally += hn::CountTrue(
-      d, hn::And(nonzero_result, hn::Lt(hn::And(r, hn::Set(d, L::kMagnitude)), hn::Set(d, k.smallest_normal))));
+  c.subnormal_tally += hn::CountTrue(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.smallest_normal))));
   return r;
 }
 
