@@ -9,10 +9,24 @@
 // almost every value is an ordinary normal number of the format; "gradients" has
 // log-uniform magnitudes over 2^-40..2^0, where many values underflow and take
 // the general path.
+//
+//   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock]
+//
+// The bar of issue #17 instead: 16M floats, one thread, memcpy and every format,
+// mode and data set in one run. Each repetition times every row once, in a
+// rotated order, each right after a memcpy of the same array into the same
+// output buffer; a row's ratio in a repetition is its rate over that paired
+// memcpy's rate. Prints medians (and the spread of the ratio over the
+// repetitions) as Markdown. Times are the thread's CPU time (on a shared
+// machine, time spent descheduled is nobody's kernel), or wall time with
+// --wall-clock.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -195,7 +209,131 @@ void register_all() {
 
 }  // namespace
 
+// ---- --side-by-side ----
+
+struct Row {
+  std::string format_name;
+  Format format;
+  RoundingMode mode;
+  Data data;
+  std::vector<double> rates, ratios;  // one per repetition
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+// The clock of --side-by-side: this thread's CPU time by default (on a shared
+// machine, time spent descheduled is not the kernel's), or wall time.
+bool use_wall_clock = false;
+
+double now_seconds() {
+  if (use_wall_clock) return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// Elements per second of `passes` back-to-back calls of body.
+template <class Body>
+double time_passes(std::size_t n, int passes, Body body) {
+  const double start = now_seconds();
+  for (int p = 0; p < passes; ++p) body();
+  return static_cast<double>(n) * passes / (now_seconds() - start);
+}
+
+int side_by_side(int repetitions, int passes) {
+  const std::size_t n = large;
+  const std::pair<const char*, Format> formats[] = {
+      {"binary16", mpsim::formats::binary16}, {"bfloat16", mpsim::formats::bfloat16}, {"tf32", mpsim::formats::tf32},
+      {"e4m3", mpsim::formats::e4m3},         {"e5m2", mpsim::formats::e5m2}};
+  const RoundingMode modes[] = {RoundingMode::nearest_even,    RoundingMode::nearest_away,
+                                RoundingMode::toward_zero,     RoundingMode::toward_positive,
+                                RoundingMode::toward_negative, RoundingMode::odd,
+                                RoundingMode::stochastic};
+  std::vector<Row> rows;
+  for (const auto& [name, format] : formats)
+    for (Data data : {Data::normal, Data::gradients})
+      for (RoundingMode mode : modes) rows.push_back({name, format, mode, data, {}, {}});
+  const auto& normal = input(n, Data::normal);
+  const auto& gradients = input(n, Data::gradients);
+  std::vector<float> out(n, 1.0f);  // one output buffer for every row and memcpy, touched once
+  std::vector<double> memcpy_rates;
+  auto run_memcpy = [&] {
+    std::memcpy(out.data(), normal.data(), n * sizeof(float));
+    benchmark::DoNotOptimize(out.data());
+  };
+  for (int w = 0; w < 2; ++w) run_memcpy();  // warm up
+  for (int rep = 0; rep < repetitions; ++rep) {
+    // Rotate the order so no row always follows the same neighbour.
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      Row& row = rows[(k + static_cast<std::size_t>(rep) * 7) % rows.size()];
+      mpsim::QuantizeOptions options;
+      options.rounding.mode = row.mode;
+      options.stochastic = {{42, 0}, 0};
+      options.threads = 1;
+      const auto& in = row.data == Data::normal ? normal : gradients;
+      const double base = time_passes(n, passes, run_memcpy);
+      const double rate = time_passes(n, passes, [&] {
+        mpsim::quantize(row.format, std::span<const float>(in), std::span<float>(out), options);
+        benchmark::DoNotOptimize(out.data());
+      });
+      memcpy_rates.push_back(base);
+      row.rates.push_back(rate);
+      row.ratios.push_back(rate / base);
+    }
+    std::fprintf(stderr, "repetition %d of %d done\n", rep + 1, repetitions);
+  }
+  std::sort(memcpy_rates.begin(), memcpy_rates.end());
+  std::printf("16M floats, 1 thread, vector target %s, %s, %d repetitions x %d passes. memcpy: median %.2f G/s "
+              "(10th-90th percentile of its %zu paired runs: %.2f-%.2f).\n\n",
+              std::string(mpsim::vector_target_name()).c_str(),
+              use_wall_clock ? "wall-clock time" : "the thread's CPU time", repetitions, passes, median(memcpy_rates) / 1e9,
+              memcpy_rates.size(), memcpy_rates[memcpy_rates.size() / 10] / 1e9,
+              memcpy_rates[memcpy_rates.size() * 9 / 10] / 1e9);
+  std::printf("Cells: median G elements/s (median of the per-repetition ratios to the paired memcpy; in brackets "
+              "the lowest and highest ratio).\n\n");
+  std::printf("| format | data |");
+  for (RoundingMode mode : modes) std::printf(" %s |", std::string(mpsim::to_string(mode)).c_str());
+  std::printf("\n|---|---|");
+  for (std::size_t m = 0; m < std::size(modes); ++m) std::printf("---|");
+  std::printf("\n");
+  double worst_deterministic = 1e9, worst_stochastic = 1e9;
+  for (std::size_t r = 0; r < rows.size(); r += std::size(modes)) {
+    std::printf("| %s | %s |", rows[r].format_name.c_str(), rows[r].data == Data::normal ? "normal" : "gradients");
+    for (std::size_t m = 0; m < std::size(modes); ++m) {
+      const Row& row = rows[r + m];
+      const double ratio = median(row.ratios);
+      const auto [lo, hi] = std::minmax_element(row.ratios.begin(), row.ratios.end());
+      std::printf(" %.2f (%.2fx; %.2f-%.2f) |", median(row.rates) / 1e9, ratio, *lo, *hi);
+      double& worst = row.mode == RoundingMode::stochastic ? worst_stochastic : worst_deterministic;
+      worst = std::min(worst, ratio);
+    }
+    std::printf("\n");
+  }
+  std::printf("\nLowest median ratio: deterministic modes %.2fx memcpy (goal 0.9x), stochastic %.2fx (goal 0.5x).\n",
+              worst_deterministic, worst_stochastic);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--side-by-side") {
+    int repetitions = 11, passes = 2;
+    for (int a = 2; a < argc; ++a) {
+      const std::string arg = argv[a];
+      if (arg.rfind("--repetitions=", 0) == 0) repetitions = std::stoi(arg.substr(14));
+      else if (arg.rfind("--passes=", 0) == 0) passes = std::stoi(arg.substr(9));
+      else if (arg == "--wall-clock") use_wall_clock = true;
+      else {
+        std::fprintf(stderr, "bench_quantize --side-by-side: unknown option %s (accepted: --repetitions=N --passes=P --wall-clock)\n",
+                     arg.c_str());
+        return 2;
+      }
+    }
+    return side_by_side(std::max(1, repetitions), std::max(1, passes));
+  }
   benchmark::Initialize(&argc, argv);
   register_all();
   benchmark::AddCustomContext("vector_target", std::string(mpsim::vector_target_name()));

@@ -25,9 +25,12 @@ T stored_value(const Format& f, Bits bits) {
   else return to_double(f, bits);
 }
 
+// On the bits, so that denormals-are-zero (MXCSR.DAZ) cannot turn a binary32
+// subnormal input into a zero one.
 template <class T>
 bool is_finite_nonzero(T x) {
-  return std::isfinite(x) && x != T{0};
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  return std::isfinite(x) && (std::bit_cast<U>(x) << 1) != 0;
 }
 
 // The reference: every element through the one scalar rounding routine.
@@ -164,6 +167,16 @@ KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
   if (o.rounding.mode == RoundingMode::nearest_even && f.subnormals == Subnormals::gradual && f.mantissa_bits > 0 &&
       quantum_exponent - 1 >= std::numeric_limits<T>::min_exponent - 1 && std::fegetround() == FE_TONEAREST)
     k.subnormal_magic = pattern_of(std::ldexp(1.0, quantum_exponent + storage_mantissa));
+  // Below the smallest normal every mode rounds |x| * 2^(M - emin) to an
+  // integer and scales back (QuantizeSubnormalLanes). Exact, and independent of
+  // the FPU's rounding mode and of DAZ/FTZ, when the subnormal quantum
+  // 2^(emin - M) is a normal number of the storage: the kernel takes the path
+  // only for lanes that are zero or normal in the storage, so every operand and
+  // result is normal (or zero) and the scalings by powers of two are exact.
+  if (f.subnormals == Subnormals::gradual && quantum_exponent >= std::numeric_limits<T>::min_exponent - 1) {
+    k.subnormal_scale = pattern_of(std::ldexp(1.0, -quantum_exponent));
+    k.subnormal_quantum = pattern_of(std::ldexp(1.0, quantum_exponent));
+  }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);
   return k;

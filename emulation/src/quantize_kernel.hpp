@@ -32,6 +32,11 @@ struct Kernel {
   // storage mantissa bits), or 0 where the subnormal shortcut is not exact
   // (see QuantizeSmallLanes).
   U subnormal_magic;
+  // Every mode, gradual underflow: the storage patterns of 2^(mantissa bits -
+  // emin) and 2^(emin - mantissa bits), or 0 where the scaled short path is not
+  // exact (see QuantizeSubnormalLanes).
+  U subnormal_scale;
+  U subnormal_quantum;
   std::uint32_t random_mask;  // stochastic rounding: the draw bits that count
   DrawKey key;
 };

@@ -22,6 +22,7 @@
 #include "hwy/highway.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "emulation/src/quantize_kernel.hpp"
@@ -44,6 +45,9 @@ struct Layout {
 template <class D>
 struct Counters {
   hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
+  // The short paths count with the mask's population count instead: scalar
+  // work that runs beside the vector units.
+  std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0;
 };
 
 // Counts lanes where `mask` holds (mask lanes are all ones: subtracting adds 1).
@@ -57,9 +61,12 @@ HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
 // from zero when their sum carries out of 32 bits.
 template <class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Mask<D> Carry(D d, const Kernel<U>& k, hn::Vec<D> fraction, hn::Vec<D> draw) {
-  const auto random_mask = hn::Set(d, static_cast<U>(k.random_mask));
-  fraction = hn::And(fraction, random_mask);
-  const auto sum = hn::Add(fraction, hn::And(draw, random_mask));
+  if (k.random_mask != ~std::uint32_t{0}) {
+    const auto random_mask = hn::Set(d, static_cast<U>(k.random_mask));
+    fraction = hn::And(fraction, random_mask);
+    draw = hn::And(draw, random_mask);
+  }
+  const auto sum = hn::Add(fraction, draw);
   if constexpr (sizeof(U) == 4) return hn::Lt(sum, fraction);  // wrapped around
   else return hn::Ne(hn::ShiftRight<32>(sum), hn::Zero(d));
 }
@@ -176,8 +183,7 @@ HWY_INLINE hn::Vec<D> RoundPatternNearestEven(D d, const Kernel<U>& k, hn::Vec<D
 // rounding the whole pattern (sign included: no carry can reach it) to a
 // multiple of it is the answer. Only the inexact counter can move.
 template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
-                                            hn::Vec<D>& inexact) {
+HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw) {
   using V = hn::Vec<D>;
   using L = Layout<U>;
   const V one = hn::Set(d, U{1});
@@ -208,33 +214,140 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
                                           : rest >> hn::Set(d, k.base_shift - U{32});
     r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.base_shift == 0 ? hn::Zero(d) : fraction, draw), unit));
   }
-  inexact = hn::Sub(inexact, hn::VecFromMask(d, hn::Ne(r, x)));
   return r;
 }
 
-// Nearest-even, when every lane is finite and at most the largest finite value
-// but some are below the smallest normal (gradients that underflow): lanes in
-// the normal range round on the pattern as in QuantizeOrdinaryLanes; lanes
-// below it by (|x| + C) - C with C = 2^(emin - M + storage mantissa). The sum
-// lies in [C, 2C), whose spacing is exactly the subnormal quantum 2^(emin-M),
-// so the FPU's one round-to-nearest-even addition is the rounding, and
-// subtracting C is exact. The host enables this only in round-to-nearest and
-// when half the smallest subnormal is a normal number of the storage.
-template <class D, class U = hn::TFromD<D>>
-HWY_INLINE hn::Vec<D> QuantizeSmallLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, Counters<D>& c) {
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
+                                            std::uint64_t& inexact) {
+  const hn::Vec<D> r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+  inexact += hn::CountTrue(d, hn::Ne(r, x));
+  return r;
+}
+
+// floor(fraction * 2^32) for a fraction in [0, 1) held in the storage's
+// floating type: stochastic rounding's 0.32 fraction of the quantum. The
+// product is exact (a power of two); truncating conversion floors it.
+template <class D, class DF>
+HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
+  const hn::RebindToSigned<DF> di;
+  const auto z = hn::Mul(fraction, hn::Set(df, 4294967296.0));
+  if constexpr (sizeof(hn::TFromD<D>) == 8) {
+    return hn::BitCast(d, hn::ConvertTo(di, z));
+  } else if constexpr (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86 && hn::MaxLanes(D()) == 16) {
+    return hn::Vec<D>{_mm512_cvttps_epu32(z.raw)};
+  } else {
+    // int32 conversion covers [0, 2^31); at or above 2^31 z is an integer
+    // (24-bit significand), and z - 2^31 is exact.
+    const auto two31 = hn::Set(df, 2147483648.0f);
+    const auto big = hn::Ge(z, two31);
+    const auto low = hn::BitCast(d, hn::ConvertTo(di, hn::IfThenElse(big, hn::Sub(z, two31), z)));
+    return hn::Xor(low, hn::IfThenElseZero(hn::RebindMask(d, big), hn::Set(d, Layout<hn::TFromD<D>>::kSign)));
+  }
+}
+
+// Any mode, gradual underflow, when every lane is zero or a normal number of
+// the storage at most the largest finite value but some lie below the format's
+// smallest normal (`small`: gradients that underflow). Lanes in the format's
+// normal range round on the pattern as in QuantizeOrdinaryLanes. Below it the
+// quantum is the fixed 2^(emin - M): y = x * 2^(M - emin) lies in (-2^M, 2^M),
+// and rounding y to an integer and scaling back by 2^(emin - M) is the
+// answer. `small` has no zero lanes (they take the ordinary code). Truncation, floor and ceiling are exact operations that ignore the
+// FPU's rounding mode and keep the sign of zero; the other modes decide from
+// |y|'s truncation t and remainder |y| - t (exact, Sterbenz), add one where
+// they round away (t + 1 <= 2^M is exact) and put the sign back. The host
+// enables this only where 2^(emin - M) is a normal number of the storage, and
+// the caller only for lanes that are zero or normal in it: every operand and
+// result is then normal or zero, the scalings are exact, and DAZ/FTZ cannot
+// change a bit. Nearest-even uses (|x| + C) - C with C = 2^(emin - M + storage
+// mantissa) where the host allows it (the FPU in round-to-nearest, half the
+// smallest subnormal a normal number): the sum lies in [C, 2C), whose spacing
+// is the subnormal quantum, so the one addition is the rounding and
+// subtracting C is exact.
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Mask<D> small,
+                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
   using V = hn::Vec<D>;
   using L = Layout<U>;
   const hn::RebindToFloat<D> df;
-  const V one = hn::Set(d, U{1});
-  const V normal = RoundPatternNearestEven(d, k, x);
-  const auto magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
-  const V small = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, a), magic), magic));
-  const V r = hn::IfThenElse(hn::Lt(a, hn::Set(d, k.smallest_normal)), hn::Or(small, hn::And(x, hn::Set(d, L::kSign))),
-                             normal);
+  const hn::RebindToSigned<D> di;
+  using T = hn::TFromD<decltype(df)>;
+  using VF = hn::Vec<decltype(df)>;
+  const V normal = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+  const VF scale = hn::BitCast(df, hn::Set(d, k.subnormal_scale));
+  const VF quantum = hn::BitCast(df, hn::Set(d, k.subnormal_quantum));
+  // Lanes in the normal range are discarded: zeroing them keeps every y finite.
+  constexpr bool kSigned = (kMode == RoundingMode::toward_zero || kMode == RoundingMode::toward_positive ||
+                            kMode == RoundingMode::toward_negative || kMode == RoundingMode::nearest_away) &&
+                           HWY_ARCH_X86 && HWY_TARGET <= HWY_SSE4;  // rounding instructions that keep -0
+  V small_result;
+  if constexpr (kSigned) {
+    const VF y = hn::Mul(hn::BitCast(df, hn::IfThenElseZero(small, x)), scale);
+    VF rounded;
+    if constexpr (kMode == RoundingMode::toward_zero) {
+      rounded = hn::Trunc(y);
+    } else if constexpr (kMode == RoundingMode::toward_positive) {
+      rounded = hn::Ceil(y);
+    } else if constexpr (kMode == RoundingMode::toward_negative) {
+      rounded = hn::Floor(y);
+    } else {
+      // Nearest-away: with t = trunc(y) and y = t + f, 2y - t = t + 2f is exact
+      // (no wider than 2y) and nonzero (y is: `small` has no zero lanes), and
+      // its truncation is t plus one away from zero exactly when |f| >= 1/2.
+      rounded = hn::Trunc(hn::Sub(hn::Add(y, y), hn::Trunc(y)));
+    }
+    small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
+  } else {
+    const V small_magnitude = hn::IfThenElseZero(small, a);
+    VF rounded;
+    if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0) {
+      const VF magic = hn::BitCast(df, hn::Set(d, k.subnormal_magic));
+      small_result = hn::BitCast(d, hn::Sub(hn::Add(hn::BitCast(df, small_magnitude), magic), magic));
+    } else {
+      const VF y = hn::Mul(hn::BitCast(df, small_magnitude), scale);
+      if constexpr (kMode == RoundingMode::toward_zero) {
+        rounded = hn::Trunc(y);
+      } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
+        const auto negative = hn::RebindMask(df, hn::Lt(hn::BitCast(di, x), hn::Zero(di)));
+        rounded = (kMode == RoundingMode::toward_positive) == true ? hn::IfThenElse(negative, hn::Trunc(y), hn::Ceil(y))
+                                                                   : hn::IfThenElse(negative, hn::Ceil(y), hn::Trunc(y));
+      } else if constexpr (kMode == RoundingMode::odd) {
+        // The truncation t < 2^M plus 2^(storage mantissa) is exact, and its
+        // pattern's last bit is t's: set it when inexact, and subtract again
+        // (exact, and nonzero: y is).
+        const VF t = hn::Trunc(y);
+        const VF magic = hn::Set(df, static_cast<T>(L::kHidden));
+        const V biased = hn::BitCast(d, hn::Add(t, magic));
+        const V odd = hn::Or(biased, hn::IfThenElseZero(hn::RebindMask(d, hn::Ne(t, y)), hn::Set(d, U{1})));
+        rounded = hn::Sub(hn::BitCast(df, odd), magic);
+      } else {
+        const VF t = hn::Trunc(y);
+        const VF rest = hn::Sub(y, t);  // exact (Sterbenz)
+        const VF f_half = hn::Set(df, T{0.5});
+        hn::Mask<decltype(df)> up;
+        if constexpr (kMode == RoundingMode::nearest_even) {
+          const VF half_t = hn::Mul(t, f_half);
+          const auto t_odd = hn::Ne(hn::Trunc(half_t), half_t);
+          up = hn::Or(hn::Gt(rest, f_half), hn::And(hn::Eq(rest, f_half), t_odd));
+        } else if constexpr (kMode == RoundingMode::nearest_away) {
+          up = hn::Ge(rest, f_half);
+        } else {  // stochastic
+          up = hn::RebindMask(df, Carry(d, k, FractionBits(d, df, rest), draw));
+        }
+        rounded = hn::Add(t, hn::IfThenElseZero(up, hn::Set(df, T{1})));
+      }
+      small_result = hn::BitCast(d, hn::Mul(rounded, quantum));
+    }
+    small_result = hn::Or(small_result, hn::And(x, hn::Set(d, L::kSign)));
+  }
+  const V r = hn::IfThenElse(small, small_result, normal);
+  // Counters: no lane is NaN, infinite or overflows, and every sign is kept.
+  // (Not TestBit: it means "all bits of the mask set" on some targets.)
   const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
-  Count(d, c.inexact, hn::Ne(r, x));
-  Count(d, c.flushed, hn::And(hn::Ne(a, hn::Zero(d)), hn::Eq(magnitude, hn::Zero(d))));
-  Count(d, c.subnormal, hn::Lt(hn::Sub(magnitude, one), hn::Set(d, static_cast<U>(k.smallest_normal - 1))));
+  const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
+  c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
+  c.flushed_tally += hn::CountTrue(d, hn::Not(hn::Or(zero, nonzero_result)));
+  c.subnormal_tally += hn::CountTrue(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.smallest_normal))));
   return r;
 }
 
@@ -276,7 +389,11 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const V ordinary_low = hn::Set(d, k.smallest_normal);
   const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
   const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
-  const V at_most_largest = hn::Set(d, static_cast<U>(k.largest_finite + 1));  // a < this: a <= largest finite
+  // Where the host enabled QuantizeSubnormalLanes, one range test picks the
+  // short paths: every lane zero or in [storage's smallest normal, largest finite].
+  const bool subnormal_path = k.subnormal_scale != 0;
+  const V storage_normal_low = hn::Set(d, Layout<U>::kHidden);
+  const V storage_normal_span = hn::Set(d, static_cast<U>(k.largest_finite - Layout<U>::kHidden + 1));
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -290,36 +407,50 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
+    // Up to one vector of elements through a full-width buffer and the general lane code.
+    auto partial = [&](std::size_t count) {
+      HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
+      std::memcpy(buffer, in + i + j, count * sizeof(T));
+      const V x = hn::BitCast(d, hn::Load(df, buffer));
+      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+      hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, count), c)), df, buffer);
+      std::memcpy(out + i + j, buffer, count * sizeof(T));
+      j += count;
+      low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
+    };
     for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
       const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
       const V a = hn::And(x, magnitude_mask);
-      const auto ordinary = hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)));
       V r;
-      if (hn::AllTrue(d, ordinary)) {
-        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact);
-      } else if (kMode == RoundingMode::nearest_even && k.subnormal_magic != 0 && hn::AllTrue(d, hn::Lt(a, at_most_largest))) {
-        r = QuantizeSmallLanes(d, k, x, a, c);
+      if (subnormal_path) {
+        const auto zero = hn::Eq(a, hn::Zero(d));
+        const auto short_path = hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), zero);
+        if (hn::AllTrue(d, short_path)) {
+          // Zero lanes round to themselves in the ordinary code of every mode.
+          const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
+          if (hn::AllFalse(d, small)) r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+          else r = QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
+        } else {
+          r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
+        }
+      } else if (hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d))))) {
+        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
       } else {
         r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
       }
       hn::StoreU(hn::BitCast(df, r), df, out + i + j);
     }
-    if (j < block) {  // the tail, through a full-width buffer
-      HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
-      const std::size_t left = block - j;
-      std::memcpy(buffer, in + i + j, left * sizeof(T));
-      const V x = hn::BitCast(d, hn::Load(df, buffer));
-      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-      hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, left), c)), df, buffer);
-      std::memcpy(out + i + j, buffer, left * sizeof(T));
-    }
+    if (j < block) partial(block - j);  // the tail
     HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)];
     hn::Store(c.inexact, d, lane_counts[0]);
     hn::Store(c.flushed, d, lane_counts[1]);
     hn::Store(c.subnormal, d, lane_counts[2]);
     hn::Store(c.overflow, d, lane_counts[3]);
     hn::Store(c.nan, d, lane_counts[4]);
+    total.inexact += c.inexact_tally;
+    total.flushed_to_zero += c.flushed_tally;
+    total.subnormal += c.subnormal_tally;
     for (std::size_t l = 0; l < lanes; ++l) {
       total.inexact += lane_counts[0][l];
       total.flushed_to_zero += lane_counts[1][l];

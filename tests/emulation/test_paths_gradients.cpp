@@ -3,17 +3,24 @@
 // smallest normal (the case underflow studies care about, and the one where
 // nearest-even takes its subnormal shortcut). Every lane must match the scalar
 // reference bit for bit, counters included, in every mode, for float and
-// double storage, also when the FPU's rounding mode is not to-nearest.
+// double storage, also when the FPU's rounding mode is not to-nearest or
+// DAZ/FTZ are set, and on every vector target the CPU runs.
 #include <catch2/catch.hpp>
+#include <hwy/targets.h>
 
 #include <bit>
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <type_traits>
 #include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #include "mpsim/emulation/quantize.hpp"
 
@@ -89,14 +96,77 @@ TEST_CASE("paths on gradient-like data: double storage, every mode", "[paths]") 
 TEST_CASE("paths on gradient-like data: the FPU's rounding mode does not leak in", "[paths]") {
   // The nearest-even subnormal shortcut uses the FPU's addition; in any other
   // FPU mode quantize must not take it, and still match the scalar reference.
+  // The other modes' subnormal path scales, truncates and adds in the FPU too.
   for (int fpu_mode : {FE_UPWARD, FE_DOWNWARD, FE_TOWARDZERO}) {
     const int saved = std::fegetround();
     std::fesetround(fpu_mode);
     const auto in = gradient_like<float>(std::size_t{1} << 14, -40, 0, 7);
-    for (const char* name : {"binary16", "e4m3", "e5m2"})
-      check_same_as_scalar(*parse_format(name), RoundingMode::nearest_even, in);
+    const auto in_double = gradient_like<double>(std::size_t{1} << 12, -40, 0, 7);
+    for (const char* name : {"binary16", "e4m3", "e5m2"}) {
+      for (RoundingMode mode : all_modes) {
+        check_same_as_scalar(*parse_format(name), mode, in);
+        check_same_as_scalar(*parse_format(name), mode, in_double);
+      }
+    }
     std::fesetround(saved);
   }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+TEST_CASE("paths on gradient-like data: denormals-are-zero and flush-to-zero do not leak in", "[paths]") {
+  // Binary32 subnormal inputs (2^-150..) beside underflowing ones: the vector
+  // paths may use the FPU only where no operand or result is a binary32
+  // subnormal, so DAZ/FTZ settings cannot change a bit or a counter. Both
+  // paths run under the settings; the reference is the scalar path without them.
+  const unsigned saved = _mm_getcsr();
+  const auto in = gradient_like<float>(std::size_t{1} << 14, -150, 0, 8);
+  std::vector<float> reference(in.size()), got(in.size());
+  for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2"}) {
+    const Format f = *parse_format(name);
+    for (RoundingMode mode : all_modes) {
+      QuantizeOptions options;
+      options.rounding.mode = mode;
+      options.stochastic = {{2026, 11}, 5};
+      options.threads = 1;
+      options.path = Path::scalar;
+      const QuantizeCounts expected = quantize(f, std::span<const float>(in), std::span<float>(reference), options);
+      for (unsigned bits : {0x0040u, 0x8000u, 0x8040u}) {  // DAZ, FTZ, both
+        for (Path path : {Path::scalar, Path::vector}) {
+          options.path = path;
+          _mm_setcsr(saved | bits);
+          const QuantizeCounts counts = quantize(f, std::span<const float>(in), std::span<float>(got), options);
+          _mm_setcsr(saved);
+          INFO(name << " " << to_string(mode) << " MXCSR bits " << bits << (path == Path::scalar ? " scalar" : " vector"));
+          CHECK(counts == expected);
+          CHECK(std::memcmp(got.data(), reference.data(), in.size() * sizeof(float)) == 0);
+        }
+      }
+    }
+  }
+}
+#endif
+
+// Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...),
+// not only the best one of this CPU, against the scalar reference.
+TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[paths]") {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(!targets.empty());
+  const auto in = gradient_like<float>(std::size_t{1} << 13, -40, 0, 11);
+  const auto wide = gradient_like<float>(std::size_t{1} << 13, -150, 20, 12);
+  const auto in_double = gradient_like<double>(std::size_t{1} << 12, -40, 0, 13);
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    INFO("vector target " << hwy::TargetName(target));
+    CHECK(std::string(vector_target_name()) == hwy::TargetName(target));
+    for (const char* name : {"binary16", "bfloat16", "e4m3", "e5m2", "e3m2", "e5m10:ftz", "e4m3:fn", "e6m9:sat"}) {
+      for (RoundingMode mode : all_modes) {
+        check_same_as_scalar(*parse_format(name), mode, in);
+        check_same_as_scalar(*parse_format(name), mode, wide);
+        check_same_as_scalar(*parse_format(name), mode, in_double);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 }  // namespace
