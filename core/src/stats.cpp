@@ -8,8 +8,8 @@
 
 // The exponent histogram's kernels, compiled once per SIMD target by
 // Highway (mpsim's one dispatch mechanism, emulation/include/mpsim/emulation/simd.hpp)
-// and chosen at run time; the AVX-512 VBMI2 target (AVX3_DL) is the one the
-// window algorithm below is written for.
+// and chosen at run time. AVX3_DL (AVX-512 with VBMI2, whose byte compression
+// the window algorithm below uses most) is compiled beside the default targets.
 #ifndef HWY_WANT_AVX3_DL
 #define HWY_WANT_AVX3_DL
 #endif
@@ -220,7 +220,7 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
 
 #if HWY_TARGET != HWY_SCALAR
 // Many values, with no per-value memory increments for almost all of them
-// (the fastest path where 8-bit compression is an instruction: AVX-512 VBMI2).
+// (the fastest path on AVX-512 targets; window_is_fastest below).
 // Each block of one vector of bytes (64 values on AVX-512) is reduced to its
 // exponent bytes. Those in a window of 16 adjacent fields become one-hot
 // bytes, one bit per field, in two vectors (fields base..base+7 and
@@ -477,8 +477,11 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
   flush();
   if (start < values.size()) count_fields_pairs(values.subspan(start), out);
 }
-// The targets where the window algorithm is the faster one.
-constexpr bool window_is_fastest = HWY_TARGET == HWY_AVX3_DL;
+// The targets where the window algorithm is the faster one: AVX-512, with or
+// without VBMI2's byte compression (without it, Highway compresses 16-bit
+// halves). On AVX2 and narrower targets pairs are 2-3x faster (bench_stats
+// BM_fields, 2026-11-25).
+constexpr bool window_is_fastest = HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3;
 #else
 void count_fields_window(std::span<const float> values, FieldCounts& out) { count_fields_pairs(values, out); }
 constexpr bool window_is_fastest = false;
