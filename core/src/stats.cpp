@@ -324,7 +324,10 @@ FirstPass count_first_window(const float* v, std::size_t blocks, int base, std::
     low = hn::TableLookupBytesOr0(low_onehot, offset);
     high = hn::TableLookupBytesOr0(high_onehot, offset);
     const auto outside = hn::AndNot(is_zero, hn::Eq(hn::Or(low, high), zero));
-    n_out += hn::CompressStore(fields, outside, d8, outliers + n_out);
+    // Compress in a register, then store: AVX-512's compress to memory is
+    // microcoded and slow on AMD Zen 4 and 5.
+    hn::StoreU(hn::Compress(fields, outside), d8, outliers + n_out);
+    n_out += hn::CountTrue(d8, outside);
   };
   // The adder tree, for the low [0] and high [1] one-hot vectors: the running
   // 1s, 2s, 4s and 8s bit planes, and partial results of the current group of
@@ -401,7 +404,8 @@ std::size_t count_second_window(std::uint8_t* list, std::size_t n, int base, std
       in_window[j] = hn::Sub(in_window[j], hn::VecFromMask(d8, hn::Eq(offset, hn::Set(d8, static_cast<std::uint8_t>(j)))));
     const auto outside = hn::AndNot(hn::Eq(hn::Min(offset, last), offset), valid);
     // In place: the bytes stored at n_out <= i end within the vector just read.
-    n_out += hn::CompressStore(hn::Add(offset, base_vec), outside, d8, list + n_out);
+    hn::StoreU(hn::Compress(hn::Add(offset, base_vec), outside), d8, list + n_out);
+    n_out += hn::CountTrue(d8, outside);
     if (++steps == 255) {  // before the 8-bit counters can wrap (vectors of 16 bytes)
       drain();
       steps = 0;
