@@ -70,58 +70,57 @@ namespace hn = hwy::HWY_NAMESPACE;
 using namespace stats_detail;
 
 // The vectorisable pass over one chunk: the exponent field of each value into
-// `keys`, how many are subnormal, infinite or NaN, and the range of fields
+// `keys`, whether any is subnormal, infinite or NaN, and the range of fields
 // 1..254 seen, kept as min(field - 1) and max(field + 1) in 8-bit arithmetic so
 // that fields 0 and 255 fall outside it.
-std::uint32_t extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint8_t& low_minus_1,
-                             std::uint8_t& high_plus_1) {
+bool extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint8_t& low_minus_1,
+                    std::uint8_t& high_plus_1) {
   const hn::ScalableTag<std::uint8_t> d8;
   const hn::Repartition<std::uint32_t, decltype(d8)> du;
   const hn::Repartition<float, decltype(d8)> df;
   const std::size_t lanes = hn::Lanes(du), block = hn::Lanes(d8);
-  const auto magnitude = hn::Set(du, 0x7fffffffu), byte = hn::Set(du, 0xffu), one = hn::Set(du, 1u);
-  const auto zero = hn::Zero(du), infinite_field = hn::Set(du, 255u);
-  auto lo = hn::Set(du, low_minus_1), hi = hn::Set(du, high_plus_1), special = zero;
+  const auto magnitude = hn::Set(du, 0x7fffffffu), one = hn::Set(du, 1u), below_normal = hn::Set(du, 0x7fffffu);
+  const auto one8 = hn::Set(d8, std::uint8_t{1}), top8 = hn::Set(d8, std::uint8_t{255});
+  auto lo = hn::Set(d8, low_minus_1), hi = hn::Set(d8, high_plus_1);
+  auto special = hn::Zero(du);
+  auto special8 = hn::Zero(d8);
   std::size_t i = 0;
   // Four vectors of values make one of keys: the keys of vector j go to byte
   // j of each 32-bit lane (the order of the keys does not matter to the
   // counts; Highway 1.0.3's TruncateTo to 8 bits is wrong on AVX3_DL).
   for (; i + block <= m; i += block) {
-    auto packed = zero;
+    auto packed = hn::Zero(du);
     for (int j = 0; j < 4; ++j) {
       const auto bits = hn::And(hn::BitCast(du, hn::LoadU(df, v + i + j * lanes)), magnitude);
-      const auto key = hn::ShiftRight<23>(bits);
-      packed = hn::Or(packed, hn::ShiftLeftSame(key, 8 * j));
-      // Field 0 with a nonzero magnitude is subnormal; field 255 is infinite or NaN.
-      const auto is_special = hn::Or(hn::AndNot(hn::Eq(bits, zero), hn::Eq(key, zero)), hn::Eq(key, infinite_field));
-      special = hn::Sub(special, hn::VecFromMask(du, is_special));
-      lo = hn::Min(lo, hn::And(hn::Sub(key, one), byte));
-      hi = hn::Max(hi, hn::And(hn::Add(key, one), byte));
+      packed = hn::Or(packed, hn::ShiftLeftSame(hn::ShiftRight<23>(bits), 8 * j));
+      special = hn::Or(special, hn::VecFromMask(du, hn::Lt(hn::Sub(bits, one), below_normal)));  // subnormal
     }
-    hn::StoreU(hn::BitCast(d8, packed), d8, keys + i);
+    const auto key = hn::BitCast(d8, packed);
+    hn::StoreU(key, d8, keys + i);
+    special8 = hn::Or(special8, hn::VecFromMask(d8, hn::Eq(key, top8)));  // infinite or NaN
+    lo = hn::Min(lo, hn::Sub(key, one8));
+    hi = hn::Max(hi, hn::Add(key, one8));
   }
-  alignas(64) std::uint32_t lo_lanes[64], hi_lanes[64], special_lanes[64];
-  hn::Store(lo, du, lo_lanes);
-  hn::Store(hi, du, hi_lanes);
-  hn::Store(special, du, special_lanes);
-  std::uint32_t count = 0;
+  bool any = !hn::AllTrue(du, hn::Eq(special, hn::Zero(du))) || !hn::AllTrue(d8, hn::Eq(special8, hn::Zero(d8)));
+  alignas(64) std::uint8_t lo_lanes[64], hi_lanes[64];
+  hn::Store(lo, d8, lo_lanes);
+  hn::Store(hi, d8, hi_lanes);
   std::uint8_t lo_m1 = low_minus_1, hi_p1 = high_plus_1;
-  for (std::size_t l = 0; l < lanes; ++l) {
-    count += special_lanes[l];
-    lo_m1 = std::min<std::uint8_t>(lo_m1, static_cast<std::uint8_t>(lo_lanes[l]));
-    hi_p1 = std::max<std::uint8_t>(hi_p1, static_cast<std::uint8_t>(hi_lanes[l]));
+  for (std::size_t l = 0; l < block; ++l) {
+    lo_m1 = std::min(lo_m1, lo_lanes[l]);
+    hi_p1 = std::max(hi_p1, hi_lanes[l]);
   }
   for (; i < m; ++i) {  // the tail, one by one
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(v[i]) & 0x7fffffffu;
     const auto key = static_cast<std::uint8_t>(bits >> 23);
     keys[i] = key;
-    count += static_cast<std::uint32_t>(bits - 1u < 0x7fffffu || key == 255);  // 0 < bits < 2^23: subnormal
+    any = any || bits - 1u < 0x7fffffu || key == 255;  // 0 < bits < 2^23: subnormal
     lo_m1 = std::min<std::uint8_t>(lo_m1, static_cast<std::uint8_t>(key - 1));
     hi_p1 = std::max<std::uint8_t>(hi_p1, static_cast<std::uint8_t>(key + 1));
   }
   low_minus_1 = lo_m1;
   high_plus_1 = hi_p1;
-  return count;
+  return any;
 }
 
 // A few values (fewer than 2048): four interleaved tables, so that
@@ -135,7 +134,7 @@ void count_fields_small(std::span<const float> values, FieldCounts& out) {
   std::uint8_t lo_m1 = 255, hi_p1 = 0;
   for (std::size_t start = 0; start < values.size(); start += chunk) {
     const std::size_t m = std::min(chunk, values.size() - start);
-    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1) != 0)
+    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1))
       resolve_special(values.data() + start, m, out);
     std::size_t i = 0;
     for (; i + 4 <= m; i += 4)
@@ -201,7 +200,7 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
   };
   for (std::size_t start = 0; start < values.size(); start += chunk) {
     const std::size_t m = std::min(chunk, values.size() - start);
-    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1) != 0)
+    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1))
       resolve_special(values.data() + start, m, out);
     std::size_t i = 0;
     for (; i + 8 <= m; i += 8) {
