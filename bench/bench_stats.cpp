@@ -8,9 +8,11 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mpsim/core/stats.hpp"
+#include "mpsim/emulation/simd.hpp"
 
 using namespace mpsim::core;
 
@@ -65,6 +67,30 @@ void BM_histogram_cold(benchmark::State& state) {
       static_cast<double>(state.iterations() * state.range(1)),
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
 }
+
+// One thread's field counting on a forced SIMD target and path (the
+// histogram's kernels, without the binning): BM_fields/TARGET/PATH.
+void BM_fields(benchmark::State& state, mpsim::simd::Target target, FieldCountPath path) {
+  const auto values = make_values(static_cast<int>(state.range(0)), static_cast<std::size_t>(state.range(1)));
+  mpsim::simd::ForceTarget forced(target);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(count_fields(values, path));
+    benchmark::ClobberMemory();
+  }
+  state.counters["ns/value"] = benchmark::Counter(
+      static_cast<double>(state.iterations() * state.range(1)),
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
+const int fields_registered = [] {
+  for (const mpsim::simd::Target& target : mpsim::simd::available_targets())
+    for (const auto& [path, name] : {std::pair{FieldCountPath::window, "window"}, std::pair{FieldCountPath::pairs, "pairs"}})
+      benchmark::RegisterBenchmark(("BM_fields/" + std::string(target.name) + "/" + name).c_str(), BM_fields, target,
+                                   path)
+          ->ArgsProduct({{0, 1, 2, 3}, {200704}})
+          ->ArgNames({"shape", "n"});
+  return 0;
+}();
 
 }  // namespace
 

@@ -3,54 +3,37 @@
 #include "mpsim/core/numerics.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstring>
 #include <vector>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define MPSIM_HISTOGRAM_AVX512 1
-// GCC 12's AVX-512 intrinsics pass _mm512_undefined_epi32() as the unused
-// merge operand, which its own flow analysis then reports as uninitialised.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
+// The exponent histogram's kernels, compiled once per SIMD target by
+// Highway (mpsim's one dispatch mechanism, emulation/include/mpsim/emulation/simd.hpp)
+// and chosen at run time. AVX3_DL (AVX-512 with VBMI2, whose byte compression
+// the window algorithm below uses most) is compiled beside the default targets.
+#ifndef HWY_WANT_AVX3_DL
+#define HWY_WANT_AVX3_DL
 #endif
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "core/src/stats.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 
-namespace mpsim::core {
-namespace {
+// What every target shares: defined once.
+#ifndef MPSIM_CORE_STATS_SHARED
+#define MPSIM_CORE_STATS_SHARED
+namespace mpsim::core::stats_detail {
 
 using FieldCounts = TensorStats::FieldCounts;
 
 constexpr std::size_t chunk = 4096;
-
-// The vectorisable pass over one chunk: the exponent field of each value into
-// `keys`, how many are subnormal, infinite or NaN, and the range of fields
-// 1..254 seen, kept as min(field - 1) and max(field + 1) in 8-bit arithmetic so
-// that fields 0 and 255 fall outside it. Compiled for AVX-512 and for baseline
-// x86-64 and chosen at load time: AVX-512 makes this pass about 4x faster.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
-#endif
-std::uint32_t extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint8_t& low_minus_1,
-                             std::uint8_t& high_plus_1) {
-  std::uint32_t special = 0;
-  std::uint8_t lo = low_minus_1, hi = high_plus_1;
-  for (std::size_t i = 0; i < m; ++i) {
-    // numerics.hpp's classification, which the CUDA histogram kernel runs too.
-    const std::uint32_t bits = magnitude_bits(v[i]);
-    const auto key = static_cast<std::uint8_t>(exponent_field(bits));
-    keys[i] = key;
-    special += static_cast<std::uint32_t>(is_subnormal_magnitude(bits) || key == 255);
-    lo = std::min<std::uint8_t>(lo, static_cast<std::uint8_t>(key - 1));
-    hi = std::max<std::uint8_t>(hi, static_cast<std::uint8_t>(key + 1));
-  }
-  low_minus_1 = lo;
-  high_plus_1 = hi;
-  return special;
-}
+// The window algorithm's widths (count_fields_window): the first window is
+// what one 16-byte table lookup can one-hot encode.
+constexpr int window_width = 16, second_width = 24;
 
 // Subnormal binades, infinities and NaNs of a chunk that holds any.
-void resolve_special(const float* v, std::size_t m, FieldCounts& out) {
+inline void resolve_special(const float* v, std::size_t m, FieldCounts& out) {
   for (std::size_t i = 0; i < m; ++i) {
     const std::uint32_t bits = magnitude_bits(v[i]);
     if (is_infinite_magnitude(bits)) ++out.infinite;
@@ -59,7 +42,91 @@ void resolve_special(const float* v, std::size_t m, FieldCounts& out) {
   }
 }
 
-// A few values (fewer than a chunk): four interleaved tables, so that
+// Base of the `width` adjacent fields in 1..254 that hold the most values.
+inline int best_window(const std::uint32_t* field, int width) {
+  std::uint64_t sum = 0;
+  for (int e = 1; e < 1 + width; ++e) sum += field[e];
+  std::uint64_t best = sum;
+  int best_base = 1;
+  for (int base = 2; base + width - 1 <= 254; ++base) {
+    sum += field[base + width - 1];
+    sum -= field[base - 1];
+    if (sum > best) best = sum, best_base = base;
+  }
+  return best_base;
+}
+
+// The two windows for values with these field counts.
+inline std::pair<int, int> place_windows(std::array<std::uint32_t, 256> counts) {
+  const int first = best_window(counts.data(), window_width);
+  std::fill_n(counts.begin() + first, window_width, 0);
+  return {first, best_window(counts.data(), second_width)};
+}
+
+}  // namespace mpsim::core::stats_detail
+#endif  // MPSIM_CORE_STATS_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace mpsim::core::HWY_NAMESPACE {
+namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+using namespace stats_detail;
+
+// The vectorisable pass over one chunk: the exponent field of each value into
+// `keys`, whether any is subnormal, infinite or NaN, and the range of fields
+// 1..254 seen, kept as min(field - 1) and max(field + 1) in 8-bit arithmetic so
+// that fields 0 and 255 fall outside it.
+bool extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint8_t& low_minus_1,
+                    std::uint8_t& high_plus_1) {
+  const hn::ScalableTag<std::uint8_t> d8;
+  const hn::Repartition<std::uint32_t, decltype(d8)> du;
+  const hn::Repartition<float, decltype(d8)> df;
+  const std::size_t lanes = hn::Lanes(du), block = hn::Lanes(d8);
+  const auto magnitude = hn::Set(du, 0x7fffffffu), one = hn::Set(du, 1u), below_normal = hn::Set(du, 0x7fffffu);
+  const auto one8 = hn::Set(d8, std::uint8_t{1}), top8 = hn::Set(d8, std::uint8_t{255});
+  auto lo = hn::Set(d8, low_minus_1), hi = hn::Set(d8, high_plus_1);
+  auto special = hn::Zero(du);
+  auto special8 = hn::Zero(d8);
+  std::size_t i = 0;
+  // Four vectors of values make one of keys: the keys of vector j go to byte
+  // j of each 32-bit lane (the order of the keys does not matter to the
+  // counts; Highway 1.0.3's TruncateTo to 8 bits is wrong on AVX3_DL).
+  for (; i + block <= m; i += block) {
+    auto packed = hn::Zero(du);
+    for (int j = 0; j < 4; ++j) {
+      const auto bits = hn::And(hn::BitCast(du, hn::LoadU(df, v + i + j * lanes)), magnitude);
+      packed = hn::Or(packed, hn::ShiftLeftSame(hn::ShiftRight<23>(bits), 8 * j));
+      special = hn::Or(special, hn::VecFromMask(du, hn::Lt(hn::Sub(bits, one), below_normal)));  // subnormal
+    }
+    const auto key = hn::BitCast(d8, packed);
+    hn::StoreU(key, d8, keys + i);
+    special8 = hn::Or(special8, hn::VecFromMask(d8, hn::Eq(key, top8)));  // infinite or NaN
+    lo = hn::Min(lo, hn::Sub(key, one8));
+    hi = hn::Max(hi, hn::Add(key, one8));
+  }
+  bool any = !hn::AllTrue(du, hn::Eq(special, hn::Zero(du))) || !hn::AllTrue(d8, hn::Eq(special8, hn::Zero(d8)));
+  alignas(64) std::uint8_t lo_lanes[64], hi_lanes[64];
+  hn::Store(lo, d8, lo_lanes);
+  hn::Store(hi, d8, hi_lanes);
+  std::uint8_t lo_m1 = low_minus_1, hi_p1 = high_plus_1;
+  for (std::size_t l = 0; l < block; ++l) {
+    lo_m1 = std::min(lo_m1, lo_lanes[l]);
+    hi_p1 = std::max(hi_p1, hi_lanes[l]);
+  }
+  for (; i < m; ++i) {  // the tail, one by one, by numerics.hpp's rule (the CUDA histogram's too)
+    const std::uint32_t bits = magnitude_bits(v[i]);
+    const auto key = static_cast<std::uint8_t>(exponent_field(bits));
+    keys[i] = key;
+    any = any || is_subnormal_magnitude(bits) || key == 255;
+    lo_m1 = std::min<std::uint8_t>(lo_m1, static_cast<std::uint8_t>(key - 1));
+    hi_p1 = std::max<std::uint8_t>(hi_p1, static_cast<std::uint8_t>(key + 1));
+  }
+  low_minus_1 = lo_m1;
+  high_plus_1 = hi_p1;
+  return any;
+}
+
+// A few values (fewer than 2048): four interleaved tables, so that
 // repeated fields rarely wait on each other's increments. The tables stay
 // zero between calls: only the fields seen, {0} u [lo, hi] u {255}, are read
 // back and cleared, which keeps the cost of a call of 10 or 256 values (a
@@ -70,7 +137,7 @@ void count_fields_small(std::span<const float> values, FieldCounts& out) {
   std::uint8_t lo_m1 = 255, hi_p1 = 0;
   for (std::size_t start = 0; start < values.size(); start += chunk) {
     const std::size_t m = std::min(chunk, values.size() - start);
-    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1) != 0)
+    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1))
       resolve_special(values.data() + start, m, out);
     std::size_t i = 0;
     for (; i + 4 <= m; i += 4)
@@ -86,10 +153,8 @@ void count_fields_small(std::span<const float> values, FieldCounts& out) {
   for (int e = std::max(1, lo_m1 + 1); e <= std::min(254, hi_p1 - 1); ++e) drain(e);
 }
 
-// Adds counts[0..n) to field[0..n), clears them and returns their sum.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
-#endif
+// Adds counts[0..n) to field[0..n), clears them and returns their sum (a
+// plain loop: the compiler vectorises it for each target).
 std::uint64_t drain_range(std::uint16_t* counts, std::uint64_t* field, int n) {
   std::uint64_t sum = 0;
   for (int i = 0; i < n; ++i) {
@@ -138,7 +203,7 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
   };
   for (std::size_t start = 0; start < values.size(); start += chunk) {
     const std::size_t m = std::min(chunk, values.size() - start);
-    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1) != 0)
+    if (extract_fields(values.data() + start, m, keys.data(), lo_m1, hi_p1))
       resolve_special(values.data() + start, m, out);
     std::size_t i = 0;
     for (; i + 8 <= m; i += 8) {
@@ -155,135 +220,129 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
   if (values.size() % drain_interval != 0) drain();
 }
 
-#if MPSIM_HISTOGRAM_AVX512
-// Many values on a CPU with AVX-512 VBMI2: no per-value memory increments for
-// almost all values. Each block of 64 values is reduced to 64 exponent bytes.
-// Those in a window of 16 adjacent fields become one-hot bytes, one bit per
-// field, in two vectors (fields base..base+7 and base+8..base+15), and a
-// positional population count adds them up: a carry-save adder tree over 16
-// blocks (Harley-Seal; Mula, Kurz and Lemire, "Faster population counts using
-// AVX2 instructions", Computer Journal 61(1), 2018; applied per bit position as
-// in Klarqvist, Mula and Lemire, "Efficient computation of positional population
-// counts using SIMD instructions", 2021) costs about two logic operations per
-// vector, and only its 16s are counted bit by bit. Zeros (field 0) are counted
-// by a mask population count. Fields outside {0} u window are compressed into
-// a list, which a second pass compares with a second window of 24 (cheap: it
-// sees only the outliers); what is left is counted one by one.
-// Weights, activations and gradients mostly span fewer than 40 binades, with
-// two modes at times (a layer's inputs that are often exactly zero make
-// gradients in two clusters). The windows are placed by a sample spread over
-// the array and moved when a chunk has more than a few values outside both
-// (count_fields_window). This first pass
-// replaced one that compared every byte with each of 12 fields (a masked byte
-// add per field), and is about 1.6x faster than it (bench_stats, 2026-11-22).
-constexpr int window_width = 16, second_width = 24;
-#define MPSIM_TARGET_AVX512_VBMI2 __attribute__((target("avx512f,avx512bw,avx512vbmi,avx512vbmi2,popcnt")))
-
-// Adds 1 to counts[j] in the lanes where offset == j, j < width.
-template <int width>
-MPSIM_TARGET_AVX512_VBMI2 inline void count_offsets(__m512i offset, __m512i* counts) {
-  const __m512i ones = _mm512_set1_epi8(1);
-  for (int j = 0; j < width; ++j) {
-    const __mmask64 hit = _mm512_cmpeq_epi8_mask(offset, _mm512_set1_epi8(static_cast<char>(j)));
-    counts[j] = _mm512_mask_add_epi8(counts[j], hit, counts[j], ones);
-  }
-}
-
-// Sum of the 64 8-bit counters of a vector.
-MPSIM_TARGET_AVX512_VBMI2 std::uint32_t byte_total(__m512i counts) {
-  alignas(64) std::uint64_t sums[8];  // GCC 12's _mm512_reduce_add_epi64 warns of an uninitialised temporary
-  _mm512_store_si512(sums, _mm512_sad_epu8(counts, _mm512_setzero_si512()));
-  std::uint64_t total = 0;
-  for (const std::uint64_t s : sums) total += s;
-  return static_cast<std::uint32_t>(total);
-}
+#if HWY_TARGET != HWY_SCALAR
+// Many values, with no per-value memory increments for almost all of them
+// (the fastest path on AVX-512 targets; window_is_fastest below).
+// Each block of one vector of bytes (64 values on AVX-512) is reduced to its
+// exponent bytes. Those in a window of 16 adjacent fields become one-hot
+// bytes, one bit per field, in two vectors (fields base..base+7 and
+// base+8..base+15), and a positional population count adds them up: a
+// carry-save adder tree over 16 blocks (Harley-Seal; Mula, Kurz and Lemire,
+// "Faster population counts using AVX2 instructions", Computer Journal 61(1),
+// 2018; applied per bit position as in Klarqvist, Mula and Lemire, "Efficient
+// computation of positional population counts using SIMD instructions", 2021)
+// costs about two logic operations per vector, and only its 16s are counted
+// bit by bit. Zeros (field 0) are counted by a mask population count. Fields
+// outside {0} u window are compressed into a list, which a second pass
+// compares with a second window of 24 (cheap: it sees only the outliers); what
+// is left is counted one by one. Weights, activations and gradients mostly
+// span fewer than 40 binades, with two modes at times (a layer's inputs that
+// are often exactly zero make gradients in two clusters). The windows are
+// placed by a sample spread over the array and moved when a chunk has more
+// than a few values outside both (count_fields_window).
 
 // One carry-save adder: a + b + c = 2 * carry + sum, bit by bit.
-MPSIM_TARGET_AVX512_VBMI2 inline void carry_save(__m512i& carry, __m512i& sum, __m512i a, __m512i b, __m512i c) {
-  sum = _mm512_ternarylogic_epi32(a, b, c, 0x96);    // a ^ b ^ c
-  carry = _mm512_ternarylogic_epi32(a, b, c, 0xe8);  // majority(a, b, c)
+template <class V>
+HWY_INLINE void carry_save(V& carry, V& sum, V a, V b, V c) {
+  sum = hn::Xor3(a, b, c);
+  carry = hn::OrAnd(hn::And(a, b), c, hn::Or(a, b));  // majority(a, b, c)
 }
 
 // field[j] += weight * (number of bytes of `bits` with bit j set), j < 8.
-MPSIM_TARGET_AVX512_VBMI2 void add_bit_counts(__m512i bits, std::uint32_t weight, std::uint32_t* field) {
+template <class D>
+HWY_INLINE void add_bit_counts(D d, hn::Vec<D> bits, std::uint32_t weight, std::uint32_t* field) {
   for (int j = 0; j < 8; ++j) {
-    const __mmask64 set = _mm512_test_epi8_mask(bits, _mm512_set1_epi8(static_cast<char>(1 << j)));
-    field[j] += weight * static_cast<std::uint32_t>(__builtin_popcountll(set));
+    const auto set = hn::TestBit(bits, hn::Set(d, static_cast<std::uint8_t>(1u << j)));
+    field[j] += weight * static_cast<std::uint32_t>(hn::CountTrue(d, set));
   }
 }
 
+// Sum of the 8-bit counters of a vector.
+template <class D>
+HWY_INLINE std::uint32_t byte_total(D d, hn::Vec<D> counts) {
+  const hn::Repartition<std::uint64_t, D> d64;
+  return static_cast<std::uint32_t>(hn::GetLane(hn::SumOfLanes(d64, hn::SumsOf8(counts))));
+}
+
 struct FirstPass {
-  std::size_t outliers = 0;  // fields outside {0} u window, stored in the list
+  std::size_t outliers = 0;    // fields outside {0} u window, stored in the list
   bool has_subnormal = false;  // a block held a subnormal value
 };
 
-// Counts blocks * 64 values of v (at most chunk / 64 blocks: the list holds a chunk): fields in
-// {0} u [base, base + window_width) into `field`, the others into `outliers`.
-MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size_t blocks, int base,
-                                                       std::uint32_t* field, std::uint8_t* outliers) {
-  // Byte 3 of each 32-bit lane of (bits + bits) is the exponent field. One
-  // permutation gathers those of two vectors into bytes 0..31, another those
-  // of the next two, kept in bytes 32..63: byte 16 i + k is lane k of vector i.
-  alignas(64) std::uint8_t gather[64];
-  for (int i = 0; i < 64; ++i) gather[i] = static_cast<std::uint8_t>((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + 3);
-  // One-hot tables, indexed by the low 4 bits of field - base (per 128-bit lane).
-  alignas(64) std::uint8_t low_table[64], high_table[64];
-  for (int i = 0; i < 64; ++i) {
-    const int offset = i % 16;
-    low_table[i] = static_cast<std::uint8_t>(offset < 8 ? 1 << offset : 0);
-    high_table[i] = static_cast<std::uint8_t>(offset < 8 ? 0 : 1 << (offset - 8));
-  }
-  const __m512i gather_index = _mm512_load_si512(gather);
-  const __m512i low_onehot = _mm512_load_si512(low_table), high_onehot = _mm512_load_si512(high_table);
-  const __m512i zero = _mm512_setzero_si512(), magnitude = _mm512_set1_epi32(0x7fffffff);
+// Counts blocks vectors' worth of values of v (at most a chunk: the list holds
+// a chunk and one vector more): fields in {0} u [base, base + window_width)
+// into `field`, the others into `outliers`.
+FirstPass count_first_window(const float* v, std::size_t blocks, int base, std::uint32_t* field,
+                             std::uint8_t* outliers) {
+  const hn::ScalableTag<std::uint8_t> d8;
+  const hn::Repartition<std::uint32_t, decltype(d8)> d32;
+  const hn::Repartition<float, decltype(d8)> df;
+  using V8 = hn::Vec<decltype(d8)>;
+  const std::size_t block = hn::Lanes(d8), lanes32 = hn::Lanes(d32);
+  // One-hot tables, indexed by the low 4 bits of field - base (per 16 bytes).
+  alignas(16) static constexpr std::uint8_t low_table[16] = {1, 2, 4, 8, 16, 32, 64, 128, 0, 0, 0, 0, 0, 0, 0, 0};
+  alignas(16) static constexpr std::uint8_t high_table[16] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, 128};
+  const V8 low_onehot = hn::LoadDup128(d8, low_table), high_onehot = hn::LoadDup128(d8, high_table);
+  const V8 zero = hn::Zero(d8);
+  const auto zero32 = hn::Zero(d32), magnitude = hn::Set(d32, 0x7fffffffu), exponent_bits = hn::Set(d32, 0x7f800000u);
+  const auto byte1 = hn::Set(d32, 0xff00u), byte2 = hn::Set(d32, 0xff0000u), byte3 = hn::Set(d32, 0xff000000u);
   // (field - base) + 0x70 with unsigned saturation: offsets 0..15 become
   // 0x70..0x7f, the others have bit 7 set and look up zero. field 0 and 255
   // are outside: base >= 1 and base + 15 <= 254.
-  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), bias = _mm512_set1_epi8(0x70);
+  const V8 base_vec = hn::Set(d8, static_cast<std::uint8_t>(base)), bias = hn::Set(d8, std::uint8_t{0x70});
   std::size_t n_out = 0;
   std::uint64_t zeros = 0;
-  __mmask16 subnormal = 0;
+  auto subnormal = zero32;
   // One block: its one-hot vectors for the low and high 8 fields.
-  auto one_hot = [&](std::size_t b, __m512i& low, __m512i& high) MPSIM_TARGET_AVX512_VBMI2 {
+  auto one_hot = [&](std::size_t b, V8& low, V8& high) HWY_ATTR {
     if (b >= blocks) {
       low = high = zero;
       return;
     }
-    const float* p = v + 64 * b;
-    const __m512i x[4] = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 16), _mm512_loadu_si512(p + 32),
-                          _mm512_loadu_si512(p + 48)};
-    const __m512i fields =
-        _mm512_mask_blend_epi8(0xffffffff00000000ull,
-                               _mm512_permutex2var_epi8(_mm512_add_epi32(x[0], x[0]), gather_index,
-                                                        _mm512_add_epi32(x[1], x[1])),
-                               _mm512_permutex2var_epi8(_mm512_add_epi32(x[2], x[2]), gather_index,
-                                                        _mm512_add_epi32(x[3], x[3])));
-    const __mmask64 is_zero = _mm512_cmpeq_epi8_mask(fields, zero);
-    zeros += static_cast<std::uint64_t>(__builtin_popcountll(is_zero));
-    // Field 0 with a nonzero magnitude is subnormal. Bits 16 i .. 16 i + 15 of is_zero are vector i's lanes.
-    if (is_zero != 0)
-      for (int i = 0; i < 4; ++i)
-        subnormal |= _mm512_mask_test_epi32_mask(static_cast<__mmask16>(is_zero >> (16 * i)), x[i], magnitude);
-    const __m512i offset = _mm512_adds_epu8(_mm512_sub_epi8(fields, base_vec), bias);
-    low = _mm512_shuffle_epi8(low_onehot, offset);
-    high = _mm512_shuffle_epi8(high_onehot, offset);
-    const __m512i any = _mm512_or_si512(low, high);
-    const __mmask64 outside = _mm512_testn_epi8_mask(any, any) & ~is_zero;
-    _mm512_storeu_si512(outliers + n_out, _mm512_maskz_compress_epi8(outside, fields));
-    n_out += static_cast<std::size_t>(__builtin_popcountll(outside));
+    const float* p = v + block * b;
+    // Byte 3 of each 32-bit lane of (bits + bits) is the exponent field: the
+    // fields of four vectors go to bytes 0, 1, 2 and 3 of one (their order
+    // does not matter to their counts).
+    const auto x0 = hn::BitCast(d32, hn::LoadU(df, p)), x1 = hn::BitCast(d32, hn::LoadU(df, p + lanes32));
+    const auto x2 = hn::BitCast(d32, hn::LoadU(df, p + 2 * lanes32));
+    const auto x3 = hn::BitCast(d32, hn::LoadU(df, p + 3 * lanes32));
+    auto packed = hn::ShiftRight<24>(hn::Add(x0, x0));
+    packed = hn::OrAnd(packed, hn::ShiftRight<16>(hn::Add(x1, x1)), byte1);
+    packed = hn::OrAnd(packed, hn::ShiftRight<8>(hn::Add(x2, x2)), byte2);
+    packed = hn::OrAnd(packed, hn::Add(x3, x3), byte3);
+    const V8 fields = hn::BitCast(d8, packed);
+    const auto is_zero = hn::Eq(fields, zero);
+    zeros += hn::CountTrue(d8, is_zero);
+    // Field 0 with a nonzero magnitude is subnormal.
+    if (!hn::AllFalse(d8, is_zero)) {
+      auto subnormal_in = [&](decltype(zero32) x) HWY_ATTR {
+        return hn::VecFromMask(d32, hn::AndNot(hn::Eq(hn::And(x, magnitude), zero32),
+                                               hn::Eq(hn::And(x, exponent_bits), zero32)));
+      };
+      subnormal = hn::Or(hn::Or(subnormal, hn::Or(subnormal_in(x0), subnormal_in(x1))),
+                         hn::Or(subnormal_in(x2), subnormal_in(x3)));
+    }
+    const V8 offset = hn::SaturatedAdd(hn::Sub(fields, base_vec), bias);
+    low = hn::TableLookupBytesOr0(low_onehot, offset);
+    high = hn::TableLookupBytesOr0(high_onehot, offset);
+    const auto outside = hn::AndNot(is_zero, hn::Eq(hn::Or(low, high), zero));
+    // Compress in a register, then store: AVX-512's compress to memory is
+    // microcoded and slow on AMD Zen 4 and 5.
+    hn::StoreU(hn::Compress(fields, outside), d8, outliers + n_out);
+    n_out += hn::CountTrue(d8, outside);
   };
   // The adder tree, for the low [0] and high [1] one-hot vectors: the running
   // 1s, 2s, 4s and 8s bit planes, and partial results of the current group of
   // 16 blocks (8 pairs) that wait for their partner.
-  __m512i ones[2] = {zero, zero}, twos[2] = {zero, zero}, fours[2] = {zero, zero}, eights[2] = {zero, zero};
-  __m512i twos_a[2] = {zero, zero}, fours_a[2] = {zero, zero}, eights_a[2] = {zero, zero};
+  V8 ones[2] = {zero, zero}, twos[2] = {zero, zero}, fours[2] = {zero, zero}, eights[2] = {zero, zero};
+  V8 twos_a[2] = {zero, zero}, fours_a[2] = {zero, zero}, eights_a[2] = {zero, zero};
   std::size_t pair = 0;
   for (std::size_t b = 0; b < blocks; b += 2, ++pair) {
-    __m512i d[2][2];
+    V8 d[2][2];
     one_hot(b, d[0][0], d[1][0]);
     one_hot(b + 1, d[0][1], d[1][1]);
     for (int g = 0; g < 2; ++g) {
-      __m512i twos_b, fours_b, eights_b, sixteens;
+      V8 twos_b, fours_b, eights_b, sixteens;
       if (pair % 2 == 0) {
         carry_save(twos_a[g], ones[g], ones[g], d[g][0], d[g][1]);
         continue;
@@ -300,73 +359,67 @@ MPSIM_TARGET_AVX512_VBMI2 FirstPass count_first_window(const float* v, std::size
       }
       carry_save(eights_b, fours[g], fours[g], fours_a[g], fours_b);
       carry_save(sixteens, eights[g], eights[g], eights_a[g], eights_b);
-      add_bit_counts(sixteens, 16, field + base + 8 * g);
+      add_bit_counts(d8, sixteens, 16, field + base + 8 * g);
     }
   }
   for (int g = 0; g < 2; ++g) {
     std::uint32_t* const f = field + base + 8 * g;
-    add_bit_counts(ones[g], 1, f);
-    add_bit_counts(twos[g], 2, f);
-    add_bit_counts(fours[g], 4, f);
-    add_bit_counts(eights[g], 8, f);
+    add_bit_counts(d8, ones[g], 1, f);
+    add_bit_counts(d8, twos[g], 2, f);
+    add_bit_counts(d8, fours[g], 4, f);
+    add_bit_counts(d8, eights[g], 8, f);
     // Partial results still waiting for a partner (the last group had fewer than 8 pairs).
-    if (pair % 2 == 1) add_bit_counts(twos_a[g], 2, f);
-    if (pair % 4 >= 2) add_bit_counts(fours_a[g], 4, f);
-    if (pair % 8 >= 4) add_bit_counts(eights_a[g], 8, f);
+    if (pair % 2 == 1) add_bit_counts(d8, twos_a[g], 2, f);
+    if (pair % 4 >= 2) add_bit_counts(d8, fours_a[g], 4, f);
+    if (pair % 8 >= 4) add_bit_counts(d8, eights_a[g], 8, f);
   }
   field[0] += static_cast<std::uint32_t>(zeros);
   FirstPass result;
   result.outliers = n_out;
-  result.has_subnormal = subnormal != 0;
+  result.has_subnormal = !hn::AllTrue(d32, hn::Eq(subnormal, zero32));
   return result;
 }
 
-// The second pass: counts the fields of list[0..n) (n <= 4096) in
+// The second pass: counts the fields of list[0..n) (n <= chunk) in
 // [base, base + second_width) into `field` and moves the others to the front
 // of the list; returns how many there are.
-MPSIM_TARGET_AVX512_VBMI2 std::size_t count_second_window(std::uint8_t* list, std::size_t n, int base,
-                                                          std::uint32_t* field) {
-  const __m512i zero = _mm512_setzero_si512();
-  const __m512i base_vec = _mm512_set1_epi8(static_cast<char>(base)), width = _mm512_set1_epi8(second_width);
-  __m512i in_window[second_width];
+std::size_t count_second_window(std::uint8_t* list, std::size_t n, int base, std::uint32_t* field) {
+  const hn::ScalableTag<std::uint8_t> d8;
+  using V8 = hn::Vec<decltype(d8)>;
+  const std::size_t lanes = hn::Lanes(d8);
+  const V8 zero = hn::Zero(d8), base_vec = hn::Set(d8, static_cast<std::uint8_t>(base));
+  const V8 last = hn::Set(d8, static_cast<std::uint8_t>(second_width - 1));
+  V8 in_window[second_width];
   for (auto& c : in_window) c = zero;
-  std::size_t n_out = 0;
-  for (std::size_t i = 0; i < n; i += 64) {
-    const __mmask64 valid = n - i >= 64 ? ~__mmask64{0} : (__mmask64{1} << (n - i)) - 1;
-    const __m512i offset = _mm512_sub_epi8(_mm512_maskz_loadu_epi8(valid, list + i), base_vec);
+  auto drain = [&]() HWY_ATTR {
+    for (int j = 0; j < second_width; ++j) {
+      field[base + j] += byte_total(d8, in_window[j]);
+      in_window[j] = zero;
+    }
+  };
+  std::size_t n_out = 0, steps = 0;
+  for (std::size_t i = 0; i < n; i += lanes) {
+    const auto valid = hn::FirstN(d8, std::min(n - i, lanes));  // Highway 1.0.3's FirstN wraps counts above 127 of 8-bit lanes
     // Lanes past n hold 0 - base, never in the window (base >= 1).
-    count_offsets<second_width>(offset, in_window);
-    const __mmask64 outside = _mm512_mask_cmpge_epu8_mask(valid, offset, width);
-    // In place: the 64 bytes stored at n_out <= i end within the block just read.
-    _mm512_storeu_si512(list + n_out, _mm512_add_epi8(_mm512_maskz_compress_epi8(outside, offset), base_vec));
-    n_out += static_cast<std::size_t>(__builtin_popcountll(outside));
+    const V8 offset = hn::Sub(hn::MaskedLoad(valid, d8, list + i), base_vec);
+    for (int j = 0; j < second_width; ++j)
+      in_window[j] = hn::Sub(in_window[j], hn::VecFromMask(d8, hn::Eq(offset, hn::Set(d8, static_cast<std::uint8_t>(j)))));
+    const auto outside = hn::AndNot(hn::Eq(hn::Min(offset, last), offset), valid);
+    // In place: the bytes stored at n_out <= i end within the vector just read.
+    hn::StoreU(hn::Compress(hn::Add(offset, base_vec), outside), d8, list + n_out);
+    n_out += hn::CountTrue(d8, outside);
+    if (++steps == 255) {  // before the 8-bit counters can wrap (vectors of 16 bytes)
+      drain();
+      steps = 0;
+    }
   }
-  for (int j = 0; j < second_width; ++j) field[base + j] += byte_total(in_window[j]);
+  drain();
   return n_out;
 }
 
-// Base of the window_width adjacent fields in 1..254 that hold the most values.
-int best_window(const std::uint32_t* field, int width) {
-  std::uint64_t sum = 0;
-  for (int e = 1; e < 1 + width; ++e) sum += field[e];
-  std::uint64_t best = sum;
-  int best_base = 1;
-  for (int base = 2; base + width - 1 <= 254; ++base) {
-    sum += field[base + width - 1];
-    sum -= field[base - 1];
-    if (sum > best) best = sum, best_base = base;
-  }
-  return best_base;
-}
-
-// The two windows for values with these field counts.
-std::pair<int, int> place_windows(std::array<std::uint32_t, 256> counts) {
-  const int first = best_window(counts.data(), window_width);
-  std::fill_n(counts.begin() + first, window_width, 0);
-  return {first, best_window(counts.data(), second_width)};
-}
-
 void count_fields_window(std::span<const float> values, FieldCounts& out) {
+  const hn::ScalableTag<std::uint8_t> d8;
+  const std::size_t block = hn::Lanes(d8);
   // Counts of the chunks so far, added to `out` every 2^30 values and at the end.
   constexpr std::size_t flush_interval = std::size_t{1} << 30;
   static_assert(flush_interval % chunk == 0);
@@ -402,13 +455,13 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
         special |= is_subnormal_magnitude(bits) || exponent_field(bits) == 255;
       }
     };
-    const std::size_t blocks = m / 64;
+    const std::size_t blocks = m / block;
     const auto first = count_first_window(v, blocks, windows.first, counts.data(), outliers.data());
     // A short list is cheaper to count one by one than to pass through the second window.
     std::size_t left = first.outliers, outside_both = 0;
     if (left >= 64) left = outside_both = count_second_window(outliers.data(), left, windows.second, counts.data());
     for (std::size_t k = 0; k < left; ++k) ++counts[outliers[k]];
-    count_one_by_one(64 * blocks, m);
+    count_one_by_one(block * blocks, m);
     if (special || first.has_subnormal || counts[255] != before[255]) resolve_special(v, m, out);
     if ((start + m) % flush_interval == 0) flush();
     if (outside_both > m / 64) {
@@ -430,26 +483,41 @@ void count_fields_window(std::span<const float> values, FieldCounts& out) {
   flush();
   if (start < values.size()) count_fields_pairs(values.subspan(start), out);
 }
-
-bool has_avx512_vbmi2() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("avx512vbmi2");
-  return has;
-}
-#endif
-
-void count_fields(std::span<const float> values, FieldCounts& out) {
-#if MPSIM_HISTOGRAM_AVX512
-  if (values.size() >= 2048 && has_avx512_vbmi2()) return count_fields_window(values, out);
-#endif
-  if (values.size() >= 2048)
-    count_fields_pairs(values, out);
-  else
-    count_fields_small(values, out);
-}
+// The targets where the window algorithm is the faster one: AVX-512, with or
+// without VBMI2's byte compression (without it, Highway compresses 16-bit
+// halves). On AVX2 and narrower targets pairs are 2-3x faster (bench_stats
+// BM_fields, 2026-11-25).
+constexpr bool window_is_fastest = HWY_TARGET == HWY_AVX3_DL || HWY_TARGET == HWY_AVX3;
+#else
+void count_fields_window(std::span<const float> values, FieldCounts& out) { count_fields_pairs(values, out); }
+constexpr bool window_is_fastest = false;
+#endif  // HWY_TARGET != HWY_SCALAR
 
 }  // namespace
 
+void CountFields(std::span<const float> values, FieldCounts& out, FieldCountPath path) {
+  switch (path) {
+    case FieldCountPath::window: return count_fields_window(values, out);
+    case FieldCountPath::pairs: return count_fields_pairs(values, out);
+    case FieldCountPath::automatic: break;
+  }
+  if (values.size() < 2048) return count_fields_small(values, out);
+  if (window_is_fastest) return count_fields_window(values, out);
+  count_fields_pairs(values, out);
+}
+
+}  // namespace mpsim::core::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mpsim::core {
+HWY_EXPORT(CountFields);
+
+TensorStats::FieldCounts count_fields(std::span<const float> values, FieldCountPath path) {
+  TensorStats::FieldCounts counts;
+  HWY_DYNAMIC_DISPATCH(CountFields)(values, counts, path);
+  return counts;
+}
 
 TensorStats& TensorStats::operator+=(const TensorStats& other) {
   for (int i = 0; i < Binades::bin_count; ++i) histogram[i] += other.histogram[i];
@@ -464,7 +532,7 @@ TensorStats::Classes TensorStats::add_values(std::span<const float> values, int 
       std::min<std::size_t>(static_cast<std::size_t>(std::max(threads, 1)), values.size() / min_values_per_thread);
   FieldCounts c;
   if (parts <= 1) {
-    count_fields(values, c);
+    HWY_DYNAMIC_DISPATCH(CountFields)(values, c, FieldCountPath::automatic);
     return add_field_counts(c);
   }
   // Counts are sums, so the split does not change them. OpenMP's team is the
@@ -475,7 +543,8 @@ TensorStats::Classes TensorStats::add_values(std::span<const float> values, int 
 #pragma omp parallel for num_threads(static_cast<int>(used)) schedule(static, 1)
   for (std::size_t p = 0; p < used; ++p) {
     const std::size_t from = std::min(values.size(), p * piece);
-    count_fields(values.subspan(from, std::min(piece, values.size() - from)), partial[p]);
+    HWY_DYNAMIC_DISPATCH(CountFields)(values.subspan(from, std::min(piece, values.size() - from)), partial[p],
+                                      FieldCountPath::automatic);
   }
   for (std::size_t p = 0; p < used; ++p) {
     for (int e = 0; e < 256; ++e) c.field[e] += partial[p].field[e];
@@ -512,3 +581,4 @@ void TensorStats::add_rounding(const QuantizeCounts& counts) {
 }
 
 }  // namespace mpsim::core
+#endif  // HWY_ONCE

@@ -21,17 +21,25 @@
 // overflow included. Blocks whose E is below F-126 (only c, or nothing, is
 // nonzero), and rows, columns or c values with infinities or NaNs, are
 // recomputed by tensor_core_dot().
-// GCC 12 reports its own _mm512_undefined_*() placeholders inside the
-// intrinsic headers as "may be used uninitialized" (at the headers' lines, so
-// the pragma comes before them); nothing here is.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
+//
+// The tile kernel is written once with Google Highway and compiled for each
+// SIMD target (mpsim/emulation/simd.hpp); HWY_DYNAMIC_DISPATCH picks the best
+// one at run time, and the portable target (EMU128, plain C++) is what the
+// tests compare every other with. All of them run with the rounding mode set
+// toward zero (RoundTowardZero): the sum's conversion to binary32 and its
+// final scaling are the model's truncations, the products and their scaling
+// are exact (or below 1, truncated to 0 either way), and maxima, comparisons
+// and float-to-int conversions (which truncate anyway) do not round.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "emulation/src/accumulation_gemm.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 
 #include <algorithm>
 #include <barrier>
 #include <bit>
+#include <cfenv>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <stdexcept>
@@ -40,10 +48,18 @@
 
 #include "mpsim/emulation/accumulation.hpp"
 
-namespace mpsim {
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+// What every target shares: defined once.
+#ifndef MPSIM_ACCUMULATION_GEMM_SHARED
+#define MPSIM_ACCUMULATION_GEMM_SHARED
+namespace mpsim::gemm_kernels {
 namespace {
 
 constexpr int kLanes = 16;  // columns per panel
+constexpr int kRows = 4;    // rows per tile
 
 // What the kernel needs of a tensor-core model it covers.
 struct Plan {
@@ -72,38 +88,8 @@ std::optional<Plan> fast_plan(const AccumulationModel& model) {
   return p;
 }
 
-bool have_avx512() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-bool have_avx2() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return yes;
-#else
-  return false;
-#endif
-}
-
-// MPSIM_GEMM_TARGET=avx2 or =portable: a lesser kernel (to test or compare them).
-std::string_view forced_target() {
-  const char* target = std::getenv("MPSIM_GEMM_TARGET");
-  return target == nullptr ? std::string_view{} : std::string_view(target);
-}
-
 inline __attribute__((always_inline)) float bits_float(std::uint32_t b) { return std::bit_cast<float>(b); }
 inline __attribute__((always_inline)) std::uint32_t float_bits(float x) { return std::bit_cast<std::uint32_t>(x); }
-
-// Truncation toward zero to int32; 0 for what does not fit (NaN, infinities:
-// lanes that are recomputed anyway), so the conversion is always defined.
-inline __attribute__((always_inline)) std::int32_t truncate_int(float x) {
-  return std::fabs(x) < 2147483648.0f ? static_cast<std::int32_t>(x) : 0;
-}
 
 // Whether a value of the input format can go through the kernel: finite, and
 // 0 or within 2^-63 <= |q| < 2^63, so products and powers of two stay normal.
@@ -244,7 +230,7 @@ void pack_panels(Operands& o, const Plan& plan, int w, int t) {
 // each lane normalised, truncated to 24 bits and to the result precision, and
 // scaled by 2^(E-F) into the next c. Subnormal and overflowing results are
 // left to tensor_core_dot() (fallback bit); so are lanes already marked.
-inline __attribute__((always_inline)) void finish_block(const Plan& p, const std::int32_t* acc0,
+inline void finish_block(const Plan& p, const std::int32_t* acc0,
                                                         const std::int32_t* acc1, const float* maxp, float* c,
                                                         std::uint32_t& fallback) {
   for (int l = 0; l < kLanes; ++l) {
@@ -272,257 +258,241 @@ inline __attribute__((always_inline)) void finish_block(const Plan& p, const std
   }
 }
 
+}  // namespace
+}  // namespace mpsim::gemm_kernels
+#endif  // MPSIM_ACCUMULATION_GEMM_SHARED
+
+HWY_BEFORE_NAMESPACE();
+namespace mpsim::gemm_kernels::HWY_NAMESPACE {
+namespace {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Truncation toward zero to int32 of values below 2^31 in magnitude (the
+// scaled products: below 2^(F+2)). Highway's ConvertTo also fixes up lanes
+// that overflow, three more instructions per product, which cost the x86
+// targets a third of their speed; they convert with the bare instruction.
+template <class DI, class VF>
+HWY_INLINE hn::Vec<DI> truncate_small(DI di, VF v) {
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+  (void)di;
+  return hn::Vec<DI>{_mm512_cvttps_epi32(v.raw)};
+#elif HWY_TARGET == HWY_AVX2
+  (void)di;
+  return hn::Vec<DI>{_mm256_cvttps_epi32(v.raw)};
+#elif HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3
+  (void)di;
+  return hn::Vec<DI>{_mm_cvttps_epi32(v.raw)};
+#else
+  return hn::ConvertTo(di, v);
+#endif
+}
+
 // One tile: R rows (i0..) x the 16 columns of one panel. c_tile holds the
 // starting c of each element (row r, lane l at [r*16+l]) and receives the
 // results; fallback[r] gets a bit per lane the kernel could not compute.
-// The portable version: the same arithmetic in plain loops over the lanes.
+// A row's 16 lanes are kVectors vectors of this target; kGroup rows are in
+// flight at a time (16 vectors of state: registers on AVX-512 and AVX2, as
+// long as every loop over rows and vectors is unrolled: HWY_UNROLL).
 template <int R>
-void tile_portable(const Plan& p, const Operands& o, int i0, int panel, float* c_tile, std::uint32_t* fallback) {
+void tile(const Plan& p, const Operands& o, int i0, int panel, float* c_tile, std::uint32_t* fallback) {
+  const hn::CappedTag<float, kLanes> df;
+  const hn::RebindToSigned<decltype(df)> di;
+  using VF = hn::Vec<decltype(df)>;
+  using VI = hn::Vec<decltype(di)>;
+  using MF = hn::Mask<decltype(df)>;
+  constexpr int kWidth = static_cast<int>(hn::MaxLanes(df));
+  constexpr int kVectors = kLanes / kWidth;
+  constexpr int kGroup = std::min(R, std::max(1, 4 / kVectors));
+  static_assert(kLanes % kWidth == 0 && R % kGroup == 0);
   const int k = o.k, f = p.fraction_bits;
   const float* bp = &o.panel[std::size_t(panel) * k * 2 * kLanes];
-  const float threshold = std::ldexp(1.0f, f - 126);
-  for (int k0 = 0; k0 < k; k0 += p.block) {
-    const int k1 = std::min(k, k0 + p.block);
-    for (int r = 0; r < R; ++r) {
-      const float* aq = &o.aq[std::size_t(i0 + r) * k];
-      const float* ax = &o.ax[std::size_t(i0 + r) * k];
-      float* c = c_tile + r * kLanes;
-      float maxp[kLanes], scale[kLanes];
-      std::int32_t acc0[kLanes], acc1[kLanes];
-      for (int l = 0; l < kLanes; ++l) maxp[l] = bits_float(float_bits(c[l]) & 0x7F800000u);
-      for (int kk = k0; kk < k1; ++kk) {
-        const float* bx = bp + std::size_t(kk) * 2 * kLanes + kLanes;
-        for (int l = 0; l < kLanes; ++l) maxp[l] = std::max(maxp[l], ax[kk] * bx[l]);
-      }
-      for (int l = 0; l < kLanes; ++l) {
-        const bool ok = maxp[l] >= threshold && maxp[l] <= 0x1p127f;
-        fallback[r] |= ok ? 0u : 1u << l;
-        scale[l] = ok ? bits_float(((254u + f) << 23) - float_bits(maxp[l])) : 0.0f;
-        acc0[l] = truncate_int(c[l] * scale[l]);
-        acc1[l] = 0;
-      }
-      for (int kk = k0; kk < k1; ++kk) {
-        const float* bq = bp + std::size_t(kk) * 2 * kLanes;
-        std::int32_t* acc = ((kk - k0) & 1) ? acc1 : acc0;
-        for (int l = 0; l < kLanes; ++l) acc[l] += truncate_int(aq[kk] * bq[l] * scale[l]);
-      }
-      finish_block(p, acc0, acc1, maxp, c, fallback[r]);
+  const VF threshold = hn::Set(df, std::ldexp(1.0f, f - 126));
+  const VF largest = hn::Set(df, 0x1p127f);
+  const VI exponent_mask = hn::Set(di, 0x7F800000);
+  const VI scale_base = hn::Set(di, static_cast<std::int32_t>((254u + f) << 23));
+  const VI unscale_offset = hn::Set(di, f << 23);
+  const VI significand_mask = hn::Set(di, static_cast<std::int32_t>(p.significand_mask));
+  const VI zero = hn::Zero(di);
+  for (int r0 = 0; r0 < R; r0 += kGroup) {
+    const float* aq[kGroup];
+    const float* ax[kGroup];
+    MF bad[kGroup][kVectors];
+    HWY_UNROLL(16)
+    for (int r = 0; r < kGroup; ++r) {
+      aq[r] = &o.aq[std::size_t(i0 + r0 + r) * k];
+      ax[r] = &o.ax[std::size_t(i0 + r0 + r) * k];
+      HWY_UNROLL(16)
+      for (int h = 0; h < kVectors; ++h) bad[r][h] = hn::FirstN(df, 0);
     }
-  }
-}
-
-#if defined(__x86_64__)
-template <int R>
-__attribute__((target("avx512f,avx512dq"))) void tile_avx512(const Plan& p, const Operands& o, int i0, int panel,
-                                                             float* c_tile, std::uint32_t* fallback) {
-  const int k = o.k, f = p.fraction_bits;
-  const float* bp = &o.panel[std::size_t(panel) * k * 2 * kLanes];
-  const __m512 threshold = _mm512_set1_ps(std::ldexp(1.0f, f - 126));
-  const __m512 largest = _mm512_set1_ps(0x1p127f);
-  const __m512i exponent_mask = _mm512_set1_epi32(0x7F800000);
-  const __m512i scale_base = _mm512_set1_epi32(static_cast<int>((254u + f) << 23));
-  const __m512i unscale_offset = _mm512_set1_epi32(f << 23);
-  const __m512i significand_mask = _mm512_set1_epi32(static_cast<int>(p.significand_mask));
-  constexpr int kRz = _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC;
-  const float* aq[R];
-  const float* ax[R];
-  __m512 c[R];
-  __mmask16 bad[R];
-  for (int r = 0; r < R; ++r) {
-    aq[r] = &o.aq[std::size_t(i0 + r) * k];
-    ax[r] = &o.ax[std::size_t(i0 + r) * k];
-    c[r] = _mm512_loadu_ps(c_tile + r * kLanes);
-    bad[r] = 0;
-  }
-  for (int k0 = 0; k0 < k; k0 += p.block) {
-    const int k1 = std::min(k, k0 + p.block);
-    __m512 maxp[R], scale[R];
-    __m512i acc0[R], acc1[R];
-    for (int r = 0; r < R; ++r)
-      maxp[r] = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(c[r]), exponent_mask));
-    for (int kk = k0; kk < k1; ++kk) {
-      const __m512 bx = _mm512_loadu_ps(bp + std::size_t(kk) * 2 * kLanes + kLanes);
-      for (int r = 0; r < R; ++r) maxp[r] = _mm512_max_ps(maxp[r], _mm512_mul_ps(_mm512_set1_ps(ax[r][kk]), bx));
-    }
-    for (int r = 0; r < R; ++r) {
-      const __mmask16 ok =
-          _mm512_cmp_ps_mask(maxp[r], threshold, _CMP_GE_OQ) & _mm512_cmp_ps_mask(maxp[r], largest, _CMP_LE_OQ);
-      bad[r] |= static_cast<__mmask16>(~ok);
-      scale[r] =
-          _mm512_maskz_mov_ps(ok, _mm512_castsi512_ps(_mm512_sub_epi32(scale_base, _mm512_castps_si512(maxp[r]))));
-      acc0[r] = _mm512_cvttps_epi32(_mm512_mul_ps(c[r], scale[r]));
-      acc1[r] = _mm512_setzero_si512();
-    }
-    int kk = k0;
-    for (; kk + 1 < k1; kk += 2) {
-      const __m512 b0 = _mm512_loadu_ps(bp + std::size_t(kk) * 2 * kLanes);
-      const __m512 b1 = _mm512_loadu_ps(bp + std::size_t(kk + 1) * 2 * kLanes);
-      for (int r = 0; r < R; ++r) {
-        const __m512 p0 = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(aq[r][kk]), b0), scale[r]);
-        const __m512 p1 = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(aq[r][kk + 1]), b1), scale[r]);
-        acc0[r] = _mm512_add_epi32(acc0[r], _mm512_cvttps_epi32(p0));
-        acc1[r] = _mm512_add_epi32(acc1[r], _mm512_cvttps_epi32(p1));
-      }
-    }
-    if (kk < k1) {
-      const __m512 b0 = _mm512_loadu_ps(bp + std::size_t(kk) * 2 * kLanes);
-      for (int r = 0; r < R; ++r)
-        acc0[r] = _mm512_add_epi32(
-            acc0[r], _mm512_cvttps_epi32(_mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(aq[r][kk]), b0), scale[r])));
-    }
-    for (int r = 0; r < R; ++r) {
-      // The two halves' sum, toward zero to binary32: in int32 unless it
-      // overflows (same-sign halves, other-sign sum: rare), else in int64.
-      const __m512i total = _mm512_add_epi32(acc0[r], acc1[r]);
-      const __mmask16 overflow =
-          _mm512_movepi32_mask(_mm512_and_si512(_mm512_xor_si512(acc0[r], total), _mm512_xor_si512(acc1[r], total)));
-      __m512 sum = _mm512_cvt_roundepi32_ps(total, kRz);
-      if (overflow != 0) {
-        const __m512i lo = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc0[r])),
-                                            _mm512_cvtepi32_epi64(_mm512_castsi512_si256(acc1[r])));
-        const __m512i hi = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc0[r], 1)),
-                                            _mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(acc1[r], 1)));
-        const __m256 sum_lo = _mm512_cvt_roundepi64_ps(lo, kRz), sum_hi = _mm512_cvt_roundepi64_ps(hi, kRz);
-        sum = _mm512_mask_mov_ps(sum, overflow, _mm512_insertf32x8(_mm512_castps256_ps512(sum_lo), sum_hi, 1));
-      }
-      sum = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(sum), significand_mask));
-      const __m512 unscale = _mm512_castsi512_ps(_mm512_sub_epi32(_mm512_castps_si512(maxp[r]), unscale_offset));
-      c[r] = _mm512_maskz_mul_round_ps(static_cast<__mmask16>(~bad[r]), sum, unscale, kRz);
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    _mm512_storeu_ps(c_tile + r * kLanes, c[r]);
-    fallback[r] |= bad[r];
-  }
-}
-
-// AVX2: two 8-lane halves, a row at a time (16 ymm registers). AVX2 has no
-// per-instruction rounding, so the kernel runs with MXCSR rounding toward
-// zero: the products and their scaling are exact (or below 1, truncated to 0
-// either way), maxima and comparisons do not round, cvtt truncates anyway.
-template <int R>
-__attribute__((target("avx2,fma"))) void tile_avx2(const Plan& p, const Operands& o, int i0, int panel, float* c_tile,
-                                                   std::uint32_t* fallback) {
-  const int k = o.k, f = p.fraction_bits;
-  const float* bp = &o.panel[std::size_t(panel) * k * 2 * kLanes];
-  const __m256 threshold = _mm256_set1_ps(std::ldexp(1.0f, f - 126));
-  const __m256 largest = _mm256_set1_ps(0x1p127f);
-  const __m256i exponent_mask = _mm256_set1_epi32(0x7F800000);
-  const __m256i scale_base = _mm256_set1_epi32(static_cast<int>((254u + f) << 23));
-  const __m256i unscale_offset = _mm256_set1_epi32(f << 23);
-  const __m256 significand_mask = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(p.significand_mask)));
-  const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
-  const __m256i zero = _mm256_setzero_si256();
-  const unsigned csr = _mm_getcsr();
-  _mm_setcsr((csr & ~0xE040u) | 0x6000u);  // round toward zero; no FTZ, no DAZ (restored at the end)
-  for (int r = 0; r < R; ++r) {
-    const float* aq = &o.aq[std::size_t(i0 + r) * k];
-    const float* ax = &o.ax[std::size_t(i0 + r) * k];
-    float* c = c_tile + r * kLanes;
     for (int k0 = 0; k0 < k; k0 += p.block) {
       const int k1 = std::min(k, k0 + p.block);
-      __m256 maxp[2], scale[2];
-      __m256i acc0[2], acc1[2];
-      for (int h = 0; h < 2; ++h)
-        maxp[h] = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(c + 8 * h)), exponent_mask));
+      VF maxp[kGroup][kVectors], scale[kGroup][kVectors];
+      VI acc0[kGroup][kVectors], acc1[kGroup][kVectors];
+      HWY_UNROLL(16)
+      for (int r = 0; r < kGroup; ++r)
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h)
+          maxp[r][h] = hn::BitCast(df, hn::And(hn::BitCast(di, hn::LoadU(df, c_tile + (r0 + r) * kLanes + h * kWidth)),
+                                               exponent_mask));
       for (int kk = k0; kk < k1; ++kk) {
-        const __m256 x = _mm256_broadcast_ss(ax + kk);
         const float* bx = bp + std::size_t(kk) * 2 * kLanes + kLanes;
-        maxp[0] = _mm256_max_ps(maxp[0], _mm256_mul_ps(x, _mm256_loadu_ps(bx)));
-        maxp[1] = _mm256_max_ps(maxp[1], _mm256_mul_ps(x, _mm256_loadu_ps(bx + 8)));
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          const VF x = hn::LoadU(df, bx + h * kWidth);
+          HWY_UNROLL(16)
+          for (int r = 0; r < kGroup; ++r) maxp[r][h] = hn::Max(maxp[r][h], hn::Mul(hn::Set(df, ax[r][kk]), x));
+        }
       }
-      std::uint32_t bad = 0;
-      for (int h = 0; h < 2; ++h) {
-        const __m256 ok =
-            _mm256_and_ps(_mm256_cmp_ps(maxp[h], threshold, _CMP_GE_OQ), _mm256_cmp_ps(maxp[h], largest, _CMP_LE_OQ));
-        bad |= (~static_cast<std::uint32_t>(_mm256_movemask_ps(ok)) & 0xFFu) << (8 * h);
-        scale[h] = _mm256_and_ps(ok, _mm256_castsi256_ps(_mm256_sub_epi32(scale_base, _mm256_castps_si256(maxp[h]))));
-        // c * scale is below 2^(F+1) in the lanes kept; the others hold 0 (scale 0) or NaN, whose
-        // conversion (0x80000000) is never used.
-        acc0[h] = _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_loadu_ps(c + 8 * h), scale[h]));
-        acc1[h] = zero;
-      }
+      HWY_UNROLL(16)
+      for (int r = 0; r < kGroup; ++r)
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          const MF ok = hn::And(hn::Ge(maxp[r][h], threshold), hn::Le(maxp[r][h], largest));
+          bad[r][h] = hn::Or(bad[r][h], hn::Not(ok));
+          scale[r][h] = hn::IfThenElseZero(ok, hn::BitCast(df, hn::Sub(scale_base, hn::BitCast(di, maxp[r][h]))));
+          // c * scale is below 2^(F+1) in the lanes kept; the others hold 0 (scale 0) or NaN, never used.
+          const VF c = hn::LoadU(df, c_tile + (r0 + r) * kLanes + h * kWidth);
+          acc0[r][h] = truncate_small(di, hn::Mul(c, scale[r][h]));
+          acc1[r][h] = zero;
+        }
       int kk = k0;
       for (; kk + 1 < k1; kk += 2) {
-        const __m256 x0 = _mm256_broadcast_ss(aq + kk), x1 = _mm256_broadcast_ss(aq + kk + 1);
         const float* b0 = bp + std::size_t(kk) * 2 * kLanes;
         const float* b1 = b0 + 2 * kLanes;
-        for (int h = 0; h < 2; ++h) {
-          const __m256 p0 = _mm256_mul_ps(_mm256_mul_ps(x0, _mm256_loadu_ps(b0 + 8 * h)), scale[h]);
-          const __m256 p1 = _mm256_mul_ps(_mm256_mul_ps(x1, _mm256_loadu_ps(b1 + 8 * h)), scale[h]);
-          acc0[h] = _mm256_add_epi32(acc0[h], _mm256_cvttps_epi32(p0));
-          acc1[h] = _mm256_add_epi32(acc1[h], _mm256_cvttps_epi32(p1));
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          const VF y0 = hn::LoadU(df, b0 + h * kWidth), y1 = hn::LoadU(df, b1 + h * kWidth);
+          HWY_UNROLL(16)
+          for (int r = 0; r < kGroup; ++r) {
+            const VF p0 = hn::Mul(hn::Mul(hn::Set(df, aq[r][kk]), y0), scale[r][h]);
+            const VF p1 = hn::Mul(hn::Mul(hn::Set(df, aq[r][kk + 1]), y1), scale[r][h]);
+            acc0[r][h] = hn::Add(acc0[r][h], truncate_small(di, p0));
+            acc1[r][h] = hn::Add(acc1[r][h], truncate_small(di, p1));
+          }
         }
       }
       if (kk < k1) {
-        const __m256 x0 = _mm256_broadcast_ss(aq + kk);
         const float* b0 = bp + std::size_t(kk) * 2 * kLanes;
-        for (int h = 0; h < 2; ++h)
-          acc0[h] = _mm256_add_epi32(
-              acc0[h], _mm256_cvttps_epi32(_mm256_mul_ps(_mm256_mul_ps(x0, _mm256_loadu_ps(b0 + 8 * h)), scale[h])));
-      }
-      fallback[r] |= bad;
-      // The block's end, in the MXCSR's rounding toward zero: the int32 sum
-      // converted is the sum truncated to 24 bits, and the scaling truncates.
-      // A sum that overflows int32 (rare) takes the integer route.
-      __m256i total[2];
-      int overflow = 0;
-      for (int h = 0; h < 2; ++h) {
-        total[h] = _mm256_add_epi32(acc0[h], acc1[h]);
-        overflow |= _mm256_movemask_ps(_mm256_castsi256_ps(
-            _mm256_and_si256(_mm256_xor_si256(acc0[h], total[h]), _mm256_xor_si256(acc1[h], total[h]))));
-      }
-      if (overflow == 0) {
-        for (int h = 0; h < 2; ++h) {
-          __m256 sum = _mm256_and_ps(_mm256_cvtepi32_ps(total[h]), significand_mask);
-          const __m256 unscale = _mm256_castsi256_ps(_mm256_sub_epi32(_mm256_castps_si256(maxp[h]), unscale_offset));
-          const __m256 kept = _mm256_castsi256_ps(_mm256_cmpeq_epi32(
-              _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(~fallback[r] >> (8 * h))), lane_bits), lane_bits));
-          _mm256_storeu_ps(c + 8 * h, _mm256_and_ps(kept, _mm256_mul_ps(sum, unscale)));
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          const VF y0 = hn::LoadU(df, b0 + h * kWidth);
+          HWY_UNROLL(16)
+          for (int r = 0; r < kGroup; ++r)
+            acc0[r][h] = hn::Add(acc0[r][h], truncate_small(di, hn::Mul(hn::Mul(hn::Set(df, aq[r][kk]), y0), scale[r][h])));
         }
-      } else {
-        alignas(32) std::int32_t sum0[kLanes], sum1[kLanes];
-        alignas(32) float top[kLanes];
-        for (int h = 0; h < 2; ++h) {
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sum0 + 8 * h), acc0[h]);
-          _mm256_store_si256(reinterpret_cast<__m256i*>(sum1 + 8 * h), acc1[h]);
-          _mm256_store_ps(top + 8 * h, maxp[h]);
+      }
+      // The block's end, rounding toward zero: the int32 sum converted is the
+      // sum truncated to 24 bits, and the scaling truncates. A row whose sum
+      // overflows int32 (same-sign halves, other-sign sum: rare) takes the
+      // integer route (finish_block).
+      HWY_UNROLL(16)
+      for (int r = 0; r < kGroup; ++r) {
+        float* c = c_tile + (r0 + r) * kLanes;
+        VI total[kVectors];
+        bool overflow = false;
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          total[h] = hn::Add(acc0[r][h], acc1[r][h]);
+          const VI signs = hn::And(hn::Xor(acc0[r][h], total[h]), hn::Xor(acc1[r][h], total[h]));
+          overflow = overflow || !hn::AllFalse(di, hn::Lt(signs, zero));
         }
-        finish_block(p, sum0, sum1, top, c, fallback[r]);
+        if (!overflow) {
+          HWY_UNROLL(16)
+          for (int h = 0; h < kVectors; ++h) {
+            const VF sum = hn::BitCast(df, hn::And(hn::BitCast(di, hn::ConvertTo(df, total[h])), significand_mask));
+            const VF unscale = hn::BitCast(df, hn::Sub(hn::BitCast(di, maxp[r][h]), unscale_offset));
+            hn::StoreU(hn::IfThenZeroElse(bad[r][h], hn::Mul(sum, unscale)), df, c + h * kWidth);
+          }
+          continue;
+        }
+        alignas(64) std::int32_t sum0[kLanes], sum1[kLanes];
+        alignas(64) float top[kLanes];
+        std::uint32_t lanes_bad = 0;
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          hn::Store(acc0[r][h], di, sum0 + h * kWidth);
+          hn::Store(acc1[r][h], di, sum1 + h * kWidth);
+          hn::Store(maxp[r][h], df, top + h * kWidth);
+          alignas(8) std::uint8_t bits[8] = {};
+          hn::StoreMaskBits(df, bad[r][h], bits);
+          lanes_bad |= (std::uint32_t{bits[0]} | std::uint32_t{bits[1]} << 8) << (h * kWidth);
+        }
+        finish_block(p, sum0, sum1, top, c, lanes_bad);
+        HWY_UNROLL(16)
+        for (int h = 0; h < kVectors; ++h) {
+          alignas(8) std::uint8_t bits[8] = {};
+          const std::uint32_t mine = (lanes_bad >> (h * kWidth)) & ((std::uint64_t{1} << kWidth) - 1);
+          bits[0] = static_cast<std::uint8_t>(mine);
+          bits[1] = static_cast<std::uint8_t>(mine >> 8);
+          bad[r][h] = hn::LoadMaskBits(df, bits);
+        }
       }
     }
+    HWY_UNROLL(16)
+    for (int r = 0; r < kGroup; ++r) {
+      std::uint32_t lanes_bad = 0;
+      HWY_UNROLL(16)
+      for (int h = 0; h < kVectors; ++h) {
+        alignas(8) std::uint8_t bits[8] = {};
+        hn::StoreMaskBits(df, bad[r][h], bits);
+        lanes_bad |= (std::uint32_t{bits[0]} | std::uint32_t{bits[1]} << 8) << (h * kWidth);
+      }
+      fallback[r0 + r] |= lanes_bad;
+    }
   }
-  _mm_setcsr(csr);
 }
-#endif
 
-using TileFunction = void (*)(const Plan&, const Operands&, int, int, float*, std::uint32_t*);
+}  // namespace
 
-constexpr int kRows = 4;  // rows per tile
-
-struct Kernel {
-  TileFunction full, single;  // kRows rows, 1 row
-  std::string_view name;
-};
-
-Kernel choose_kernel() {
-  const std::string_view forced = forced_target();
-#if defined(__x86_64__)
-  if (have_avx512() && forced.empty()) return {tile_avx512<kRows>, tile_avx512<1>, "avx512"};
-  if (have_avx2() && forced != "portable") return {tile_avx2<kRows>, tile_avx2<1>, "avx2"};
-#endif
-  return {tile_portable<kRows>, tile_portable<1>, "portable"};
+void TileRows(const Plan& p, const Operands& o, int i0, int panel, float* c_tile, std::uint32_t* fallback) {
+  tile<kRows>(p, o, i0, panel, c_tile, fallback);
 }
+void TileRow(const Plan& p, const Operands& o, int i0, int panel, float* c_tile, std::uint32_t* fallback) {
+  tile<1>(p, o, i0, panel, c_tile, fallback);
+}
+const char* TileTarget() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace mpsim::gemm_kernels::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace mpsim {
+namespace gemm_kernels {
+HWY_EXPORT(TileRows);
+HWY_EXPORT(TileRow);
+HWY_EXPORT(TileTarget);
+
+namespace {
+
+const char* tile_target() { return HWY_DYNAMIC_DISPATCH(TileTarget)(); }
 
 // Keeps subnormals (no FTZ/DAZ) while the kernel runs: its exactness argument needs them.
 class GradualUnderflow {
  public:
-#if defined(__x86_64__)
+#if defined(__x86_64__) || defined(__i386__)
   GradualUnderflow() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ & ~0x8040u); }
   ~GradualUnderflow() { _mm_setcsr(saved_); }
 
  private:
   unsigned saved_;
+#endif
+};
+
+// Rounds toward zero while a tile runs (every target: see the top of the file).
+class RoundTowardZero {
+ public:
+#if defined(__x86_64__) || defined(__i386__)
+  RoundTowardZero() : saved_(_mm_getcsr()) { _mm_setcsr((saved_ & ~0xE040u) | 0x6000u); }  // no FTZ, no DAZ
+  ~RoundTowardZero() { _mm_setcsr(saved_); }
+
+ private:
+  unsigned saved_;
+#else
+  RoundTowardZero() : saved_(std::fegetround()) { std::fesetround(FE_TOWARDZERO); }
+  ~RoundTowardZero() { std::fesetround(saved_); }
+
+ private:
+  int saved_;
 #endif
 };
 
@@ -548,7 +518,6 @@ void gemm_fast(const AccumulationModel& model, const Plan& plan, const float* a,
   thread_local Operands cached;
   Operands& o = cached;
   size_operands(o, m, n, k);
-  const Kernel kernel = choose_kernel();
   constexpr int kChunk = 64;  // rows whose A stays in cache while the panels pass
   const int t = thread_count(threads, (m + kChunk - 1) / kChunk);
   run_team(t, [&](int w, auto sync) {
@@ -578,7 +547,13 @@ void gemm_fast(const AccumulationModel& model, const Plan& plan, const float* a,
               special[r] |= std::uint32_t{!std::isfinite(x)} << l;
             }
           }
-          (rows == kRows ? kernel.full : kernel.single)(plan, o, i, panel, tile, fallback);
+          {
+            RoundTowardZero toward_zero;
+            if (rows == kRows)
+              HWY_DYNAMIC_DISPATCH(TileRows)(plan, o, i, panel, tile, fallback);
+            else
+              HWY_DYNAMIC_DISPATCH(TileRow)(plan, o, i, panel, tile, fallback);
+          }
           for (int r = 0; r < rows; ++r) {
             float* c_row = c + std::size_t(i + r) * n + j0;
             std::memcpy(c_row, tile + r * kLanes, sizeof(float) * lanes);
@@ -597,20 +572,22 @@ void gemm_fast(const AccumulationModel& model, const Plan& plan, const float* a,
 }
 
 }  // namespace
+}  // namespace gemm_kernels
 
 std::string_view gemm_kernel_name(const AccumulationModel& model) {
-  if (!fast_plan(model)) return "scalar";
-  return choose_kernel().name;
+  if (!gemm_kernels::fast_plan(model)) return "scalar";
+  return gemm_kernels::tile_target();
 }
 
 void gemm(const AccumulationModel& model, const float* a, const float* b, float* c, int m, int n, int k,
           bool accumulate_c, int threads, Path path) {
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative size");
   if (m == 0 || n == 0) return;
-  const auto plan = fast_plan(model);
-  if (plan && path != Path::scalar) return gemm_fast(model, *plan, a, b, c, m, n, k, accumulate_c, threads);
+  const auto plan = gemm_kernels::fast_plan(model);
+  if (plan && path != Path::scalar) return gemm_kernels::gemm_fast(model, *plan, a, b, c, m, n, k, accumulate_c, threads);
   if (path == Path::vector && !plan) throw std::invalid_argument("gemm: no vector kernel for " + to_string(model));
-  gemm_elementwise(model, a, b, c, m, n, k, accumulate_c, threads);
+  gemm_kernels::gemm_elementwise(model, a, b, c, m, n, k, accumulate_c, threads);
 }
 
 }  // namespace mpsim
+#endif  // HWY_ONCE

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "mpsim/core/stats.hpp"
+#include "mpsim/emulation/simd.hpp"
 
 using namespace mpsim::core;
 
@@ -112,6 +113,81 @@ TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time or
         CHECK(stats.histogram == expected);
         CHECK(stats[Counter::elements] == n);
         CHECK(stats[Counter::nonzero] == n - expected[Binades::zero_bin]);
+      }
+    }
+  }
+}
+
+namespace {
+
+void check_same_counts(const TensorStats::FieldCounts& got, const TensorStats::FieldCounts& want) {
+  CHECK(got.field == want.field);
+  CHECK(got.subnormal == want.subnormal);
+  CHECK(got.infinite == want.infinite);
+  CHECK(got.nan == want.nan);
+}
+
+}  // namespace
+
+TEST_CASE("exponent histogram: every SIMD target and path counts like the portable target", "[stats][simd]") {
+  namespace simd = mpsim::simd;
+  // Sizes with tails of every vector width (1..64 lanes), chunk (4096) and
+  // pair-table drain (2^17) boundaries; shapes that take every path: few
+  // binades, half zeros, 40 binades, specials, two modes, moving binades, and
+  // whole chunks of one value that alternate between two fields 30 binades
+  // apart (the second window then counts 4096 equal fields of a chunk: 256 per
+  // 8-bit counter with 16-byte vectors).
+  std::mt19937_64 rng(20261125);
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
+  const std::vector<simd::Target> targets = simd::available_targets();
+  REQUIRE(!targets.empty());
+  INFO("targets: " << targets.size() << ", portable " << simd::portable_target().name);
+  for (const std::size_t n : {std::size_t{1}, std::size_t{15}, std::size_t{63}, std::size_t{65}, std::size_t{2047},
+                              std::size_t{4096 + 17}, std::size_t{16} << 12, std::size_t{100003},
+                              (std::size_t{1} << 17) + 5}) {
+    for (const char* shape : {"weights", "relu", "wide", "special", "two modes", "shifting", "chunks"}) {
+      std::vector<float> values(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::string_view s = shape;
+        if (s == "weights") values[i] = normal(rng);
+        else if (s == "relu") values[i] = std::max(0.0f, normal(rng));
+        else if (s == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
+        else if (s == "two modes") values[i] = normal(rng) * (rng() % 3 == 0 ? 1.0f : 0x1p-16f);
+        else if (s == "shifting") values[i] = normal(rng) * std::exp2(-20.0f * static_cast<float>(i / 10000 % 2));
+        else if (s == "chunks") values[i] = (i / 4096) % 2 ? 0x1p-30f : -1.5f;
+        else {
+          const std::uint64_t r = rng() % 1000;
+          values[i] = r == 0 ? std::numeric_limits<float>::infinity()
+                    : r == 1 ? -std::numeric_limits<float>::quiet_NaN()
+                    : r < 10 ? std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 12))
+                             : normal(rng);
+        }
+      }
+      const auto expected = oracle_histogram(values);
+      TensorStats::FieldCounts portable;
+      {
+        simd::ForceTarget force(simd::portable_target());
+        portable = count_fields(values);
+        TensorStats stats;
+        stats.add_values(values);
+        INFO("n = " << n << ", " << shape << ", portable target");
+        CHECK(stats.histogram == expected);
+      }
+      for (const simd::Target& target : targets) {
+        simd::ForceTarget force(target);
+        REQUIRE(simd::current_target() == target);
+        for (const FieldCountPath path : {FieldCountPath::automatic, FieldCountPath::window, FieldCountPath::pairs}) {
+          INFO("n = " << n << ", " << shape << ", target " << target.name << ", path " << static_cast<int>(path));
+          check_same_counts(count_fields(values, path), portable);
+        }
+        // Split over 1 and 3 OpenMP threads (pieces meet mid-chunk).
+        for (const int threads : {1, 3}) {
+          INFO("n = " << n << ", " << shape << ", target " << target.name << ", " << threads << " threads");
+          TensorStats stats;
+          stats.add_values(values, threads);
+          CHECK(stats.histogram == expected);
+        }
       }
     }
   }

@@ -19,6 +19,7 @@
 
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/arithmetic.hpp"
+#include "mpsim/emulation/simd.hpp"
 #include "mpsim/emulation/tensor_core_vectors.hpp"
 #include "support/mpfr_oracle.hpp"
 #include "support/test_support.hpp"
@@ -614,34 +615,18 @@ void check_gemm(const AccumulationModel& model, const GemmCase& g, bool accumula
   CHECK(mismatches == 0);
 }
 
-class ScopedTarget {
- public:
-  explicit ScopedTarget(const char* target) {
-    if (target)
-      setenv("MPSIM_GEMM_TARGET", target, 1);
-    else
-      unsetenv("MPSIM_GEMM_TARGET");
-  }
-  ~ScopedTarget() { unsetenv("MPSIM_GEMM_TARGET"); }
-};
-
-TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation][gemm]") {
+TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation][gemm][simd]") {
   Rng rng(14);
   const GemmCase shapes[] = {
       {1, 1, 1},   {1, 17, 16},  {3, 5, 0},    {5, 33, 15}, {7, 16, 17},
       {9, 31, 50}, {13, 48, 64}, {6, 20, 100}, {17, 3, 33}, {131, 70, 45}};  // the last: several row chunks per thread
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  for (const char* target : {static_cast<const char*>(nullptr), "avx2", "portable"}) {
-    ScopedTarget scoped(target);
-    const std::string_view target_name = target ? target : "";
-    const std::string_view expected = target_name.empty() && avx512       ? "avx512"
-                                      : target_name != "portable" && avx2 ? "avx2"
-                                                                          : "portable";
+  for (const mpsim::simd::Target& target : mpsim::simd::available_targets()) {
+    mpsim::simd::ForceTarget forced(target);
     for (const std::string name : {"v100", "a100", "h100", "h100:e4m3", "h100:e5m2", "h100:bf16", "a100:tf32"}) {
       const AccumulationModel model = *parse_accumulation_model(name);
-      INFO(name << " kernel " << gemm_kernel_name(model));
-      CHECK(gemm_kernel_name(model) == expected);
+      INFO(name << " target " << target.name << " kernel " << gemm_kernel_name(model));
+      // The kernel's best compiled target at or below the one forced.
+      CHECK(mpsim::simd::target_named(gemm_kernel_name(model)).bits >= target.bits);
       for (const GemmCase& g : shapes) {
         for (bool accumulate_c : {false, true})
           for (bool specials : {false, true}) check_gemm(model, g, accumulate_c, 1 + (g.m % 3), specials, rng);
@@ -651,7 +636,6 @@ TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation
   }
   // The largest binary16 products (2^32 each), beside a c at the top of binary32
   // (they vanish below it) and without it (64 of them: 2^38, exactly).
-  ScopedTarget scoped(nullptr);
   const AccumulationModel h100 = *parse_accumulation_model("h100");
   const float top = std::numeric_limits<float>::max();
   std::vector<float> a(64 * 64, 65504.0f), b(64 * 64, -65504.0f), c(64 * 64, top), plain(64 * 64);
@@ -670,8 +654,9 @@ TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation
   CHECK(got[0] == tensor_core_dot(h100.tensor_core, std::span(a).first(64), std::span(b).first(64), top));
   // A block whose truncated sum passes 2^31 units: 16 products (2-2^-10)^2 * 2^30
   // and c just below 2^31 (the vector kernel's int32 sum overflows there).
-  for (const char* target : {static_cast<const char*>(nullptr), "avx2", "portable"}) {
-    ScopedTarget forced(target);
+  for (const mpsim::simd::Target& target : mpsim::simd::available_targets()) {
+    mpsim::simd::ForceTarget forced(target);
+    INFO("target " << target.name);
     std::vector<float> x(16 * 16, 65504.0f), y(16 * 16, 65504.0f), d(16 * 16, 0x1.fffffep30f);
     gemm(h100, x.data(), y.data(), d.data(), 16, 16, 16, true, 1);
     const float want =
@@ -679,6 +664,51 @@ TEST_CASE("tensor-core GEMM kernels match the model bit for bit", "[accumulation
     // (4190209 * 2^7 + 2^24 - 1) * 2^7 = 553123967 * 2^7, truncated to 24 bits: 8642561 * 2^13.
     CHECK(want == 8642561.0f * 0x1p13f);
     for (float v : d) REQUIRE(v == want);
+  }
+}
+
+TEST_CASE("GEMM: every SIMD target gives the portable target's bits", "[accumulation][gemm][simd]") {
+  namespace simd = mpsim::simd;
+  Rng rng(17);
+  // Widths that leave tails of every vector width and of the 16-column panel,
+  // row counts that leave single-row tiles and several 64-row chunks per thread.
+  const GemmCase shapes[] = {{1, 1, 1}, {4, 15, 7}, {5, 17, 33}, {8, 40, 64}, {70, 23, 41}, {130, 9, 16}};
+  const float top = std::numeric_limits<float>::max();
+  for (const std::string name : {"v100", "a100", "h100", "h100:e4m3", "h100:e5m2", "h100:bf16", "a100:tf32"}) {
+    const AccumulationModel model = *parse_accumulation_model(name);
+    for (const GemmCase& g : shapes)
+      for (const int threads : {1, 2, 3}) {
+        std::vector<float> a(std::size_t(g.m) * g.k), b(std::size_t(g.k) * g.n), c(std::size_t(g.m) * g.n);
+        for (auto& x : a) x = gemm_value(rng, model.tensor_core.input);
+        for (auto& x : b) x = gemm_value(rng, model.tensor_core.input);
+        std::normal_distribution<float> normal;
+        for (auto& x : c) {
+          const int pick = static_cast<int>(rng() % 12);
+          x = pick == 0 ? std::ldexp(normal(rng), 100) : pick == 1 ? std::ldexp(normal(rng), -135)
+            : pick == 2 ? top : pick == 3 ? -0.0f : normal(rng);
+        }
+        if (rng() % 2) a[rng() % a.size()] = std::numeric_limits<float>::infinity();
+        if (rng() % 2) b[rng() % b.size()] = std::numeric_limits<float>::quiet_NaN();
+        auto run = [&](Path path) {
+          std::vector<float> out = c;
+          gemm(model, a.data(), b.data(), out.data(), g.m, g.n, g.k, true, threads, path);
+          std::vector<std::uint32_t> bits(out.size());
+          for (std::size_t j = 0; j < out.size(); ++j) bits[j] = std::bit_cast<std::uint32_t>(out[j]);
+          return bits;
+        };
+        std::vector<std::uint32_t> portable;
+        {
+          simd::ForceTarget forced(simd::portable_target());
+          portable = run(Path::vector);
+        }
+        INFO(name << " " << g.m << "x" << g.n << "x" << g.k << " threads " << threads);
+        CHECK(portable == run(Path::scalar));  // the portable kernel is the model
+        for (const simd::Target& target : simd::available_targets()) {
+          simd::ForceTarget forced(target);
+          INFO("target " << target.name << " kernel " << gemm_kernel_name(model));
+          CHECK(run(Path::vector) == portable);
+        }
+      }
   }
 }
 

@@ -93,4 +93,15 @@ struct TensorStats {
   void add_rounding(const QuantizeCounts& counts);
 };
 
+// How exponent fields are counted (add_values picks the fastest for this CPU's
+// SIMD target; tests run each one on every target and compare them).
+enum class FieldCountPath : std::uint8_t {
+  automatic,  // what add_values does
+  window,     // vector windows of adjacent fields and a positional population count
+  pairs,      // memory increments, one per two values
+};
+// The field counts of `values` on one thread, through the SIMD target that
+// dispatch picks now (mpsim/emulation/simd.hpp).
+TensorStats::FieldCounts count_fields(std::span<const float> values, FieldCountPath path = FieldCountPath::automatic);
+
 }  // namespace mpsim::core

@@ -103,13 +103,15 @@ float dot(const AccumulationModel& model, std::span<const float> a, std::span<co
 // (tensor cores with binary32 output and inputs of at most 12 significant
 // bits: fp16, bf16, tf32, e4m3, e5m2; rows and columns holding infinities,
 // NaNs or magnitudes beyond 2^-63..2^63 go element by element) and dot()
-// element by element otherwise; every path gives the same bits. The kernel is chosen at run time
-// (AVX-512, else AVX2, else portable C++); the environment variable
-// MPSIM_GEMM_TARGET=avx2 or =portable picks a lesser one (for tests).
+// element by element otherwise; every path gives the same bits. The kernel is
+// written once with Highway and its SIMD target chosen at run time (the best
+// this CPU has; mpsim/emulation/simd.hpp's ForceTarget picks a lesser one).
 void gemm(const AccumulationModel& model, const float* a, const float* b, float* c, int m, int n, int k,
           bool accumulate_c, int threads, Path path = Path::automatic);
 
-// Which kernel gemm() uses for this model here: "avx512", "avx2", "portable" or "scalar".
+// Which kernel gemm() uses for this model here: the Highway target of the
+// vector kernel ("AVX3", "AVX2", "SSE4", "SSSE3", or the portable "SCALAR" or
+// "EMU128"), or "scalar" (element by element through dot()).
 std::string_view gemm_kernel_name(const AccumulationModel& model);
 
 }  // namespace mpsim
