@@ -166,16 +166,18 @@ void bench_quantize_double(benchmark::State& state, Format format, RoundingMode 
   add_ratio(state, n, threads, rate);
 }
 
+// The formats and modes every table of this benchmark covers.
+const std::pair<const char*, Format> bench_formats[] = {
+    {"binary16", mpsim::formats::binary16}, {"bfloat16", mpsim::formats::bfloat16}, {"tf32", mpsim::formats::tf32},
+    {"e4m3", mpsim::formats::e4m3},         {"e5m2", mpsim::formats::e5m2}};
+const RoundingMode bench_modes[] = {RoundingMode::nearest_even,    RoundingMode::nearest_away,
+                              RoundingMode::toward_zero,     RoundingMode::toward_positive,
+                              RoundingMode::toward_negative, RoundingMode::odd,
+                              RoundingMode::stochastic};
+
 std::string size_name(std::size_t n) { return n == large ? "16M" : "32K"; }
 
 void register_all() {
-  const std::pair<const char*, Format> formats[] = {
-      {"binary16", mpsim::formats::binary16}, {"bfloat16", mpsim::formats::bfloat16}, {"tf32", mpsim::formats::tf32},
-      {"e4m3", mpsim::formats::e4m3},         {"e5m2", mpsim::formats::e5m2}};
-  const RoundingMode modes[] = {RoundingMode::nearest_even,    RoundingMode::nearest_away,
-                                RoundingMode::toward_zero,     RoundingMode::toward_positive,
-                                RoundingMode::toward_negative, RoundingMode::odd,
-                                RoundingMode::stochastic};
   for (std::size_t n : {in_cache, large}) {
     // Arrays below 128K elements run on one thread by design: no 2-thread rows for them.
     for (int threads : {1, 2}) {
@@ -183,8 +185,8 @@ void register_all() {
       const std::string suffix = "/" + size_name(n) + "/threads:" + std::to_string(threads);
       benchmark::RegisterBenchmark(("memcpy" + suffix).c_str(), bench_memcpy, n, threads)->UseRealTime();
       benchmark::RegisterBenchmark(("f16c_round_trip" + suffix).c_str(), bench_f16c, n, threads)->UseRealTime();
-      for (const auto& [name, format] : formats) {
-        for (RoundingMode mode : modes) {
+      for (const auto& [name, format] : bench_formats) {
+        for (RoundingMode mode : bench_modes) {
           for (Data data : {Data::normal, Data::gradients}) {
             const std::string label = std::string("quantize/") + name + "/" + std::string(mpsim::to_string(mode)) +
                                       (data == Data::normal ? "/normal" : "/gradients") + suffix;
@@ -246,17 +248,10 @@ double time_passes(std::size_t n, int passes, Body body) {
 
 int side_by_side(int repetitions, int passes) {
   const std::size_t n = large;
-  const std::pair<const char*, Format> formats[] = {
-      {"binary16", mpsim::formats::binary16}, {"bfloat16", mpsim::formats::bfloat16}, {"tf32", mpsim::formats::tf32},
-      {"e4m3", mpsim::formats::e4m3},         {"e5m2", mpsim::formats::e5m2}};
-  const RoundingMode modes[] = {RoundingMode::nearest_even,    RoundingMode::nearest_away,
-                                RoundingMode::toward_zero,     RoundingMode::toward_positive,
-                                RoundingMode::toward_negative, RoundingMode::odd,
-                                RoundingMode::stochastic};
   std::vector<Row> rows;
-  for (const auto& [name, format] : formats)
+  for (const auto& [name, format] : bench_formats)
     for (Data data : {Data::normal, Data::gradients})
-      for (RoundingMode mode : modes) rows.push_back({name, format, mode, data, {}, {}});
+      for (RoundingMode mode : bench_modes) rows.push_back({name, format, mode, data, {}, {}});
   const auto& normal = input(n, Data::normal);
   const auto& gradients = input(n, Data::gradients);
   std::vector<float> out(n, 1.0f);  // one output buffer for every row and memcpy, touched once
@@ -296,14 +291,14 @@ int side_by_side(int repetitions, int passes) {
   std::printf("Cells: median G elements/s (median of the per-repetition ratios to the paired memcpy; in brackets "
               "the lowest and highest ratio).\n\n");
   std::printf("| format | data |");
-  for (RoundingMode mode : modes) std::printf(" %s |", std::string(mpsim::to_string(mode)).c_str());
+  for (RoundingMode mode : bench_modes) std::printf(" %s |", std::string(mpsim::to_string(mode)).c_str());
   std::printf("\n|---|---|");
-  for (std::size_t m = 0; m < std::size(modes); ++m) std::printf("---|");
+  for (std::size_t m = 0; m < std::size(bench_modes); ++m) std::printf("---|");
   std::printf("\n");
   double worst_deterministic = 1e9, worst_stochastic = 1e9;
-  for (std::size_t r = 0; r < rows.size(); r += std::size(modes)) {
+  for (std::size_t r = 0; r < rows.size(); r += std::size(bench_modes)) {
     std::printf("| %s | %s |", rows[r].format_name.c_str(), rows[r].data == Data::normal ? "normal" : "gradients");
-    for (std::size_t m = 0; m < std::size(modes); ++m) {
+    for (std::size_t m = 0; m < std::size(bench_modes); ++m) {
       const Row& row = rows[r + m];
       const double ratio = median(row.ratios);
       const auto [lo, hi] = std::minmax_element(row.ratios.begin(), row.ratios.end());

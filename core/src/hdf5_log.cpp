@@ -182,6 +182,8 @@ class Hdf5Arm final : public ArmLog {
   void finish(const std::string& status) override;
 
   const std::string& name() const { return name_; }
+  bool finished() const { return finished_; }
+  std::int64_t last_step() const { return last_step_; }  // -1 before the first step
   bool pending() const { return !steps_.empty() || !stat_steps_.empty() || !evals_.empty(); }
   // Appends the buffered records; the caller holds the log's locks.
   void append_pending();
@@ -206,6 +208,8 @@ class Hdf5Arm final : public ArmLog {
   std::vector<std::uint64_t> counters_;    // [n][layers][kinds][counters]
   std::vector<EvalRecord> evals_;
   int steps_since_flush_ = 0;
+  bool finished_ = false;
+  std::int64_t last_step_ = -1;
 };
 
 class Hdf5Log final : public ExperimentLog {
@@ -231,6 +235,9 @@ class Hdf5Log final : public ExperimentLog {
   // For the exit path: locks the log's mutex and never unlocks it.
   void lock_forever() { mutex_.lock(); }
   void flush_locked_noexcept();
+  // For the exit path, with the locks held: marks every unfinished arm
+  // "stopped: <why> after step N" and says on stderr what the file holds.
+  void report_stopped_locked(const std::string& why);
 
   int flush_interval() const { return flush_interval_; }
   void mark_dirty() { dirty_ = true; }
@@ -365,6 +372,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
 void Hdf5Arm::step(const StepRecord& record) {
   auto guard = log_.lock();
   steps_.push_back(record);
+  last_step_ = record.step;
   if (++steps_since_flush_ >= log_.flush_interval()) log_.flush_locked();
 }
 
@@ -409,6 +417,7 @@ void Hdf5Arm::eval(const EvalRecord& record) {
 void Hdf5Arm::finish(const std::string& status) {
   auto guard = log_.lock();
   write_status(status);
+  finished_ = true;
   log_.mark_dirty();
   log_.flush_locked();
 }
@@ -582,6 +591,32 @@ void Hdf5Log::flush_locked_noexcept() {
   }
 }
 
+void Hdf5Log::report_stopped_locked(const std::string& why) {
+  std::string complete, stopped;
+  for (const auto& arm : arms_) {
+    if (arm->finished()) {
+      complete += (complete.empty() ? "" : ", ") + arm->name();
+      continue;
+    }
+    const std::string where = arm->last_step() < 0 ? "before its first step"
+                                                   : "after step " + std::to_string(arm->last_step());
+    if (broken_.empty()) {
+      try {
+        arm->write_status("stopped: " + why + " " + where);
+        dirty_ = true;
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "mpsim: %s\n", e.what());
+      }
+    }
+    stopped += (stopped.empty() ? "" : ", ") + arm->name() + " (" + where + ")";
+  }
+  std::fprintf(stderr,
+               "\nmpsim: %s. %s %s: complete arms: %s; stopped: %s. Every step up to the last flush is there. To run "
+               "it again, repeat the command with --force (arms start from step 0).\n",
+               why.c_str(), path_.string().c_str(), broken_.empty() ? "is closed and readable" : "may be incomplete",
+               complete.empty() ? "none" : complete.c_str(), stopped.empty() ? "none" : stopped.c_str());
+}
+
 void Hdf5Log::flush_noexcept() {
   std::lock_guard lock(mutex_);
   auto library = h5::library_lock();
@@ -602,11 +637,16 @@ extern "C" void on_flush_signal(int signal_number) {
 
 // Flushes every open log and keeps them locked, so no other thread writes to
 // a file between the flush and _exit.
-void flush_all_logs_for_exit() {
+void flush_all_logs_for_exit(int signal_number) {
   registry_mutex().lock();
   for (Hdf5Log* log : registry()) log->lock_forever();
   auto library = h5::library_lock();
-  for (Hdf5Log* log : registry()) log->flush_locked_noexcept();
+  const std::string why = signal_number == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+  for (Hdf5Log* log : registry()) {
+    log->flush_locked_noexcept();
+    log->report_stopped_locked(why);
+    log->flush_locked_noexcept();  // the arms' new status
+  }
   library.release();  // stays locked
 }
 
@@ -618,7 +658,7 @@ void watch_signals(int read_end) {
     if (n < 0 && errno == EINTR) continue;
     return;  // the pipe broke: nothing more to watch
   }
-  flush_all_logs_for_exit();
+  flush_all_logs_for_exit(signal_number);
   ::_exit(128 + signal_number);
 }
 

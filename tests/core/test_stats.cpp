@@ -72,6 +72,39 @@ TEST_CASE("exponent histogram bins every binary32 class and binade", "[stats]") 
 }
 
 
+// n values of one shape for the histogram tests: "weights" (a few binades),
+// "relu" (half zeros), "wide" (40 binades: more than the AVX-512 windows
+// cover, so pair counting), "zeros" (signed), "two modes" (clusters 2^16 apart,
+// the second window), "shifting" (binades move by 2^20 every 10000 values),
+// "chunks" (alternating 4096-value chunks), "special" (rare subnormals,
+// infinities and NaNs in the middle of a chunk).
+namespace {
+std::vector<float> histogram_test_values(std::string_view shape, std::size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 0.05f);
+  std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
+  std::vector<float> values(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (shape == "weights") values[i] = normal(rng);
+    else if (shape == "relu") values[i] = std::max(0.0f, normal(rng));
+    else if (shape == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
+    else if (shape == "zeros") values[i] = (i % 2) ? 0.0f : -0.0f;
+    else if (shape == "two modes") values[i] = normal(rng) * (rng() % 3 == 0 ? 1.0f : 0x1p-16f);
+    else if (shape == "shifting") values[i] = normal(rng) * std::exp2(-20.0f * static_cast<float>(i / 10000 % 2));
+    else if (shape == "chunks") values[i] = (i / 4096) % 2 ? 0x1p-30f : -1.5f;
+    else if (shape == "special") {
+      const std::uint64_t r = rng() % 1000;
+      values[i] = r == 0 ? std::numeric_limits<float>::infinity()
+                : r == 1 ? -std::numeric_limits<float>::quiet_NaN()
+                : r < 10 ? std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 12))
+                         : normal(rng);
+    } else {
+      FAIL("unknown shape " << shape);
+    }
+  }
+  return values;
+}
+}  // namespace
+
 TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time oracle", "[stats]") {
   // Sizes around the switch to vector or pair counting (2048), the chunk
   // (4096) and the pair-table drain (2^17); data concentrated in a few
@@ -79,31 +112,11 @@ TEST_CASE("exponent histogram of large arrays matches the one-value-at-a-time or
   // AVX-512 windows cover: pair counting), with rare subnormals, infinities
   // and NaNs in the middle of a chunk, in two clusters, and moving.
   std::mt19937_64 rng(20261121);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
   for (const std::size_t n : {std::size_t{1}, std::size_t{2047}, std::size_t{2048}, std::size_t{4095}, std::size_t{8192},
                               std::size_t{8193}, std::size_t{100003}, (std::size_t{1} << 17) + 5,
                               std::size_t{3} << 17}) {
     for (const char* shape : {"weights", "relu", "wide", "special", "zeros", "two modes", "shifting"}) {
-      std::vector<float> values(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::string_view s = shape;
-        if (s == "weights") values[i] = normal(rng);
-        else if (s == "relu") values[i] = std::max(0.0f, normal(rng));
-        else if (s == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
-        else if (s == "zeros") values[i] = (i % 2) ? 0.0f : -0.0f;
-        // Two clusters 2^16 apart (the second AVX-512 window), and one
-        // whose binades move by 2^20 every 10000 values (windows moved).
-        else if (s == "two modes") values[i] = normal(rng) * (rng() % 3 == 0 ? 1.0f : 0x1p-16f);
-        else if (s == "shifting") values[i] = normal(rng) * std::exp2(-20.0f * static_cast<float>(i / 10000 % 2));
-        else {
-          const std::uint64_t r = rng() % 1000;
-          values[i] = r == 0 ? std::numeric_limits<float>::infinity()
-                    : r == 1 ? -std::numeric_limits<float>::quiet_NaN()
-                    : r < 10 ? std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 12))
-                             : normal(rng);
-        }
-      }
+      const std::vector<float> values = histogram_test_values(shape, n, rng);
       const auto expected = oracle_histogram(values);
       // Split over 1, 2 and 3 OpenMP threads (pieces meet mid-chunk).
       for (const int threads : {1, 2, 3}) {
@@ -138,8 +151,6 @@ TEST_CASE("exponent histogram: every SIMD target and path counts like the portab
   // apart (the second window then counts 4096 equal fields of a chunk: 256 per
   // 8-bit counter with 16-byte vectors).
   std::mt19937_64 rng(20261125);
-  std::normal_distribution<float> normal(0.0f, 0.05f);
-  std::uniform_real_distribution<float> exponent(-40.0f, 0.0f);
   const std::vector<simd::Target> targets = simd::available_targets();
   REQUIRE(!targets.empty());
   INFO("targets: " << targets.size() << ", portable " << simd::portable_target().name);
@@ -147,23 +158,7 @@ TEST_CASE("exponent histogram: every SIMD target and path counts like the portab
                               std::size_t{4096 + 17}, std::size_t{16} << 12, std::size_t{100003},
                               (std::size_t{1} << 17) + 5}) {
     for (const char* shape : {"weights", "relu", "wide", "special", "two modes", "shifting", "chunks"}) {
-      std::vector<float> values(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::string_view s = shape;
-        if (s == "weights") values[i] = normal(rng);
-        else if (s == "relu") values[i] = std::max(0.0f, normal(rng));
-        else if (s == "wide") values[i] = (rng() & 1 ? 1.0f : -1.0f) * std::exp2(exponent(rng));
-        else if (s == "two modes") values[i] = normal(rng) * (rng() % 3 == 0 ? 1.0f : 0x1p-16f);
-        else if (s == "shifting") values[i] = normal(rng) * std::exp2(-20.0f * static_cast<float>(i / 10000 % 2));
-        else if (s == "chunks") values[i] = (i / 4096) % 2 ? 0x1p-30f : -1.5f;
-        else {
-          const std::uint64_t r = rng() % 1000;
-          values[i] = r == 0 ? std::numeric_limits<float>::infinity()
-                    : r == 1 ? -std::numeric_limits<float>::quiet_NaN()
-                    : r < 10 ? std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 12))
-                             : normal(rng);
-        }
-      }
+      const std::vector<float> values = histogram_test_values(shape, n, rng);
       const auto expected = oracle_histogram(values);
       TensorStats::FieldCounts portable;
       {
