@@ -119,6 +119,15 @@ constexpr Limits finite_above(double v) { return {.has_min = true, .min_open = t
 constexpr Limits above_at_most(double low, double high) {
   return {.has_min = true, .min_open = true, .has_max = true, .min = low, .max = high};
 }
+std::string inverted_bounds_message(const std::string& table, double min, double max) {
+  return table + ".min = " + number_text(min) + " is above " + table + ".max = " + number_text(max) +
+         "; give min <= max (0 turns a bound off)";
+}
+constexpr Limits finite_at_least(double v) { return {.has_min = true, .finite = true, .min = v}; }
+// [low, high): momentum and Adam's betas (1 would never forget).
+constexpr Limits at_least_below(double low, double high) {
+  return {.has_min = true, .has_max = true, .max_open = true, .min = low, .max = high};
+}
 constexpr Limits no_limits{};
 
 template <typename S>
@@ -394,20 +403,20 @@ constexpr auto loss_fields = std::to_array<ConfigField<LossDefinition>>({
 
 constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
     enum_key<&OptimizerSpec::kind, optimizer_kind_names>("kind", "`sgd`, `adam`, `adamw` (PyTorch's formulas)"),
-    key<&OptimizerSpec::lr>("lr", "", "learning rate (the schedule's start)", above(0)),
-    key<&OptimizerSpec::momentum>("momentum", "", "SGD momentum"),
-    key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)"),
-    key<&OptimizerSpec::beta1>("beta1", "", "Adam, AdamW: first-moment decay"),
-    key<&OptimizerSpec::beta2>("beta2", "", "Adam, AdamW: second-moment decay"),
-    key<&OptimizerSpec::eps>("eps", "", "Adam, AdamW: added to the denominator"),
+    key<&OptimizerSpec::lr>("lr", "", "learning rate (the schedule's start)", finite_above(0)),
+    key<&OptimizerSpec::momentum>("momentum", "", "SGD momentum", at_least_below(0, 1)),
+    key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)", finite_at_least(0)),
+    key<&OptimizerSpec::beta1>("beta1", "", "Adam, AdamW: first-moment decay", at_least_below(0, 1)),
+    key<&OptimizerSpec::beta2>("beta2", "", "Adam, AdamW: second-moment decay", at_least_below(0, 1)),
+    key<&OptimizerSpec::eps>("eps", "", "Adam, AdamW: added to the denominator", finite_at_least(0)),
 });
 
 constexpr auto schedule_fields = std::to_array<ConfigField<ScheduleSpec>>({
     enum_key<&ScheduleSpec::kind, schedule_kind_names>(
         "kind", "`constant`, `step` (times `gamma` every `step_size` steps), `cosine` (to `min_lr`)"),
     key<&ScheduleSpec::step_size>("step_size", "steps", "`step`: steps between multiplications by `gamma`"),
-    key<&ScheduleSpec::gamma>("gamma", "", "`step`: the factor"),
-    key<&ScheduleSpec::min_lr>("min_lr", "", "`cosine`: the rate at the last step"),
+    key<&ScheduleSpec::gamma>("gamma", "", "`step`: the factor", finite_above(0)),
+    key<&ScheduleSpec::min_lr>("min_lr", "", "`cosine`: the rate at the last step", finite_at_least(0)),
 });
 
 // The rounding points come from their own table, rounding_points (policy.hpp).
@@ -431,7 +440,7 @@ constexpr auto policy_fields = policy_fields_of(std::make_index_sequence<roundin
 
 constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
     enum_key<&LossScaling::mode, loss_scale_mode_names>("mode", "`none`, `static` or `dynamic`"),
-    key<&LossScaling::initial_scale>("initial", "", "initial (static: the) loss scale", above(0)),
+    key<&LossScaling::initial_scale>("initial", "", "initial (static: the) loss scale", finite_above(0)),
     key<&LossScaling::growth_factor>("growth_factor", "", "dynamic: factor after `growth_interval` clean steps",
                                      at_least(1)),
     key<&LossScaling::backoff_factor>("backoff_factor", "", "dynamic: factor on a step with inf/NaN gradients",
@@ -440,8 +449,8 @@ constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
                                        at_least(1)),
     key<&LossScaling::hysteresis>("hysteresis", "steps",
                                   "dynamic: overflowing steps tolerated before backing off", at_least(1)),
-    key<&LossScaling::min_scale>("min", "", "dynamic: lower bound of the scale (0: none)"),
-    key<&LossScaling::max_scale>("max", "", "dynamic: upper bound of the scale (0: none)"),
+    key<&LossScaling::min_scale>("min", "", "dynamic: lower bound of the scale (0: none)", finite_at_least(0)),
+    key<&LossScaling::max_scale>("max", "", "dynamic: upper bound of the scale (0: none)", finite_at_least(0)),
 });
 
 constexpr auto delayed_scaling_fields = std::to_array<ConfigField<DelayedScaling>>({
@@ -507,6 +516,9 @@ Policy read_policy(const std::string& name, const toml::table* table) {
   Section ls(s.subtable("loss_scale"), "policies." + name + ".loss_scale");
   read_fields(ls, loss_scale_fields, p.loss_scaling);
   ls.check_unknown();
+  const LossScaling& l = p.loss_scaling;
+  if (l.min_scale > 0 && l.max_scale > 0 && l.min_scale > l.max_scale)
+    throw ConfigError(inverted_bounds_message("policies." + name + ".loss_scale", l.min_scale, l.max_scale));
   Section ds(s.subtable("delayed_scaling"), "policies." + name + ".delayed_scaling");
   read_fields(ds, delayed_scaling_fields, p.delayed_scaling);
   ds.check_unknown();

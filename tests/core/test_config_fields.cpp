@@ -156,5 +156,24 @@ TEST_CASE("config fields: the tables cover every member, each key once", "[core]
   for (const auto& k : keys) CHECK_THAT(markdown, Catch::Matchers::Contains("| `" + k.key + "` |"));
 }
 
+TEST_CASE("config fields: the nonsense a new user tried is refused (issue 18)", "[core][config][fields]") {
+  const auto error = [](const std::vector<std::string>& overrides) {
+    try {
+      parse_with(overrides);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  CHECK(error({"optimizer.lr=inf"}) == "optimizer.lr must be a finite number > 0 (got inf)");
+  CHECK(error({"optimizer.weight_decay=nan"}) == "optimizer.weight_decay must be a finite number >= 0 (got nan)");
+  CHECK(error({"optimizer.momentum=5"}) == "optimizer.momentum must be in [0, 1) (got 5)");
+  CHECK(error({"optimizer.beta2=1"}) == "optimizer.beta2 must be in [0, 1) (got 1)");
+  CHECK(error({"policies.p.loss_scale.min=1e6", "policies.p.loss_scale.max=10"}) ==
+        "policies.p.loss_scale.min = 1000000 is above policies.p.loss_scale.max = 10; give min <= max (0 turns a "
+        "bound off)");
+  CHECK(error({"policies.p.loss_scale.min=1", "policies.p.loss_scale.max=0"}) == "accepted");  // 0: no maximum
+}
+
 }  // namespace
 }  // namespace mpsim::core

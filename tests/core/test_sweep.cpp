@@ -125,7 +125,7 @@ TEST_CASE("sweep: errors name the key and the point", "[sweep][config]") {
   CHECK_THAT(sweep_error(base + "[sweep]\n\"optimizer.lr\" = 0.1\n"),
              Catch::Matchers::Contains("sweep.\"optimizer.lr\" must be a non-empty array"));
   CHECK_THAT(sweep_error(base, {"optimizer.lr=0.1,-1"}),
-             Catch::Matchers::Contains("sweep point lr=-1: optimizer.lr must be > 0"));
+             Catch::Matchers::Contains("sweep point lr=-1: optimizer.lr must be a finite number > 0 (got -1)"));
   CHECK_THAT(sweep_error(base, {"output=a.h5,b.h5"}), Catch::Matchers::Contains("output differs between points"));
   CHECK_THAT(sweep_error(base, {"optimizer.lrate=0.1,0.2"}), Catch::Matchers::Contains("unknown config key 'optimizer.lrate'"));
 }
