@@ -477,8 +477,8 @@ std::string report_json(const Options& o, const Environment& env, const std::vec
                         const std::vector<StepFigures>& steps, const std::vector<GemmFigures>& gemms) {
   std::vector<std::string> model_items;
   for (const auto& m : models) {
-    Fields fields{{"name", json(m.name)}, {"kind", json(m.spec.kind)}, {"batch", json(m.batch)}};
-    if (m.spec.kind == "mlp")
+    Fields fields{{"name", json(m.name)}, {"kind", json(std::string(core::to_string(m.spec.kind)))}, {"batch", json(m.batch)}};
+    if (m.spec.kind == core::ModelKind::mlp)
       fields.emplace_back("hidden", json(std::vector<double>(m.spec.hidden.begin(), m.spec.hidden.end())));
     else fields.emplace_back("layers", json("LeNet-5: conv 5x5 6 (pad 2), pool 2, conv 5x5 16, pool 2, 120, 84, 10"));
     model_items.push_back(object(fields));
@@ -559,11 +559,11 @@ int run(const Options& o) {
   std::vector<ModelCase> models;
   {
     ModelCase mlp{"mlp", {}, o.mlp_batch};
-    mlp.spec.kind = "mlp";
+    mlp.spec.kind = core::ModelKind::mlp;
     mlp.spec.hidden.assign(static_cast<std::size_t>(o.mlp_depth), o.mlp_width);
     models.push_back(mlp);
     ModelCase cnn{"cnn", {}, o.cnn_batch};
-    cnn.spec.kind = "cnn";
+    cnn.spec.kind = core::ModelKind::cnn;
     models.push_back(cnn);
   }
   std::vector<StepFigures> steps;

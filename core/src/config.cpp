@@ -338,7 +338,6 @@ toml::table write_fields(const std::array<ConfigField<S>, N>& fields, const S& i
 
 constexpr std::array<std::string_view, 2> backend_names{"cpu", "cuda"};
 constexpr std::array<std::string_view, 2> dataset_names{"fashion-mnist", "synthetic"};
-constexpr std::array<std::string_view, 2> model_kind_names{"mlp", "cnn"};
 
 using C = ExperimentConfig;
 constexpr auto top_fields = std::to_array<ConfigField<C>>({
@@ -367,7 +366,7 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
 });
 
 constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
-    choice<&ModelSpec::kind>("kind", model_kind_names, "`cnn`: LeNet-5 with ReLU and max pooling"),
+    enum_key<&ModelSpec::kind, model_kind_names>("kind", "`cnn`: LeNet-5 with ReLU and max pooling"),
     key<&ModelSpec::hidden>("hidden", "units", "MLP hidden widths", at_least(1)),
     enum_key<&ModelSpec::activation, activation_names>(
         "activation",

@@ -109,7 +109,7 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data) {
     if (std::find(c.arms.begin() + static_cast<std::ptrdiff_t>(i) + 1, c.arms.end(), c.arms[i]) != c.arms.end())
       throw SetupError(fmt::format("arms names '{}' twice; name each policy once (seeds = [...] repeats an arm)",
                                    c.arms[i]));
-  if (c.model.kind != "mlp") return;  // the CNN's sizes are fixed (LeNet-5)
+  if (c.model.kind != ModelKind::mlp) return;  // the CNN's sizes are fixed (LeNet-5)
   double parameters = 0, activations = 0;
   double width = static_cast<double>(data.train.sample_size());
   std::vector<double> widths(c.model.hidden.begin(), c.model.hidden.end());

@@ -94,7 +94,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
   std::vector<std::unique_ptr<Layer>> layers;
   const std::string act(to_string(spec.activation));
   const auto activation = [&](const std::string& name) { return make_activation(name, spec.activation); };
-  if (spec.kind == "mlp") {
+  if (spec.kind == ModelKind::mlp) {
     layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;
     int i = 1;
@@ -106,7 +106,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       ++i;
     }
     layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
-  } else if (spec.kind == "cnn") {
+  } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));
     layers.push_back(activation(act + "1"));
@@ -123,8 +123,6 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
     layers.push_back(make_linear("fc2", 120, 84));
     layers.push_back(activation(act + "4"));
     layers.push_back(make_linear("fc3", 84, in.classes));
-  } else {
-    throw std::invalid_argument("unknown model kind '" + spec.kind + "'; expected mlp or cnn");
   }
   return layers;
 }

@@ -951,7 +951,7 @@ void check_model_gradients(const ModelSpec& spec, const InputShape& in, Index ba
                 << "), bound " << bound);
     CHECK(std::fabs(g - fd) <= bound);
   }
-  INFO(spec.kind << ": " << accepted << " parameters checked, " << redrawn << " redrawn for kinks, " << nonzero
+  INFO(to_string(spec.kind) << ": " << accepted << " parameters checked, " << redrawn << " redrawn for kinks, " << nonzero
                  << " with a nonzero gradient, worst error / bound " << worst);
   CHECK(accepted == wanted);
   CHECK(nonzero >= wanted / 2);
@@ -959,14 +959,14 @@ void check_model_gradients(const ModelSpec& spec, const InputShape& in, Index ba
 
 TEST_CASE("MLP: backward gradients match finite differences of the binary32 loss", "[layers]") {
   ModelSpec spec;
-  spec.kind = "mlp";
+  spec.kind = ModelKind::mlp;
   spec.hidden = {16, 8};
   check_model_gradients(spec, InputShape{1, 4, 4, 3}, 5, 1e-2f, 2024, 20);
 }
 
 TEST_CASE("CNN: backward gradients match finite differences of the binary32 loss", "[layers]") {
   ModelSpec spec;
-  spec.kind = "cnn";
+  spec.kind = ModelKind::cnn;
   check_model_gradients(spec, InputShape{1, 28, 28, 10}, 2, 1e-2f, 2025, 20);
 }
 

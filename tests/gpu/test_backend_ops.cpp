@@ -869,7 +869,7 @@ core::ArmSetup small_setup(const core::Policy& policy, const std::string& model)
   core::ArmSetup s;
   s.policy = &policy;
   if (model == "cnn") {
-    s.model.kind = "cnn";
+    s.model.kind = core::ModelKind::cnn;
   } else {
     s.model.hidden = {64, 32};
     s.model.layer_norm = model == "mlp-gelu-layernorm";

@@ -55,7 +55,7 @@ std::map<std::string, Case> cases() {
   std::map<std::string, Case> all;
   {
     Case c{"mlp_relu_sgd", {}, {}};
-    c.model.kind = "mlp";
+    c.model.kind = ModelKind::mlp;
     c.model.hidden = {64, 32};
     c.model.activation = Activation::relu;
     c.optimizer.kind = OptimizerKind::sgd;
@@ -66,7 +66,7 @@ std::map<std::string, Case> cases() {
   }
   for (const char* kind : {"adam", "adamw"}) {
     Case c{kind == std::string("adam") ? "mlp_gelu_ln_adam" : "mlp_gelu_ln_adamw", {}, {}};
-    c.model.kind = "mlp";
+    c.model.kind = ModelKind::mlp;
     c.model.hidden = {32, 32};
     c.model.activation = Activation::gelu;
     c.model.layer_norm = true;
@@ -77,7 +77,7 @@ std::map<std::string, Case> cases() {
   }
   {
     Case c{"cnn_sgd", {}, {}};
-    c.model.kind = "cnn";
+    c.model.kind = ModelKind::cnn;
     c.model.activation = Activation::relu;
     c.optimizer.kind = OptimizerKind::sgd;
     c.optimizer.lr = 0.05;
@@ -134,7 +134,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
 
   fs::create_directories(out_dir);
   std::ofstream manifest(out_dir / "manifest.txt");
-  manifest << "case " << c.name << "\nmodel " << c.model.kind << "\nactivation "
+  manifest << "case " << c.name << "\nmodel " << to_string(c.model.kind) << "\nactivation "
            << to_string(c.model.activation) << "\nlayer_norm "
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
            << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)

@@ -123,11 +123,14 @@ class Layer {
 
 // Activation and its names: the table in numerics_layers.hpp.
 enum class InitScheme : std::uint8_t { he, xavier, normal };
+enum class ModelKind : std::uint8_t { mlp, cnn };  // cnn: LeNet-5 style
+inline constexpr EnumNames<ModelKind, 2> model_kind_names{{"mlp", "cnn"}};  // the config's names
+inline std::string_view to_string(ModelKind kind) { return model_kind_names(kind); }
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
 inline std::string_view to_string(InitScheme scheme) { return init_scheme_names(scheme); }
 
 struct ModelSpec {
-  std::string kind = "mlp";           // "mlp" or "cnn" (LeNet-5 style)
+  ModelKind kind = ModelKind::mlp;
   std::vector<std::int64_t> hidden{256, 256};  // MLP widths
   Activation activation = Activation::relu;
   bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
