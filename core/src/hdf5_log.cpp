@@ -613,7 +613,7 @@ void Hdf5Log::report_stopped_locked(const std::string& why) {
   std::fprintf(stderr,
                "\nmpsim: %s. %s %s: complete arms: %s; stopped: %s. Every step up to the last flush is there. To run "
                "it again, repeat the command with --force (arms start from step 0).\n",
-               why.c_str(), path_.string().c_str(), broken_.empty() ? "is closed and readable" : "may be incomplete",
+               why.c_str(), path_.string().c_str(), broken_.empty() ? "is flushed and readable" : "may be incomplete",
                complete.empty() ? "none" : complete.c_str(), stopped.empty() ? "none" : stopped.c_str());
 }
 

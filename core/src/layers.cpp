@@ -331,8 +331,6 @@ std::unique_ptr<Layer> make_flatten(std::string name) { return std::make_unique<
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind) {
   return std::make_unique<Pointwise>(std::move(name), kind);
 }
-std::unique_ptr<Layer> make_relu(std::string name) { return make_activation(std::move(name), Activation::relu); }
-std::unique_ptr<Layer> make_gelu(std::string name) { return make_activation(std::move(name), Activation::gelu); }
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
   return std::make_unique<LayerNorm>(std::move(name), features, eps);
 }

@@ -400,8 +400,6 @@ float exact_dot(const Format& f, RoundingMode mode, std::span<const float> a, st
 // --- Names ----------------------------------------------------------------------
 
 constexpr std::string_view kGpus[] = {"v100", "a100", "h100"};
-constexpr std::string_view kGpuFolders[] = {"V100", "A100", "H100"};
-static_assert(std::size(kGpus) == std::size(kGpuFolders));
 
 std::optional<int> parse_int(std::string_view text) {
   int value = 0;
@@ -414,7 +412,7 @@ std::optional<int> parse_int(std::string_view text) {
 
 // --- Presets ----------------------------------------------------------------------
 
-std::span<const std::string_view> tensor_core_gpus() { return kGpuFolders; }
+std::span<const std::string_view> tensor_core_gpus() { return kGpus; }
 
 std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu_name, const Format& input,
                                                   const Format& output) {

@@ -46,14 +46,14 @@ int run_validate(const ValidateArgs& args) {
                                  args.dir));
   std::vector<std::string> gpus;
   std::string known;
-  for (std::string_view gpu : tensor_core_gpus()) {
-    known += std::string(known.empty() ? "" : ", ") + std::string(gpu);
-    // Any case names a GPU (h100, H100); the folders use the canonical name.
-    const bool named = args.gpu.size() == gpu.size() &&
-                       std::equal(gpu.begin(), gpu.end(), args.gpu.begin(), [](char a, char b) {
-                         return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-                       });
-    if (args.gpu.empty() || named) gpus.emplace_back(gpu);
+  const auto upper = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return text;
+  };
+  for (std::string_view model : tensor_core_gpus()) {
+    const std::string folder = upper(std::string(model));  // any case names a GPU; the folders are upper case
+    known += (known.empty() ? "" : ", ") + folder;
+    if (args.gpu.empty() || upper(args.gpu) == folder) gpus.push_back(folder);
   }
   if (gpus.empty()) throw UsageError(fmt::format("no model for GPU '{}' (models: {})", args.gpu, known));
   std::vector<Format> inputs, outputs;

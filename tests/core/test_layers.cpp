@@ -433,7 +433,7 @@ TEST_CASE("ReLU forward and backward match binary64 references", "[layers]") {
   // Magnitudes log-uniform in [1e-3, 3]: many inputs close to (not within 1e-3 of) the kink.
   FVec x = away_from_zero(rng, size_of(shape), 0.0, 1.0);
   for (float& v : x) v = std::copysign(static_cast<float>(1e-3 * std::pow(3e3, std::fabs(v))), v);
-  auto layer = make_relu("relu");
+  auto layer = make_activation("relu", Activation::relu);
   Reference ref;
   ref.forward = [](const std::vector<Vec>& a) {
     Vec y = a[0];
@@ -453,7 +453,7 @@ TEST_CASE("GELU (exact erf) forward and backward match binary64 references", "[l
   Rng rng{21};
   FVec x = uniform(rng, 60, -4.0, 4.0);
   for (const float v : {0.0f, 1e-4f, -1e-4f, -0.75f, -6.0f, 6.0f, -9.5f, 9.5f, 0.5f, -2.5f}) x.push_back(v);
-  auto layer = make_gelu("gelu");
+  auto layer = make_activation("gelu", Activation::gelu);
   Reference ref;
   ref.forward = [](const std::vector<Vec>& a) {
     Vec y = a[0];

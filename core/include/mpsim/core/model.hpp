@@ -164,8 +164,6 @@ std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, st
 std::unique_ptr<Layer> make_flatten(std::string name);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
-std::unique_ptr<Layer> make_relu(std::string name);  // make_activation(name, Activation::relu)
-std::unique_ptr<Layer> make_gelu(std::string name);  // make_activation(name, Activation::gelu)
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 
 // Fills every parameter's `initial` values: fan-in/fan-out from the shape

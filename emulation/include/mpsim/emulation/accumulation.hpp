@@ -49,8 +49,8 @@ struct TensorCoreModel {
   friend bool operator==(const TensorCoreModel&, const TensorCoreModel&) = default;
 };
 
-// The GPUs that tensor_core_preset knows, as the measured vectors' folders
-// name them (../shared/tensor-core-vectors/V100, ...).
+// The GPUs that tensor_core_preset knows, in lower case ("v100", ...); the
+// measured vectors' folders spell them in upper case (tensor-core-vectors/V100).
 std::span<const std::string_view> tensor_core_gpus();
 
 // The model of `gpu` ("V100", "A100", "H100"; any case) for these formats, or
