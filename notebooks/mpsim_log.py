@@ -27,8 +27,9 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 2
-# Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it.
+SCHEMA_VERSION = 3
+# Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
+# lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000
@@ -90,7 +91,7 @@ def config(path: PathOrFile) -> str:
 
 
 def info(path: PathOrFile) -> dict:
-    """The file's root attributes (config, mpsim_version, git_revision, start_time, host, seed, schema_version)."""
+    """The file's root attributes (config, mpsim_version, git_revision, start_time, host, cpu, seed, schema_version)."""
     with _log(path) as f:
         return {k: (_text(v) if isinstance(v, (str, bytes)) else v.item()) for k, v in f.attrs.items()}
 

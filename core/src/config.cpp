@@ -386,7 +386,14 @@ constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
                                    "steps between test-set evaluations; `0`: end of each epoch"),
     key<&TrainSpec::eval_batch>("eval_batch", "samples", "batch size of evaluations", at_least(1)),
     key<&TrainSpec::stats_interval>("stats_interval", "steps", "instrument every Nth step; `0`: never"),
-    key<&TrainSpec::threads>("threads", "threads", "BLAS and quantization threads; `0`: all cores"),
+    key<&TrainSpec::threads>("threads", "threads",
+                             "GEMM, quantization and statistics threads; `0`: all cores. No bit depends on it with "
+                             "`gemm = \"ordered\"`"),
+    enum_key<&TrainSpec::gemm, cpu_gemm_names>(
+        "gemm",
+        "the CPU backend's binary32 GEMM: `ordered`, one fixed summation order, the same bits on every x86-64 CPU "
+        "and thread count (core/include/mpsim/core/ordered_gemm.hpp); `blas`, OpenBLAS, whose kernel and order "
+        "depend on the CPU model and the thread count. Ignored on the GPU (cuBLAS)"),
 });
 
 constexpr auto loss_fields = std::to_array<ConfigField<LossDefinition>>({

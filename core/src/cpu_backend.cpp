@@ -1,5 +1,6 @@
-// The CPU backend: Eigen (products through OpenBLAS) for the arithmetic,
-// emulation/ for every rounding to a storage format.
+// The CPU backend: mpsim's fixed-order GEMM (ordered_gemm.hpp; OpenBLAS
+// through Eigen when the config asks for `gemm = "blas"`) and plain loops for
+// the arithmetic, emulation/ for every rounding to a storage format.
 
 #define EIGEN_USE_BLAS
 #include <Eigen/Core>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
+#include "mpsim/core/ordered_gemm.hpp"
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 
@@ -109,6 +111,11 @@ class CpuBackend final : public Backend {
     threads_ = std::max(1, threads);
     openblas_set_num_threads(threads_);
   }
+  void set_cpu_gemm(CpuGemm gemm) override { gemm_ = gemm; }
+  std::string describe_gemm(CpuGemm gemm) const override {
+    if (gemm == CpuGemm::ordered) return "ordered (" + std::string(ordered_gemm_target()) + ")";
+    return std::string("blas (") + openblas_get_config() + ", " + openblas_get_corename() + " kernels)";
+  }
 
   Tensor zeros_impl(const Shape& shape) override {
     Tensor t = empty(shape);
@@ -182,6 +189,10 @@ class CpuBackend final : public Backend {
                   static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), false, threads_);
       return;
     }
+    if (accumulation.is_identity() && gemm_ == CpuGemm::ordered) {
+      ordered_gemm(data(a), ta, data(b), tb, cm.data(), m, n, k, threads_);
+      return;
+    }
     if (accumulation.is_identity()) {
       if (!ta && !tb) cm.noalias() = am * bm;
       else if (ta && !tb) cm.noalias() = am.transpose() * bm;
@@ -199,7 +210,14 @@ class CpuBackend final : public Backend {
   }
   void column_sums_impl(const Tensor& x, Tensor& sums) override {
     require(sums.numel() == x.cols(), "column_sums: sizes differ");
-    Eigen::Map<Eigen::RowVectorXf>(data(sums), sums.numel()) = matrix(x).colwise().sum();
+    // Rows added in increasing order from +0, each column its own chain (the
+    // order ordered_gemm uses; it vectorises across columns).
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    const float* in = data(x);
+    float* out = data(sums);
+    std::fill(out, out + cols, 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < cols; ++j) out[j] += in[r * cols + j];
   }
   void scale_impl(Tensor& x, float factor) override {
     for (float& v : values(x)) v *= factor;
@@ -506,6 +524,7 @@ class CpuBackend final : public Backend {
   }
 
   int threads_ = 1;
+  CpuGemm gemm_ = CpuGemm::ordered;
   std::vector<double> scratch_;
   // The training step's state (start_steps .. take_steps).
   LossScaling scaling_;

@@ -44,6 +44,17 @@ std::string host_name() {
   return name;
 }
 
+// The CPU's model name, as /proc/cpuinfo gives it ("AMD EPYC 9B14"), or "unknown".
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      const std::size_t start = line.find_first_not_of(" \t", line.find(':') + 1);
+      return start == std::string::npos ? "unknown" : line.substr(start);
+    }
+  return "unknown";
+}
+
 // What decides the data an arm trains on, so points of a sweep share one load.
 std::string data_key(const ExperimentConfig& c) {
   const DataSpec& d = c.data;
@@ -147,13 +158,15 @@ ArmSetup make_setup(const ExperimentConfig& pc, const PlannedArm& arm, int threa
   return setup;
 }
 
-ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& data) {
+ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& data, const Backend& backend,
+                  int threads) {
   const SweepPoint& point = sweep.points[arm.point];
   const ExperimentConfig& pc = point.config;
   const Policy& policy = pc.policies.at(arm.policy);
   const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
-  return {arm_name(pc, arm, point.label), arm.backend, arm.policy, describe(policy),
-          arm.seed, Model::stat_names(pc.model, input), point.label, policy};
+  return {arm_name(pc, arm, point.label), arm.backend, arm.policy,   describe(policy),
+          arm.seed,                       Model::stat_names(pc.model, input), point.label, policy,
+          threads,                        backend.describe_gemm(pc.train.gemm)};
 }
 
 ArmRow make_row(const ArmInfo& info, const PlannedArm& arm, ArmResult result) {
@@ -189,6 +202,7 @@ ExperimentInfo experiment_info(const Sweep& sweep) {
   info.git_revision = MPSIM_GIT_REVISION;
   info.start_time = now_utc();
   info.host = host_name();
+  info.cpu = cpu_model();
   info.seed = sweep.points.front().config.seeds.front();
   return info;
 }
@@ -354,7 +368,8 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
   const std::vector<PlannedArm> plan = plan_arms(sweep);
   std::vector<ArmInfo> infos;
   for (const PlannedArm& arm : plan)
-    infos.push_back(make_info(sweep, arm, data_sets.at(data_key(sweep.points[arm.point].config))));
+    infos.push_back(make_info(sweep, arm, data_sets.at(data_key(sweep.points[arm.point].config)),
+                              *backends.at(arm.backend), threads_for(sweep.points[arm.point].config)));
   const int jobs = jobs_for(options, c, plan.size());
   if (observer) {
     const TrainTest& first = data_sets.at(data_key(c));
@@ -399,7 +414,7 @@ ArmResult run_planned_arm(const Sweep& sweep, std::size_t index, const Experimen
   const TrainTest data = load_data(pc);
   const std::unique_ptr<Backend> backend = start_backend(arm.backend);
   const int threads = threads_for(pc);
-  const ArmInfo info = make_info(sweep, arm, data);
+  const ArmInfo info = make_info(sweep, arm, data, *backend, threads);
   std::unique_ptr<ExperimentLog> log = create_hdf5_log(options.output, experiment_info(sweep), pc.flush_interval);
   if (options.handle_signals) install_flush_on_signals();
   ArmLog& arm_log = log->add_arm(info);

@@ -30,7 +30,7 @@ namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 2;  // 2: /arms/<arm>/policy/
+constexpr std::int32_t schema_version = 3;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;
@@ -317,7 +317,7 @@ void write_policy(hid_t arm_group, const Policy& p) {
 
 Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     : log_(log), name_(info.name), layers_(info.layers.size()) {
-  group_ = h5::create_group(arms_group, info.name);
+  group_ = h5::create_group(arms_group, info.name, 32);  // compact attributes, for copy_arm (h5.hpp)
   const hid_t g = group_.get();
   h5::write_attribute(g, "name", info.name);
   h5::write_attribute(g, "backend", info.backend);
@@ -325,6 +325,8 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
   h5::write_attribute(g, "policy_description", info.policy_description);
   h5::write_attribute(g, "seed", std::uint64_t{info.seed});
   h5::write_attribute(g, "sweep", info.sweep);
+  h5::write_attribute(g, "threads", std::int32_t{info.threads});
+  h5::write_attribute(g, "gemm", info.gemm);
   h5::write_attribute(g, "status", "running");
   write_policy(g, info.resolved_policy);
 
@@ -460,6 +462,7 @@ Hdf5Log::Hdf5Log(const std::filesystem::path& path, const ExperimentInfo& info, 
     h5::write_attribute(root, "git_revision", info.git_revision);
     h5::write_attribute(root, "start_time", info.start_time);
     h5::write_attribute(root, "host", info.host);
+    h5::write_attribute(root, "cpu", info.cpu);
     h5::write_attribute(root, "seed", std::uint64_t{info.seed});
     h5::write_attribute(root, "schema_version", schema_version);
     arms_group_ = h5::create_group(root, "arms");

@@ -47,6 +47,7 @@ class Arm {
         ctx_(backend, policy_, setup.seed),
         scaler_(policy_.loss_scaling) {
     backend_.set_threads(setup.train.threads);
+    backend_.set_cpu_gemm(setup.train.gemm);
     auto& layers = model_.layers();
     bool earlier_has_parameters = false;
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {

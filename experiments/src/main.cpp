@@ -4,14 +4,17 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "docs_command.hpp"
 #include "fp_command.hpp"
 #include "mpsim/core/experiment.hpp"
+#include "mpsim/emulation/simd.hpp"
 #include "run_command.hpp"
 #include "tc_command.hpp"
 #include "usage_error.hpp"
@@ -85,6 +88,17 @@ int main(int argc, char** argv) {
     args.erase(args.begin());               // the program's name
     std::reverse(args.begin(), args.end());  // CLI11 takes the words last to first
     app.parse(std::move(args));
+    // MPSIM_SIMD_TARGET=SSE4 (any Highway target this CPU runs) caps every
+    // vector kernel at that target: a run can show that its bits do not
+    // depend on the instruction set (children of --jobs inherit it).
+    std::optional<mpsim::simd::ForceTarget> forced_target;
+    if (const char* target = std::getenv("MPSIM_SIMD_TARGET"); target && *target) {
+      try {
+        forced_target.emplace(std::string_view(target));
+      } catch (const std::invalid_argument& e) {
+        throw mpsim::cli::UsageError(fmt::format("MPSIM_SIMD_TARGET: {}", e.what()));
+      }
+    }
     return run ? run() : 0;
   } catch (const CLI::Success& e) {
     return app.exit(e);

@@ -374,6 +374,7 @@ class CudaBackend final : public core::Backend {
   std::string_view name() const override { return "cuda"; }
   core::Device device() const override { return core::Device::cuda; }
   void set_threads(int) override {}  // the device decides its own parallelism
+  std::string describe_gemm(core::CpuGemm) const override { return "cuBLAS"; }
   cudaStream_t cuda_stream() const { return stream(); }  // for cuda_stream_of (timing)
   std::uint64_t synchronisations() const { return synchronisations_; }
 

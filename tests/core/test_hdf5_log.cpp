@@ -284,6 +284,7 @@ ExperimentInfo experiment_info() {
   info.git_revision = "0123456789abcdef";
   info.start_time = "2024-05-01T12:00:00Z";
   info.host = "testhost";
+  info.cpu = "Test CPU 9000";
   info.seed = 0xfedcba9876543210ull;
   return info;
 }
@@ -317,6 +318,8 @@ ArmInfo arm_info(int arm) {
   info.layers = arm == 0 ? std::vector<std::string>{"fc1", "fc2", "output"}
                          : std::vector<std::string>{"conv1", "a much longer layer name"};
   info.resolved_policy = arm_policy(arm);
+  info.threads = 1 + arm;
+  info.gemm = arm == 0 ? "ordered (AVX2)" : "cuBLAS";
   return info;
 }
 
@@ -401,6 +404,8 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   CHECK(string_attribute(group, "policy_description") == info.policy_description);
   CHECK(scalar_attribute<std::uint64_t>(group, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
   CHECK(string_attribute(group, "status") == expected.status);
+  CHECK(scalar_attribute<std::int32_t>(group, "threads", H5T_NATIVE_INT32, H5T_INTEGER, 4) == info.threads);
+  CHECK(string_attribute(group, "gemm") == info.gemm);
   check_policy(group, arm);
 
   // Coordinates.
@@ -524,8 +529,9 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "git_revision") == info.git_revision);
   CHECK(string_attribute(file, "start_time") == info.start_time);
   CHECK(string_attribute(file, "host") == info.host);
+  CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 2);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 3);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval

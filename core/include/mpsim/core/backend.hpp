@@ -26,6 +26,14 @@
 
 namespace mpsim::core {
 
+// The CPU backend's binary32 GEMM (config `train.gemm`): `ordered`, the
+// fixed-order kernel that gives the same bits on every CPU and thread count
+// (ordered_gemm.hpp), or `blas`, OpenBLAS, whose kernel and summation order
+// depend on the CPU model and the thread count.
+enum class CpuGemm { ordered, blas };
+inline constexpr EnumNames<CpuGemm, 2> cpu_gemm_names{{"ordered", "blas"}};
+inline std::string_view to_string(CpuGemm gemm) { return cpu_gemm_names(gemm); }
+
 struct ConvGeometry {
   std::int64_t batch = 0, channels = 0, height = 0, width = 0;
   std::int64_t kernel = 0, stride = 1, padding = 0;
@@ -122,6 +130,12 @@ class Backend {
   // the backend supports Op::activation.
   virtual bool supports_activation(Activation) const { return true; }
   virtual void set_threads(int threads) = 0;
+  // Which binary32 GEMM the products without an accumulation model use; a
+  // backend with one GEMM (the GPU's cuBLAS) ignores it.
+  virtual void set_cpu_gemm(CpuGemm) {}
+  // What computes those products under `gemm`, for the log: "ordered
+  // (AVX2)", "blas (OpenBLAS 0.3.21, Zen kernels)", "cuBLAS".
+  virtual std::string describe_gemm(CpuGemm gemm) const = 0;
 
   // Memory.
   Tensor zeros(const Shape& shape);

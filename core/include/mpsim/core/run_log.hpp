@@ -100,6 +100,8 @@ struct ArmInfo {
   std::vector<std::string> layers;  // layer names, in order
   std::string sweep;                // the sweep point ("lr=0.1,initial=8"); empty outside a sweep
   Policy resolved_policy;           // the policy as the arm runs it, stored field by field (/arms/<arm>/policy/)
+  int threads = 1;                  // the threads it trains with (train.threads resolved)
+  std::string gemm;                 // what computes its binary32 products (Backend::describe_gemm)
 };
 
 class ArmLog {
@@ -115,6 +117,7 @@ class ArmLog {
 struct ExperimentInfo {
   std::string config_toml;  // the fully resolved config
   std::string mpsim_version, git_revision, start_time, host;
+  std::string cpu;  // the CPU's model name (/proc/cpuinfo)
   std::uint64_t seed = 0;
 };
 

@@ -45,6 +45,7 @@ struct TrainSpec {
   std::int64_t eval_batch = 1000;
   std::int64_t stats_interval = 1;  // steps between instrumented steps; 0: never
   int threads = 1;
+  CpuGemm gemm = CpuGemm::ordered;  // the CPU backend's binary32 GEMM (backend.hpp)
   LossDefinition loss;  // config [loss]: reduction and weight (numerics.hpp)
 };
 
