@@ -7,6 +7,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,7 +186,15 @@ class Hdf5Arm final : public ArmLog {
   const std::string& name() const { return name_; }
   bool finished() const { return finished_; }
   std::int64_t last_step() const { return last_step_; }  // -1 before the first step
+  std::int64_t flushed_step() const { return flushed_step_; }  // the last step in the file on disk; -1: none
+  void mark_flushed() { flushed_step_ = last_step_; }
   bool pending() const { return !steps_.empty() || !stat_steps_.empty() || !evals_.empty(); }
+  // What the buffered records take uncompressed: more than they take in the file.
+  std::uint64_t pending_bytes() const {
+    return steps_.size() * sizeof(StepRecord) + stat_steps_.size() * sizeof(std::int64_t) +
+           histograms_.size() * sizeof(std::uint32_t) + counters_.size() * sizeof(std::uint64_t) +
+           evals_.size() * sizeof(EvalRecord);
+  }
   // Appends the buffered records; the caller holds the log's locks.
   void append_pending();
   void reset_step_count() { steps_since_flush_ = 0; }
@@ -209,7 +219,7 @@ class Hdf5Arm final : public ArmLog {
   std::vector<EvalRecord> evals_;
   int steps_since_flush_ = 0;
   bool finished_ = false;
-  std::int64_t last_step_ = -1;
+  std::int64_t last_step_ = -1, flushed_step_ = -1;
 };
 
 class Hdf5Log final : public ExperimentLog {
@@ -238,6 +248,7 @@ class Hdf5Log final : public ExperimentLog {
   // For the exit path, with the locks held: marks every unfinished arm
   // "stopped: <why> after step N" and says on stderr what the file holds.
   void report_stopped_locked(const std::string& why);
+  std::string describe_write_failure(const std::string& what, bool before_writing) const;
 
   int flush_interval() const { return flush_interval_; }
   void mark_dirty() { dirty_ = true; }
@@ -567,10 +578,36 @@ void Hdf5Log::flush() {
   flush_locked();
 }
 
+// The bytes a file may still grow by: the space its file system has for us,
+// and the process's file size limit (RLIMIT_FSIZE) less the file's size.
+static std::uint64_t room_for_writes(const std::filesystem::path& path) {
+  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
+  struct statvfs disk {};
+  if (::statvfs(path.c_str(), &disk) == 0) room = std::uint64_t{disk.f_bavail} * disk.f_frsize;
+  struct rlimit limit {};
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && !ec)
+    room = std::min<std::uint64_t>(room, limit.rlim_cur > size ? limit.rlim_cur - size : 0);
+  return room;
+}
+
 void Hdf5Log::flush_locked() {
   bool pending = dirty_;
   for (const auto& arm : arms_) pending = pending || arm->pending();
   if (!pending) return;
+  // A write that fails half-way can leave the file unreadable (HDF5 updates
+  // its metadata in place), so a flush that might not fit is not started: the
+  // file then stays as its last flush left it, readable.
+  std::uint64_t needed = std::uint64_t{1} << 20;  // metadata, attributes, chunk overhead
+  for (const auto& arm : arms_) needed += arm->pending_bytes();
+  if (const std::uint64_t room = room_for_writes(path_); room < needed) {
+    broken_ = "no room for the next flush";
+    throw LogWriteError(describe_write_failure(
+        "only " + std::to_string(room) + " bytes are left for it (disk space or the file size limit), and the next "
+        "flush may need up to " + std::to_string(needed),
+        true));
+  }
   try {
     for (const auto& arm : arms_) {
       arm->append_pending();
@@ -578,11 +615,36 @@ void Hdf5Log::flush_locked() {
     }
     h5::flush_file(file_.get());
     dirty_ = false;
+    for (const auto& arm : arms_) arm->mark_flushed();
   } catch (const std::exception& e) {
     // Datasets may now differ in length: refuse further writes.
     broken_ = e.what();
-    throw;
+    throw LogWriteError(describe_write_failure(e.what(), false));
   }
+}
+
+
+// A write that failed (a full disk, a file size limit, a lost mount): what
+// failed, which arms it stopped, and what the file held at its last flush.
+std::string Hdf5Log::describe_write_failure(const std::string& what, bool before_writing) const {
+  std::string complete, partial;
+  for (const auto& arm : arms_) {
+    if (arm->finished()) {
+      complete += (complete.empty() ? "" : ", ") + arm->name();
+      continue;
+    }
+    const std::int64_t step = arm->flushed_step();
+    partial += (partial.empty() ? "" : ", ") + arm->name() +
+               (step < 0 ? " (none of its steps)" : " (steps up to " + std::to_string(step) + ")");
+  }
+  const std::string arms =
+      "complete arms: " + (complete.empty() ? "none" : complete) + "; unfinished: " + (partial.empty() ? "none" : partial);
+  if (before_writing)
+    return "the log " + path_.string() + " is out of room: " + what + ". Training stopped before writing, so the " +
+           "file is readable as its last flush left it (" + arms + "; their status attributes still say " +
+           "'running'). Make room and run again with --force.";
+  return "cannot write the log " + path_.string() + "; training stopped, and the file may be unreadable now. " +
+         "Before this write it held " + arms + ". Make room and run again with --force. (HDF5: " + what + ")";
 }
 
 void Hdf5Log::flush_locked_noexcept() {

@@ -111,6 +111,12 @@ int main(int argc, char** argv) {
   } catch (const mpsim::core::SetupError& e) {  // the experiment cannot start as asked: a usage error too
     fmt::print(stderr, "mpsim: {}\n", e.what());
     return mpsim::cli::usage_exit_code;
+  } catch (const mpsim::core::LogWriteError& e) {
+    // The log could not be written. Leave without libhdf5's exit handler,
+    // which crashes closing a file whose write failed (1.10.8).
+    fmt::print(stderr, "mpsim: error: {}\n", e.what());
+    std::fflush(nullptr);
+    std::_Exit(1);
   } catch (const std::exception& e) {
     fmt::print(stderr, "mpsim: error: {}\n", e.what());
     return 1;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -112,6 +113,13 @@ class ArmLog {
   virtual void eval(const EvalRecord& record) = 0;
   // How the arm ended: "completed", or "stopped: <reason>".
   virtual void finish(const std::string& status) = 0;
+};
+
+// A log that could not be written (a full disk, a file size limit): what()
+// names the file, the arms it stopped and what the file held at its last flush.
+class LogWriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 struct ExperimentInfo {
