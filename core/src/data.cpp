@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <utility>
@@ -179,6 +180,59 @@ Dataset read_idx_images(const fs::path& images, const fs::path& labels) {
       fail(labels, "label " + std::to_string(values[i]) + " at index " + std::to_string(i) + " is not below " +
                        std::to_string(data.classes));
   data.labels.assign(values.begin(), values.end());
+  return data;
+}
+
+namespace {
+
+constexpr char data_cache_magic[16] = "mpsim data v1\n";
+
+void write_set(std::ofstream& out, const Dataset& d) {
+  const std::int64_t header[5] = {d.count, d.channels, d.height, d.width, d.classes};
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(d.images.data()), static_cast<std::streamsize>(d.images.size() * sizeof(float)));
+  out.write(reinterpret_cast<const char*>(d.labels.data()),
+            static_cast<std::streamsize>(d.labels.size() * sizeof(std::int32_t)));
+}
+
+Dataset read_set(std::ifstream& in, const fs::path& file) {
+  Dataset d;
+  std::int64_t header[5] = {};
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  d.count = header[0];
+  d.channels = header[1];
+  d.height = header[2];
+  d.width = header[3];
+  d.classes = header[4];
+  if (!in || d.count < 0 || d.channels < 1 || d.height < 1 || d.width < 1 || d.classes < 1 ||
+      d.count * d.sample_size() > std::int64_t{max_bytes})
+    fail(file, "is not a data cache mpsim wrote (bad header)");
+  d.images.resize(static_cast<std::size_t>(d.count * d.sample_size()));
+  d.labels.resize(static_cast<std::size_t>(d.count));
+  in.read(reinterpret_cast<char*>(d.images.data()), static_cast<std::streamsize>(d.images.size() * sizeof(float)));
+  in.read(reinterpret_cast<char*>(d.labels.data()), static_cast<std::streamsize>(d.labels.size() * sizeof(std::int32_t)));
+  if (!in) fail(file, "is truncated");
+  return d;
+}
+
+}  // namespace
+
+void write_data_cache(const fs::path& file, const TrainTest& data) {
+  std::ofstream out(file, std::ios::binary | std::ios::trunc);
+  out.write(data_cache_magic, sizeof data_cache_magic);
+  write_set(out, data.train);
+  write_set(out, data.test);
+  out.close();
+  if (!out) throw DataError(file.string() + ": cannot write the data cache");
+}
+
+TrainTest read_data_cache(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  char magic[sizeof data_cache_magic] = {};
+  in.read(magic, sizeof magic);
+  if (!in || !std::equal(magic, magic + sizeof magic, data_cache_magic)) fail(file, "is not a data cache mpsim wrote");
+  TrainTest data{read_set(in, file), read_set(in, file)};
+  if (in.peek() != std::char_traits<char>::eof()) fail(file, "has bytes after its data");
   return data;
 }
 

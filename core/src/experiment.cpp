@@ -222,7 +222,8 @@ int jobs_for(const ExperimentOptions& options, const ExperimentConfig& c, std::s
 // ones from starting; its output is kept in `parts` and named.
 std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& sweep,
                                  const std::vector<PlannedArm>& plan, const std::vector<ArmInfo>& infos, int jobs,
-                                 ExperimentLog& log, const fs::path& parts, ExperimentObserver* observer) {
+                                 const std::map<std::string, TrainTest>& data_sets, ExperimentLog& log,
+                                 const fs::path& parts, ExperimentObserver* observer) {
   // Each gets cores / jobs threads where the config says "all cores" (0).
   const int threads_per_arm = std::max(1, cores() / std::max(1, jobs));
   fs::create_directories(parts);
@@ -233,8 +234,21 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
   std::map<pid_t, std::size_t> running;
   std::size_t next = 0, finished = 0;
   std::vector<std::string> failures;
+  // Each data set once, for every child that trains on it: reading the cache
+  // takes milliseconds, decompressing and converting Fashion-MNIST over a second.
+  std::map<std::string, fs::path> caches;
+  const auto cache_for = [&](const ExperimentConfig& c) {
+    const std::string key = data_key(c);
+    auto it = caches.find(key);
+    if (it == caches.end()) {
+      const fs::path file = parts / fmt::format("data-{}.bin", caches.size());
+      write_data_cache(file, data_sets.at(key));
+      it = caches.emplace(key, file).first;
+    }
+    return it->second;
+  };
   const auto spawn = [&](std::size_t k) {
-    ChildArm child{k, {}, part(k, ".h5"), part(k, ".result")};
+    ChildArm child{k, {}, part(k, ".h5"), part(k, ".result"), cache_for(sweep.points[plan[k].point].config)};
     if (sweep.points[plan[k].point].config.train.threads == 0)
       child.overrides.push_back(fmt::format("train.threads={}", threads_per_arm));
     std::vector<std::string> args = options.child_command(child);
@@ -380,7 +394,7 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
   if (jobs > 1) {
     const fs::path parts = (output.has_parent_path() ? output.parent_path() : fs::path(".")) /
                            fmt::format(".{}.parts-{}", output.filename().string(), getpid());
-    result.rows = run_parallel(options, sweep, plan, infos, jobs, *log, parts, observer);
+    result.rows = run_parallel(options, sweep, plan, infos, jobs, data_sets, *log, parts, observer);
   } else {
     for (std::size_t k = 0; k < plan.size(); ++k) {
       const PlannedArm& arm = plan[k];
@@ -411,7 +425,7 @@ ArmResult run_planned_arm(const Sweep& sweep, std::size_t index, const Experimen
     throw SetupError(fmt::format("arm index {} is outside the plan's {} arms", index, plan.size()));
   const PlannedArm& arm = plan[index];
   const ExperimentConfig& pc = sweep.points[arm.point].config;
-  const TrainTest data = load_data(pc);
+  const TrainTest data = options.data_cache.empty() ? load_data(pc) : read_data_cache(options.data_cache);
   const std::unique_ptr<Backend> backend = start_backend(arm.backend);
   const int threads = threads_for(pc);
   const ArmInfo info = make_info(sweep, arm, data, *backend, threads);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_plugin.hpp"
 #include "docs_command.hpp"
 #include "fp_command.hpp"
 #include "mpsim/core/experiment.hpp"
@@ -18,9 +19,6 @@
 #include "run_command.hpp"
 #include "tc_command.hpp"
 #include "usage_error.hpp"
-#ifdef MPSIM_WITH_CUDA
-#include "mpsim/gpu/backend.hpp"
-#endif
 
 namespace {
 
@@ -75,9 +73,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "mpsim " MPSIM_VERSION);
   std::function<int()> run;
-#ifdef MPSIM_WITH_CUDA
-  mpsim::gpu::register_cuda_backend();  // backend = "cuda" in a config
-#endif
+  mpsim::cli::register_cuda_plugin();  // backend = "cuda" in a config, when gpu/ was built
   mpsim::cli::add_fp_command(app, run);
   mpsim::cli::add_run_command(app, run);
   mpsim::cli::add_tc_command(app, run);

@@ -32,6 +32,7 @@ struct RunOptions {
   // alone into `output` and writes its result to `result_file`.
   int arm_index = -1;
   std::string result_file;
+  std::string data_cache;  // the data set as the parent loaded it
 };
 
 Sweep load(const RunOptions& o) {
@@ -117,7 +118,7 @@ std::vector<std::string> child_command(const RunOptions& o, const ChildArm& chil
   if (o.smoke) args.push_back("--smoke");
   for (const std::string& a : {std::string("--quiet"), std::string("--force"), std::string("-o"), child.output.string(),
                                std::string("--arm-index"), std::to_string(child.index), std::string("--result"),
-                               child.result.string()})
+                               child.result.string(), std::string("--data-cache"), child.data.string()})
     args.push_back(a);
   return args;
 }
@@ -133,6 +134,7 @@ int run_child(const RunOptions& o) {
     throw UsageError(fmt::format("--arm-index {} is outside the plan's {} arms", o.arm_index, arms));
   ExperimentOptions options;
   options.output = o.output;
+  options.data_cache = o.data_cache;
   run_planned_arm(sweep, static_cast<std::size_t>(o.arm_index), options, o.result_file);
   return 0;
 }
@@ -179,6 +181,7 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   // Internal: how a parallel run starts its child processes.
   cmd->add_option("--arm-index", options->arm_index)->group("");
   cmd->add_option("--result", options->result_file)->group("");
+  cmd->add_option("--data-cache", options->data_cache)->group("");
   cmd->footer(config_keys_help());
   cmd->callback([&action, options] { action = [options] { return run(*options); }; });
 }

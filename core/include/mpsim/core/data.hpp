@@ -37,6 +37,13 @@ Dataset read_idx_images(const std::filesystem::path& images, const std::filesyst
 TrainTest load_fashion_mnist(const std::filesystem::path& dir, std::int64_t train_limit = 0,
                              std::int64_t test_limit = 0);
 
+// A data set as loaded, in one raw file (this machine's byte order; not an
+// interchange format): the parent of a parallel run writes each data set
+// once and its children read it instead of decompressing and converting the
+// IDX files again. read_data_cache throws DataError for a file it did not write.
+void write_data_cache(const std::filesystem::path& file, const TrainTest& data);
+TrainTest read_data_cache(const std::filesystem::path& file);
+
 // A learnable synthetic task of 28x28 one-channel images, fully determined by seed.
 TrainTest make_synthetic(std::uint64_t seed, std::int64_t train_count, std::int64_t test_count,
                          std::int64_t classes = 10);

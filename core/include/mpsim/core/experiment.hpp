@@ -50,6 +50,7 @@ struct ChildArm {
   std::vector<std::string> overrides;  // config overrides to apply after the experiment's own
   std::filesystem::path output;        // the HDF5 log it writes, this arm alone
   std::filesystem::path result;        // the arm result file it writes
+  std::filesystem::path data;          // its data set, loaded once by the parent (write_data_cache)
 };
 
 struct ExperimentOptions {
@@ -57,6 +58,9 @@ struct ExperimentOptions {
   bool force = false;  // replace an existing log (and the config beside it)
   int jobs = 0;        // arms at once; 0: cores / train.threads (1 when train.threads is 0, all cores)
   bool handle_signals = true;  // SIGINT/SIGTERM flush the open logs and exit (install_flush_on_signals)
+  // run_planned_arm: read the data set from this cache (ChildArm::data)
+  // instead of loading it; empty: load it.
+  std::filesystem::path data_cache;
   // The argv of a process that trains one arm (argv[0]: the program to run);
   // needed for more than one job.
   std::function<std::vector<std::string>(const ChildArm&)> child_command;

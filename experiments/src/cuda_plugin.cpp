@@ -1,0 +1,73 @@
+#include "cuda_plugin.hpp"
+
+#include <fmt/core.h>
+
+#ifdef MPSIM_WITH_CUDA
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#endif
+
+#include "mpsim/core/backend.hpp"
+
+namespace mpsim::cli {
+
+#ifdef MPSIM_WITH_CUDA
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where the plugin may be, in order: $MPSIM_CUDA_PLUGIN; beside an installed
+// program (<prefix>/bin/mpsim -> <prefix>/lib/mpsim/libmpsim_cuda.so); where
+// the build put it.
+std::vector<fs::path> plugin_candidates() {
+  std::vector<fs::path> paths;
+  if (const char* env = std::getenv("MPSIM_CUDA_PLUGIN"); env && *env) paths.emplace_back(env);
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) paths.push_back(self.parent_path().parent_path() / MPSIM_CUDA_PLUGIN_INSTALLED);
+  paths.emplace_back(MPSIM_CUDA_PLUGIN_BUILT);
+  return paths;
+}
+
+using MakeBackend = core::Backend* (*)();
+
+// Loads the plugin once (RTLD_NOW: a missing symbol shows here, not mid-run).
+MakeBackend plugin_factory() {
+  static const MakeBackend factory = [] {
+    std::string tried;
+    for (const fs::path& path : plugin_candidates()) {
+      std::error_code ec;
+      if (!fs::exists(path, ec)) {
+        tried += fmt::format("\n  {}: not there", path.string());
+        continue;
+      }
+      void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+      if (!handle) {
+        tried += fmt::format("\n  {}: {}", path.string(), dlerror());
+        continue;
+      }
+      if (auto* make = reinterpret_cast<MakeBackend>(dlsym(handle, "mpsim_make_cuda_backend"))) return make;
+      tried += fmt::format("\n  {}: no mpsim_make_cuda_backend in it", path.string());
+    }
+    throw std::runtime_error("the CUDA backend's plugin libmpsim_cuda.so did not load (set MPSIM_CUDA_PLUGIN to "
+                             "its path); tried:" + tried);
+  }();
+  return factory;
+}
+
+std::unique_ptr<core::Backend> make_cuda_backend() { return std::unique_ptr<core::Backend>(plugin_factory()()); }
+
+}  // namespace
+
+void register_cuda_plugin() { core::register_backend("cuda", &make_cuda_backend); }
+#else
+void register_cuda_plugin() {}
+#endif
+
+}  // namespace mpsim::cli
