@@ -59,6 +59,8 @@ for t in tests/gpu/test_gpu_device tests/gpu/test_gpu_backend_ops tests/gpu/test
 done
 mpsim=$(cd "$build" && find experiments -maxdepth 3 -type f -name mpsim -perm -u+x | head -1)
 [ -n "$mpsim" ] && bins+=("$mpsim")
+# The CUDA backend's plugin, which mpsim loads from ../gpu/ beside its build folder.
+[ -f "$build/gpu/libmpsim_cuda.so" ] && bins+=("gpu/libmpsim_cuda.so")
 if [ ! -x "$build/bench/bench_gpu" ] || [ -z "$mpsim" ]; then
   die "$build has no bench/bench_gpu or experiments/mpsim: was it configured with CUDA (nvcc found)? See docs/gpu.md"
 fi

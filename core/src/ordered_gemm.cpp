@@ -1,14 +1,17 @@
 // The fixed-order binary32 GEMM (ordered_gemm.hpp says the order and why).
 //
 // Layout, as in the GotoBLAS/BLIS family: k is cut into blocks of kBlockK;
-// for each block, op(b) is packed into panels of W = 2 vectors of columns,
-// [panel][kk][W] (zero columns past n), and each thread packs its tile of
-// kRows rows of op(a) as [kk][kRows] (zero rows past m). The micro-kernel
-// holds a kRows x W tile of c in 2 * kRows vector registers; per kk it loads
-// one panel row, broadcasts kRows values of a and does one multiply and one
-// add per accumulator. With separate multiplies and adds Zen's two multiply
-// and two add pipes run at the rate of its two FMA pipes; Intel cores, whose
-// adds share the FMA ports, run at about half of it.
+// for each block, op(b) is packed into panels of W = 1 or 2 vectors of
+// columns (1 when n fits one vector: LeNet's 6 and 16 channels, 10 classes),
+// [panel][kk][W], zero columns past n. The micro-kernel holds an R x W tile
+// of c in registers (R = 6 rows of 2 vectors or 12 rows of 1: 12
+// accumulators, of AVX2's 16 registers); per kk it loads one panel row,
+// broadcasts R values of op(a), read where they are stored (rows of a
+// stride k, or of a^T stride 1: no packing), and does one multiply and one
+// add per accumulator. Only an edge tile of fewer than R rows copies its rows
+// of a, with zero rows after them. With separate multiplies and adds Zen's
+// two multiply and two add pipes run at the rate of its two FMA pipes; Intel
+// cores, whose adds share the FMA ports, run at about half of it.
 //
 // Compiled once per SIMD target by Highway (mpsim/emulation/simd.hpp) with
 // -ffp-contract=off (core/CMakeLists.txt), so every target computes the same
@@ -30,7 +33,7 @@
 #define MPSIM_ORDERED_GEMM_SHARED
 namespace mpsim::core::ordered {
 
-constexpr std::int64_t kRows = 6;       // rows of c per tile: 12 accumulators of 16 vector registers (AVX2)
+constexpr std::int64_t kMaxRows = 12;   // rows of c per tile: 12 x 1 or 6 x 2 vectors
 constexpr std::int64_t kBlockK = 256;   // k per block: a panel of 256 x W floats stays in L1/L2
 
 // The operands as stored; element (i, kk) of op(a) and (kk, j) of op(b).
@@ -58,7 +61,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 namespace {
 
-// Packs op(b)'s rows [k0, k0 + kc) into panels: out[p][kk][0..w), zeros past n.
+// Packs op(b)'s rows [k0, k0 + kc) into panel `panel` of width w: out[p][kk][0..w), zeros past n.
 void pack_b(const Operands& o, std::int64_t k0, std::int64_t kc, std::int64_t w, std::int64_t panel, float* out) {
   const std::int64_t j0 = panel * w, width = std::min(w, o.n - j0);
   float* dst = out + panel * kc * w;
@@ -77,80 +80,107 @@ void pack_b(const Operands& o, std::int64_t k0, std::int64_t kc, std::int64_t w,
   }
 }
 
-// Packs op(a)'s rows [i0, i0 + kRows), columns [k0, k0 + kc): out[kk][r], zeros past m.
-void pack_a(const Operands& o, std::int64_t i0, std::int64_t k0, std::int64_t kc, float* out) {
-  const std::int64_t rows = std::min(kRows, o.m - i0);
-  for (std::int64_t kk = 0; kk < kc; ++kk) {
-    float* dst = out + kk * kRows;
-    for (std::int64_t r = 0; r < rows; ++r) dst[r] = o.a_at(i0 + r, k0 + kk);
-    for (std::int64_t r = rows; r < kRows; ++r) dst[r] = 0.0f;
-  }
-}
+// Where op(a)'s element (i, kk) is: a[i * row_stride + kk * k_stride].
+struct RowsOfA {
+  const float* a;
+  std::int64_t row_stride, k_stride;
+};
 
-// c_tile[r][0..2L) (row stride ldc) = (first ? +0 : c_tile) + the block's
-// products, each added in kk order: acc = acc + a * b, two roundings.
-template <class D, std::size_t... R>
-HWY_INLINE void tile(D d, const float* HWY_RESTRICT ap, const float* HWY_RESTRICT bp, std::int64_t kc, float* c,
-                     std::int64_t ldc, bool first, std::index_sequence<R...>) {
+// c_tile[r][0..NV vectors) (row stride ldc) = (first ? +0 : c_tile) + the
+// block's products, each added in kk order: acc = acc + a * b, two roundings.
+// Masked: only the first `width` columns of c are read and written, with the
+// masked loads and stores of AVX2 and AVX-512, which touch no other column.
+template <std::size_t NV, bool Masked, class D, std::size_t... R>
+HWY_INLINE void tile(D d, RowsOfA a, const float* HWY_RESTRICT bp, std::int64_t kc, float* c, std::int64_t ldc,
+                     bool first, std::int64_t width, std::index_sequence<R...>) {
   using V = hn::Vec<D>;
-  const std::size_t lanes = hn::Lanes(d);
-  V lo[sizeof...(R)], hi[sizeof...(R)];
-  ((lo[R] = first ? hn::Zero(d) : hn::LoadU(d, c + R * ldc),
-    hi[R] = first ? hn::Zero(d) : hn::LoadU(d, c + R * ldc + lanes)),
-   ...);
-  for (std::int64_t kk = 0; kk < kc; ++kk) {
-    const V b0 = hn::Load(d, bp + kk * 2 * lanes);
-    const V b1 = hn::Load(d, bp + kk * 2 * lanes + lanes);
-    const float* a = ap + kk * kRows;
-    ((lo[R] = hn::Add(lo[R], hn::Mul(hn::Set(d, a[R]), b0)),
-      hi[R] = hn::Add(hi[R], hn::Mul(hn::Set(d, a[R]), b1))),
-     ...);
+  const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(d));
+  hn::Mask<D> mask[NV];
+  for (std::size_t v = 0; v < NV; ++v)
+    mask[v] = hn::FirstN(d, static_cast<std::size_t>(std::clamp<std::int64_t>(width - v * lanes, 0, lanes)));
+  const auto load = [&](const float* p, std::size_t v) {
+    if constexpr (Masked) return hn::MaskedLoad(mask[v], d, p);
+    else return hn::LoadU(d, p);
+  };
+  V acc[NV][sizeof...(R)];
+  for (std::size_t v = 0; v < NV; ++v)
+    ((acc[v][R] = first ? hn::Zero(d) : load(c + R * ldc + v * lanes, v)), ...);
+  const float* HWY_RESTRICT ak = a.a;
+  for (std::int64_t kk = 0; kk < kc; ++kk, ak += a.k_stride) {
+    const float* row = bp + kk * NV * lanes;
+    if constexpr (NV == 1) {
+      const V b0 = hn::Load(d, row);
+      ((acc[0][R] = hn::Add(acc[0][R], hn::Mul(hn::Set(d, ak[R * a.row_stride]), b0))), ...);
+    } else {
+      const V b0 = hn::Load(d, row), b1 = hn::Load(d, row + lanes);
+      ((acc[0][R] = hn::Add(acc[0][R], hn::Mul(hn::Set(d, ak[R * a.row_stride]), b0)),
+        acc[1][R] = hn::Add(acc[1][R], hn::Mul(hn::Set(d, ak[R * a.row_stride]), b1))),
+       ...);
+    }
   }
-  ((hn::StoreU(lo[R], d, c + R * ldc), hn::StoreU(hi[R], d, c + R * ldc + lanes)), ...);
+  for (std::size_t v = 0; v < NV; ++v) {
+    if constexpr (Masked) ((hn::BlendedStore(acc[v][R], mask[v], d, c + R * ldc + v * lanes)), ...);
+    else ((hn::StoreU(acc[v][R], d, c + R * ldc + v * lanes)), ...);
+  }
 }
 
-// One row tile of c over panels [p0, p1), for the k block [k0, k0 + kc).
+// Whether this target's masked loads and stores leave other memory alone
+// (SSE4's and the portable ones read or write the whole vector).
+constexpr bool kTrueMasks = HWY_TARGET <= HWY_AVX2;
+
+// Rows [i0, i0 + rows) of c over panels [p0, p1), for the k block [k0, k0 + kc).
+template <std::size_t NV, std::size_t Rows>
 void row_tile(const Operands& o, std::int64_t i0, std::int64_t p0, std::int64_t p1, std::int64_t k0, std::int64_t kc,
-              const float* packed_b, float* packed_a) {
+              const float* packed_b, float* edge_a) {
   const hn::ScalableTag<float> d;
-  const std::int64_t w = 2 * static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t rows = std::min(kRows, o.m - i0);
+  constexpr auto rows_tag = std::make_index_sequence<Rows>{};
+  const std::int64_t w = NV * static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t rows = std::min<std::int64_t>(Rows, o.m - i0);
   const bool first = k0 == 0;
-  pack_a(o, i0, k0, kc, packed_a);
-  HWY_ALIGN float edge[kRows * 2 * HWY_MAX_BYTES / sizeof(float)];
+  RowsOfA a{o.ta ? o.a + k0 * o.m + i0 : o.a + i0 * o.k + k0, o.ta ? 1 : o.k, o.ta ? o.m : 1};
+  if (rows < static_cast<std::int64_t>(Rows)) {  // the last rows: a copy with zero rows after them
+    for (std::int64_t kk = 0; kk < kc; ++kk)
+      for (std::int64_t r = 0; r < static_cast<std::int64_t>(Rows); ++r)
+        edge_a[kk * Rows + r] = r < rows ? o.a_at(i0 + r, k0 + kk) : 0.0f;
+    a = {edge_a, 1, static_cast<std::int64_t>(Rows)};
+  }
+  HWY_ALIGN float edge[kMaxRows * HWY_MAX_BYTES / sizeof(float)];
   for (std::int64_t p = p0; p < p1; ++p) {
     const std::int64_t j0 = p * w, width = std::min(w, o.n - j0);
     const float* bp = packed_b + p * kc * w;
     float* c = o.c + i0 * o.n + j0;
-    if (rows == kRows && width == w) {
-      tile(d, packed_a, bp, kc, c, o.n, first, std::make_index_sequence<kRows>{});
+    if (rows == static_cast<std::int64_t>(Rows) && width == w) {
+      tile<NV, false>(d, a, bp, kc, c, o.n, first, w, rows_tag);
       continue;
     }
-    // An edge tile runs on a full-size copy; only its part inside c goes back.
-    for (std::int64_t r = 0; r < kRows; ++r)
+    if (rows == static_cast<std::int64_t>(Rows) && kTrueMasks) {
+      tile<NV, true>(d, a, bp, kc, c, o.n, first, width, rows_tag);
+      continue;
+    }
+    // An edge tile runs on a full-size copy of c; only its part inside c goes back.
+    for (std::int64_t r = 0; r < static_cast<std::int64_t>(Rows); ++r)
       for (std::int64_t j = 0; j < w; ++j) edge[r * w + j] = (r < rows && j < width && !first) ? c[r * o.n + j] : 0.0f;
-    tile(d, packed_a, bp, kc, edge, w, first, std::make_index_sequence<kRows>{});
+    tile<NV, false>(d, a, bp, kc, edge, w, first, w, rows_tag);
     for (std::int64_t r = 0; r < rows; ++r) std::memcpy(c + r * o.n, edge + r * w, sizeof(float) * std::size_t(width));
   }
 }
 
-}  // namespace
-
-// The whole GEMM on this target (m, n >= 1, k >= 1).
-void Gemm(const Operands& o, int threads) {
+// The whole GEMM with panels of NV vectors and tiles of Rows rows.
+template <std::size_t NV, std::size_t Rows>
+void gemm(const Operands& o, int threads) {
   const hn::ScalableTag<float> d;
-  const std::int64_t w = 2 * static_cast<std::int64_t>(hn::Lanes(d));
-  const std::int64_t panels = (o.n + w - 1) / w, tiles = (o.m + kRows - 1) / kRows;
+  const std::int64_t w = NV * static_cast<std::int64_t>(hn::Lanes(d));
+  const std::int64_t panels = (o.n + w - 1) / w, tiles = (o.m + Rows - 1) / Rows;
   const std::int64_t block = std::min(kBlockK, o.k);
   auto packed_b = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * block * w));
   const int team = (o.m * o.n * o.k >= kThreadedWork) ? std::max(1, threads) : 1;
-  // Work items: a row tile by a group of panels. Few row tiles (a short or
-  // transposed-narrow c) are split along n too, so every thread has work.
+  // Work items: a row tile by a group of panels. Few row tiles (a short c)
+  // are split along n too, so every thread has work.
   const std::int64_t groups = tiles >= 2 * team ? 1 : std::min(panels, (2 * team + tiles - 1) / tiles);
   const std::int64_t per_group = (panels + groups - 1) / groups;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    auto packed_a = hwy::AllocateAligned<float>(static_cast<std::size_t>(kRows * block));
+    auto edge_a = hwy::AllocateAligned<float>(static_cast<std::size_t>(Rows * block));
     for (std::int64_t k0 = 0; k0 < o.k; k0 += block) {
       const std::int64_t kc = std::min(block, o.k - k0);
 #pragma omp for schedule(static)
@@ -159,15 +189,22 @@ void Gemm(const Operands& o, int threads) {
 #pragma omp for schedule(static)
       for (std::int64_t item = 0; item < tiles * groups; ++item) {
         const std::int64_t t = item / groups, p0 = (item % groups) * per_group;
-        row_tile(o, t * kRows, p0, std::min(panels, p0 + per_group), k0, kc, packed_b.get(), packed_a.get());
+        row_tile<NV, Rows>(o, t * static_cast<std::int64_t>(Rows), p0, std::min(panels, p0 + per_group), k0, kc,
+                           packed_b.get(), edge_a.get());
       }
       // (and every tile has read this block's panels before the next block overwrites them)
     }
   }
 }
 
-// Columns per panel on this target: 2 vectors.
-std::int64_t PanelWidth() { return 2 * static_cast<std::int64_t>(hn::Lanes(hn::ScalableTag<float>())); }
+}  // namespace
+
+// The whole GEMM on this target (m, n >= 1, k >= 1): panels of one vector
+// when n fits in one, else of two.
+void Gemm(const Operands& o, int threads) {
+  if (o.n <= static_cast<std::int64_t>(hn::Lanes(hn::ScalableTag<float>()))) return gemm<1, kMaxRows>(o, threads);
+  gemm<2, kMaxRows / 2>(o, threads);
+}
 
 const char* Target() { return hwy::TargetName(HWY_TARGET); }
 
@@ -178,7 +215,6 @@ HWY_AFTER_NAMESPACE();
 namespace mpsim::core {
 namespace ordered {
 HWY_EXPORT(Gemm);
-HWY_EXPORT(PanelWidth);
 HWY_EXPORT(Target);
 }  // namespace ordered
 
@@ -187,16 +223,6 @@ void ordered_gemm(const float* a, bool transpose_a, const float* b, bool transpo
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     std::fill(c, c + m * n, 0.0f);
-    return;
-  }
-  // A narrow c (fewer columns than a panel: LeNet's 6 channels, 10 classes)
-  // is computed transposed, c^T = op(b)^T op(a)^T, which fills the vectors
-  // along m instead; every element is the same chain, so the same bits.
-  if (n < HWY_DYNAMIC_DISPATCH(ordered::PanelWidth)() && m > n) {
-    auto transposed = hwy::AllocateAligned<float>(static_cast<std::size_t>(m * n));
-    HWY_DYNAMIC_DISPATCH(ordered::Gemm)({b, !transpose_b, a, !transpose_a, transposed.get(), n, m, k}, threads);
-    for (std::int64_t i = 0; i < m; ++i)
-      for (std::int64_t j = 0; j < n; ++j) c[i * n + j] = transposed[j * m + i];
     return;
   }
   HWY_DYNAMIC_DISPATCH(ordered::Gemm)({a, transpose_a, b, transpose_b, c, m, n, k}, threads);

@@ -23,14 +23,19 @@ namespace {
 namespace fs = std::filesystem;
 
 // Where the plugin may be, in order: $MPSIM_CUDA_PLUGIN; beside an installed
-// program (<prefix>/bin/mpsim -> <prefix>/lib/mpsim/libmpsim_cuda.so); where
-// the build put it.
+// program (<prefix>/bin/mpsim -> <prefix>/lib/mpsim/libmpsim_cuda.so); in a
+// build tree, wherever it was moved (<build>/experiments/mpsim ->
+// <build>/gpu/libmpsim_cuda.so, as tools/gpu_bundle.sh packs it); where the
+// build put it.
 std::vector<fs::path> plugin_candidates() {
   std::vector<fs::path> paths;
   if (const char* env = std::getenv("MPSIM_CUDA_PLUGIN"); env && *env) paths.emplace_back(env);
   std::error_code ec;
   const fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) paths.push_back(self.parent_path().parent_path() / MPSIM_CUDA_PLUGIN_INSTALLED);
+  if (!ec) {
+    paths.push_back(self.parent_path().parent_path() / MPSIM_CUDA_PLUGIN_INSTALLED);
+    paths.push_back(self.parent_path().parent_path() / "gpu" / "libmpsim_cuda.so");
+  }
   paths.emplace_back(MPSIM_CUDA_PLUGIN_BUILT);
   return paths;
 }
