@@ -19,5 +19,7 @@ update() {  # DOC TABLE
   rm -f "$generated"
 }
 update docs/configs.md configs
+update docs/hdf5-schema.md root
+update docs/hdf5-schema.md arm
 update docs/hdf5-schema.md steps
 update docs/hdf5-schema.md eval

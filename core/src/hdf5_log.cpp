@@ -288,6 +288,19 @@ void unregister_log(Hdf5Log* log) {
   logs.erase(std::remove(logs.begin(), logs.end(), log), logs.end());
 }
 
+// The attributes of an attribute table (run_log.hpp) on `object`; members
+// stored otherwise (layer names, the policy) are written by their own code.
+template <typename S, std::size_t N>
+void write_attributes(hid_t object, const std::array<AttributeField<S>, N>& table, const S& values) {
+  for (const auto& f : table)
+    visit_field(f, values, [&](const auto& value) {
+      using T = std::remove_cvref_t<decltype(value)>;
+      if constexpr (std::is_same_v<T, int>) h5::write_attribute(object, std::string(f.name), std::int32_t{value});
+      else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::uint64_t>)
+        h5::write_attribute(object, std::string(f.name), value);
+    });
+}
+
 // /arms/<arm>/policy/: the policy field by field, named as the config names
 // them (docs/configs.md); the rounding points come from `rounding_points`.
 void write_policy(hid_t arm_group, const Policy& p) {
@@ -330,14 +343,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     : log_(log), name_(info.name), layers_(info.layers.size()) {
   group_ = h5::create_group(arms_group, info.name, 32);  // compact attributes, for copy_arm (h5.hpp)
   const hid_t g = group_.get();
-  h5::write_attribute(g, "name", info.name);
-  h5::write_attribute(g, "backend", info.backend);
-  h5::write_attribute(g, "policy", info.policy);
-  h5::write_attribute(g, "policy_description", info.policy_description);
-  h5::write_attribute(g, "seed", std::uint64_t{info.seed});
-  h5::write_attribute(g, "sweep", info.sweep);
-  h5::write_attribute(g, "threads", std::int32_t{info.threads});
-  h5::write_attribute(g, "gemm", info.gemm);
+  write_attributes(g, arm_attribute_fields, info);
   h5::write_attribute(g, "status", "running");
   write_policy(g, info.resolved_policy);
 
@@ -468,13 +474,7 @@ Hdf5Log::Hdf5Log(const std::filesystem::path& path, const ExperimentInfo& info, 
   file_ = h5::create_file(path);
   try {
     const hid_t root = file_.get();
-    h5::write_attribute(root, "config", info.config_toml);
-    h5::write_attribute(root, "mpsim_version", info.mpsim_version);
-    h5::write_attribute(root, "git_revision", info.git_revision);
-    h5::write_attribute(root, "start_time", info.start_time);
-    h5::write_attribute(root, "host", info.host);
-    h5::write_attribute(root, "cpu", info.cpu);
-    h5::write_attribute(root, "seed", std::uint64_t{info.seed});
+    write_attributes(root, experiment_attribute_fields, info);
     h5::write_attribute(root, "schema_version", schema_version);
     arms_group_ = h5::create_group(root, "arms");
     h5::flush_file(root);
@@ -753,7 +753,42 @@ std::string record_fields_markdown(const std::array<RecordField<Record>, N>& tab
                     std::string(f.doc)});
   return markdown_table<4>({"dataset", "type", "unit", "meaning"}, rows);
 }
+
+// The attribute lines of an attribute table; the members stored otherwise are left out.
+template <typename S, std::size_t N>
+std::vector<std::array<std::string, 3>> attribute_rows(const std::array<AttributeField<S>, N>& table) {
+  std::vector<std::array<std::string, 3>> rows;
+  for (const auto& f : table)
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(std::declval<S>().*member)>;
+          const char* type = std::is_same_v<T, std::string>     ? "string"
+                             : std::is_same_v<T, std::uint64_t> ? "uint64"
+                             : std::is_same_v<T, int>           ? "int32"
+                                                                : nullptr;
+          if (type) rows.push_back({"`" + std::string(f.name) + "`", type, std::string(f.doc)});
+        },
+        f.member);
+  return rows;
+}
 }  // namespace
+
+std::string root_attributes_markdown() {
+  auto rows = attribute_rows(experiment_attribute_fields);
+  rows.push_back({"`schema_version`", "int32",
+                  "`" + std::to_string(schema_version) + "`: this page (version 2 lacked `cpu` and the arms' `threads` "
+                  "and `gemm`; version 1 also `/arms/<arm>/policy/`)"});
+  return markdown_table<3>({"attribute", "type", "meaning"}, rows);
+}
+
+std::string arm_attributes_markdown() {
+  auto rows = attribute_rows(arm_attribute_fields);
+  rows.push_back({"`status`", "string",
+                  "`running` until the arm finishes, then `completed` or `stopped: <reason>`. `running` in a file "
+                  "whose run has ended means the process ended without finishing the arm (killed, crashed, "
+                  "interrupted)"});
+  return markdown_table<3>({"attribute", "type", "meaning"}, rows);
+}
 
 std::string step_fields_markdown() { return record_fields_markdown(step_record_fields); }
 std::string eval_fields_markdown() { return record_fields_markdown(eval_record_fields); }

@@ -17,14 +17,16 @@ namespace mpsim::cli {
 void add_docs_command(CLI::App& app, std::function<int()>& action) {
   static const std::map<std::string, std::string (*)()> tables{
       {"configs", &core::config_keys_markdown},
+      {"root", &core::root_attributes_markdown},
+      {"arm", &core::arm_attributes_markdown},
       {"steps", &core::step_fields_markdown},
       {"eval", &core::eval_fields_markdown},
   };
   auto which = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("docs", "Print a field table as markdown (docs/configs.md, docs/hdf5-schema.md)");
-  cmd->add_option("table", *which, "configs: every config key; steps, eval: the log's record datasets")
+  cmd->add_option("table", *which, "configs: every config key; root, arm: the log's attributes; steps, eval: its record datasets")
       ->required()
-      ->check(CLI::IsMember({"configs", "steps", "eval"}));
+      ->check(CLI::IsMember({"configs", "root", "arm", "steps", "eval"}));
   cmd->callback([&action, which] {
     action = [which] {
       fmt::print("{}", tables.at(*which)());

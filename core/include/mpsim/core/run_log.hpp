@@ -105,6 +105,60 @@ struct ArmInfo {
   std::string gemm;                 // what computes its binary32 products (Backend::describe_gemm)
 };
 
+struct ExperimentInfo {
+  std::string config_toml;  // the fully resolved config
+  std::string mpsim_version, git_revision, start_time, host;
+  std::string cpu;  // the CPU's model name (/proc/cpuinfo)
+  std::uint64_t seed = 0;
+};
+
+// An attribute of the log's root group (ExperimentInfo) or of an arm's group
+// (ArmInfo), one member each: std::string a variable-length UTF-8 string,
+// std::uint64_t uint64, int int32. The writer (hdf5_log.cpp) and the docs
+// (`mpsim docs root|arm`, docs/hdf5-schema.md) read these tables. Members
+// stored otherwise (an arm's layer names, a dataset; its policy, a group)
+// have a line too, with the place they go, so that every member is named.
+template <typename S>
+using AttributeField = Field<S, std::string, std::uint64_t, int, std::vector<std::string>, Policy>;
+
+inline constexpr auto experiment_attribute_fields = std::to_array<AttributeField<ExperimentInfo>>({
+    {"config", &ExperimentInfo::config_toml, "", "the fully resolved TOML config of the experiment"},
+    {"mpsim_version", &ExperimentInfo::mpsim_version, "", "version of the mpsim that wrote the file"},
+    {"git_revision", &ExperimentInfo::git_revision, "", "git revision of that build"},
+    {"start_time", &ExperimentInfo::start_time, "", "when the experiment started (UTC, ISO 8601)"},
+    {"host", &ExperimentInfo::host, "", "host name of the machine"},
+    {"cpu", &ExperimentInfo::cpu, "", "the CPU's model name (`/proc/cpuinfo`), `unknown` where it has none"},
+    {"seed", &ExperimentInfo::seed, "", "the experiment's seed"},
+});
+
+inline constexpr auto arm_attribute_fields = std::to_array<AttributeField<ArmInfo>>({
+    {"name", &ArmInfo::name, "", "the arm's name (same as the group's)"},
+    {"backend", &ArmInfo::backend, "", "backend that ran it (`cpu`, `cuda`, ...)"},
+    {"policy", &ArmInfo::policy, "", "precision policy: preset or config name"},
+    {"policy_description", &ArmInfo::policy_description, "",
+     "`describe(policy)`: the policy in words, for people; programs read `policy/` below"},
+    {"seed", &ArmInfo::seed, "", "the arm's seed"},
+    {"layer", &ArmInfo::layers, "", "the dataset `layer` below"},
+    {"sweep", &ArmInfo::sweep, "",
+     "the sweep point of this arm (`lr=0.1,initial=8`, see docs/configs.md); empty outside a sweep"},
+    {"policy/", &ArmInfo::resolved_policy, "", "the group `policy/` below"},
+    {"threads", &ArmInfo::threads, "", "the threads the arm trained with (`train.threads`, `0` resolved to the cores)"},
+    {"gemm", &ArmInfo::gemm, "",
+     "what computed its binary32 products: `ordered (<SIMD target>)`, mpsim's fixed-order GEMM (the same bits on "
+     "every CPU and thread count); `blas (<OpenBLAS build>, <kernel> kernels)` with `train.gemm = \"blas\"`; "
+     "`cuBLAS` on the GPU"},
+});
+
+static_assert(describes_every_member<ExperimentInfo>(experiment_attribute_fields),
+              "every ExperimentInfo member needs one line in experiment_attribute_fields");
+static_assert(describes_every_member<ArmInfo>(arm_attribute_fields),
+              "every ArmInfo member needs one line in arm_attribute_fields");
+
+// The attribute tables as markdown, with the attributes the log writes
+// besides them (`schema_version`, `status`): docs/hdf5-schema.md.
+std::string root_attributes_markdown();
+std::string arm_attributes_markdown();
+
 class ArmLog {
  public:
   virtual ~ArmLog() = default;
@@ -122,12 +176,7 @@ class LogWriteError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-struct ExperimentInfo {
-  std::string config_toml;  // the fully resolved config
-  std::string mpsim_version, git_revision, start_time, host;
-  std::string cpu;  // the CPU's model name (/proc/cpuinfo)
-  std::uint64_t seed = 0;
-};
+
 
 struct Agreement;  // agreement.hpp
 
