@@ -90,8 +90,12 @@ bool extract_fields(const float* v, std::size_t m, std::uint8_t* keys, std::uint
   std::size_t i = 0;
   // Four vectors of values make one of keys: the keys of vector j go to byte
   // j of each 32-bit lane (the order of the keys does not matter to the
-  // counts; Highway 1.0.3's TruncateTo to 8 bits is wrong on AVX3_DL).
-  for (; i + block <= m; i += block) {
+  // counts; Highway 1.0.3's TruncateTo to 8 bits is wrong on AVX3_DL). A
+  // target whose byte vectors are not four times its 32-bit ones (SCALAR:
+  // one lane each) leaves everything to the tail loop; reading four vectors
+  // per key vector there ran past the values (AddressSanitizer found it).
+  const bool four_per_key = block == 4 * lanes;
+  for (; four_per_key && i + block <= m; i += block) {
     auto packed = hn::Zero(du);
     for (int j = 0; j < 4; ++j) {
       const auto bits = hn::And(hn::BitCast(du, hn::LoadU(df, v + i + j * lanes)), magnitude);
