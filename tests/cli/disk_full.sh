@@ -10,11 +10,7 @@ set -euo pipefail
 mpsim=${1:?usage: disk_full.sh MPSIM CONFIG RUN_DIR}
 config=${2:?}
 dir=${3:?}
-py=/usr/bin/python3
-if ! "$py" -c "import h5py" 2>/dev/null; then
-  echo "SKIP: $py with h5py is needed to read the log (apt install python3-h5py)"
-  exit 77
-fi
+source "$(dirname "$0")/needs_h5py.sh"
 rm -rf "$dir"
 mkdir -p "$dir"
 set +e

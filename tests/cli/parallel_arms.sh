@@ -11,11 +11,7 @@ mpsim=${1:?usage: parallel_arms.sh MPSIM CONFIG RUN_DIR OVERRIDES...}
 config=${2:?}
 dir=${3:?}
 shift 3
-py=/usr/bin/python3
-if ! "$py" -c "import h5py, numpy" 2>/dev/null; then
-  echo "SKIP: $py with h5py and numpy is needed to compare the logs (apt install python3-h5py)"
-  exit 77
-fi
+source "$(dirname "$0")/needs_h5py.sh"
 mkdir -p "$dir"
 sweep=('arms=["fp32","fp16-naive"]' optimizer.lr=0.01,0.1 "seeds=[1,2]" train.threads=1 train.stats_interval=3)
 "$mpsim" run "$config" "$@" "${sweep[@]}" -o "$dir/serial.h5" --force --jobs 1 > "$dir/serial.txt" 2> "$dir/serial.err"

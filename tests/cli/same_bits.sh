@@ -17,11 +17,7 @@ mpsim=${1:?usage: same_bits.sh MPSIM CONFIG RUN_DIR OVERRIDES...}
 config=${2:?}
 dir=${3:?}
 shift 3
-py=/usr/bin/python3
-if ! "$py" -c "import h5py, numpy" 2>/dev/null; then
-  echo "SKIP: $py with h5py and numpy is needed to compare the logs (apt install python3-h5py)"
-  exit 77
-fi
+source "$(dirname "$0")/needs_h5py.sh"
 mkdir -p "$dir"
 run() {
   local name=$1
