@@ -204,8 +204,11 @@ Dataset read_set(std::ifstream& in, const fs::path& file) {
   d.height = header[2];
   d.width = header[3];
   d.classes = header[4];
-  if (!in || d.count < 0 || d.channels < 1 || d.height < 1 || d.width < 1 || d.classes < 1 ||
-      d.count * d.sample_size() > std::int64_t{max_bytes})
+  // Each dimension bounded first, so that their product cannot overflow.
+  const bool sane = in && d.count >= 0 && d.count <= std::int64_t{max_bytes} && d.channels >= 1 &&
+                    d.channels <= max_side && d.height >= 1 && d.height <= max_side && d.width >= 1 &&
+                    d.width <= max_side && d.classes >= 1 && d.classes <= 256;
+  if (!sane || static_cast<std::uint64_t>(d.sample_size()) > max_bytes / std::max<std::uint64_t>(1, d.count))
     fail(file, "is not a data cache mpsim wrote (bad header)");
   d.images.resize(static_cast<std::size_t>(d.count * d.sample_size()));
   d.labels.resize(static_cast<std::size_t>(d.count));

@@ -235,18 +235,25 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
   std::size_t next = 0, finished = 0;
   std::vector<std::string> failures;
   // Each data set once, for every child that trains on it: reading the cache
-  // takes milliseconds, decompressing and converting Fashion-MNIST over a second.
+  // takes milliseconds, decompressing and converting Fashion-MNIST over a
+  // second. All are written before the first child starts, and removed when
+  // the run ends, whichever way (the parts folder may stay, for its logs).
   std::map<std::string, fs::path> caches;
-  const auto cache_for = [&](const ExperimentConfig& c) {
-    const std::string key = data_key(c);
-    auto it = caches.find(key);
-    if (it == caches.end()) {
-      const fs::path file = parts / fmt::format("data-{}.bin", caches.size());
-      write_data_cache(file, data_sets.at(key));
-      it = caches.emplace(key, file).first;
+  struct RemoveCaches {
+    const std::map<std::string, fs::path>& files;
+    ~RemoveCaches() {
+      std::error_code ec;
+      for (const auto& [key, file] : files) fs::remove(file, ec);
     }
-    return it->second;
-  };
+  } remove_caches{caches};
+  for (const PlannedArm& arm : plan) {
+    const std::string key = data_key(sweep.points[arm.point].config);
+    if (caches.count(key)) continue;
+    const fs::path file = parts / fmt::format("data-{}.bin", caches.size());
+    caches.emplace(key, file);
+    write_data_cache(file, data_sets.at(key));
+  }
+  const auto cache_for = [&](const ExperimentConfig& c) { return caches.at(data_key(c)); };
   const auto spawn = [&](std::size_t k) {
     ChildArm child{k, {}, part(k, ".h5"), part(k, ".result"), cache_for(sweep.points[plan[k].point].config)};
     if (sweep.points[plan[k].point].config.train.threads == 0)

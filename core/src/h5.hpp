@@ -67,6 +67,9 @@ class Handle {
   void reset() noexcept;
   // Closes now and throws Error naming `what` if HDF5 reports a failure.
   void close(const std::string& what);
+  // Forgets the identifier without closing it: for a file whose write failed,
+  // which closing would try to write again (the process is about to end).
+  void abandon() noexcept { id_ = H5I_INVALID_HID; }
 
  private:
   hid_t id_ = H5I_INVALID_HID;

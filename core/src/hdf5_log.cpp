@@ -189,11 +189,24 @@ class Hdf5Arm final : public ArmLog {
   std::int64_t flushed_step() const { return flushed_step_; }  // the last step in the file on disk; -1: none
   void mark_flushed() { flushed_step_ = last_step_; }
   bool pending() const { return !steps_.empty() || !stat_steps_.empty() || !evals_.empty(); }
-  // What the buffered records take uncompressed: more than they take in the file.
-  std::uint64_t pending_bytes() const {
+  // An upper bound of what the next flush adds to the file: the buffered
+  // records uncompressed, plus one whole chunk of every dataset, since a flush
+  // rewrites each dataset's last, partly filled chunk (deflated: at most its
+  // size, and HDF5 may put it in new space).
+  std::uint64_t flush_bytes_bound() const {
+    if (!pending()) return 0;
     return steps_.size() * sizeof(StepRecord) + stat_steps_.size() * sizeof(std::int64_t) +
            histograms_.size() * sizeof(std::uint32_t) + counters_.size() * sizeof(std::uint64_t) +
-           evals_.size() * sizeof(EvalRecord);
+           evals_.size() * sizeof(EvalRecord) + chunk_bytes_;
+  }
+  // Closes nothing: after a failed write (Hdf5Log::~Hdf5Log).
+  void abandon() noexcept {
+    for (auto& h : steps_ds_) h.abandon();
+    for (auto& h : eval_ds_) h.abandon();
+    stats_ds_.step.abandon();
+    stats_ds_.histogram.abandon();
+    stats_ds_.counters.abandon();
+    group_.abandon();
   }
   // Appends the buffered records; the caller holds the log's locks.
   void append_pending();
@@ -220,6 +233,7 @@ class Hdf5Arm final : public ArmLog {
   int steps_since_flush_ = 0;
   bool finished_ = false;
   std::int64_t last_step_ = -1, flushed_step_ = -1;
+  std::uint64_t chunk_bytes_ = 0;  // one chunk of each of its datasets
 };
 
 class Hdf5Log final : public ExperimentLog {
@@ -258,6 +272,7 @@ class Hdf5Log final : public ExperimentLog {
   std::filesystem::path path_;
   int flush_interval_;
   std::string broken_;  // why the log stopped accepting writes; empty while usable
+  bool write_failed_ = false;  // a write failed half-way: the file is left unclosed (~Hdf5Log)
   bool dirty_ = false;
   // Destroyed in reverse order: arms' datasets, then the group, then the file.
   h5::Handle file_;
@@ -275,6 +290,20 @@ std::mutex& registry_mutex() {
 std::vector<Hdf5Log*>& registry() {
   static auto* logs = new std::vector<Hdf5Log*>;
   return *logs;
+}
+
+// The bytes a file may still grow by: the space its file system has for us,
+// and the process's file size limit (RLIMIT_FSIZE) less the file's size.
+std::uint64_t room_for_writes(const std::filesystem::path& path) {
+  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
+  struct statvfs disk {};
+  if (::statvfs(path.c_str(), &disk) == 0) room = std::uint64_t{disk.f_bavail} * disk.f_frsize;
+  struct rlimit limit {};
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && !ec)
+    room = std::min<std::uint64_t>(room, limit.rlim_cur > size ? limit.rlim_cur - size : 0);
+  return room;
 }
 
 void register_log(Hdf5Log* log) {
@@ -386,6 +415,10 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     h5::Handle eval = h5::create_group(g, "eval");
     create_record_datasets(eval.get(), eval_record_fields, eval_chunk, eval_ds_);
   }
+  // Every record field is at most 8 bytes; one histogram chunk per layer, one counters chunk per 64 layers.
+  chunk_bytes_ = (step_record_fields.size() + 1) * step_chunk * 8 + eval_record_fields.size() * eval_chunk * 8 +
+                 layers_ * stats_chunk * kinds * bins * 4 +
+                 (layers_ + 63) / 64 * stats_chunk * 64 * kinds * counters_per_kind * 8;
 }
 
 void Hdf5Arm::step(const StepRecord& record) {
@@ -435,6 +468,9 @@ void Hdf5Arm::eval(const EvalRecord& record) {
 
 void Hdf5Arm::finish(const std::string& status) {
   auto guard = log_.lock();
+  // The records first: the status must not say "completed" in a file that
+  // lacks the arm's last steps (a flush refused for want of room throws here).
+  log_.flush_locked();
   write_status(status);
   finished_ = true;
   log_.mark_dirty();
@@ -499,6 +535,15 @@ Hdf5Log::~Hdf5Log() {
       std::fprintf(stderr, "mpsim: %s\n", e.what());
     }
   }
+  if (write_failed_) {
+    // Closing would flush HDF5's caches into the file whose write failed
+    // (and libhdf5 1.10.8 crashes doing so): leave it as it is.
+    for (const auto& arm : arms_) arm->abandon();
+    agreement_group_.abandon();
+    arms_group_.abandon();
+    file_.abandon();
+    return;
+  }
   arms_.clear();
   agreement_group_.reset();
   arms_group_.reset();
@@ -545,7 +590,24 @@ void Hdf5Log::copy_arm(const std::filesystem::path& file, const std::string& nam
   const h5::Handle source =
       h5::take(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open HDF5 log " + file.string());
   const h5::Handle arms = h5::take(H5Gopen2(source.get(), "arms", H5P_DEFAULT), file.string() + ": no /arms group");
-  h5::copy_tree(arms.get(), arms_group_.get(), name);
+  // The copy is about as large as the arm's file; as in flush_locked, not
+  // started when it may not fit.
+  std::error_code ec;
+  const std::uint64_t needed = std::filesystem::file_size(file, ec) + (std::uint64_t{1} << 20);
+  if (const std::uint64_t room = room_for_writes(path_); !ec && room < needed) {
+    broken_ = "no room to copy an arm";
+    throw LogWriteError(describe_write_failure("only " + std::to_string(room) + " bytes are left for it, and copying "
+                                               "arm '" + name + "' from " + file.string() + " may need up to " +
+                                               std::to_string(needed),
+                                               true));
+  }
+  try {
+    h5::copy_tree(arms.get(), arms_group_.get(), name);
+  } catch (const std::exception& e) {
+    broken_ = e.what();
+    write_failed_ = true;
+    throw LogWriteError(describe_write_failure(e.what(), false));
+  }
   dirty_ = true;
   flush_locked();
 }
@@ -578,19 +640,6 @@ void Hdf5Log::flush() {
   flush_locked();
 }
 
-// The bytes a file may still grow by: the space its file system has for us,
-// and the process's file size limit (RLIMIT_FSIZE) less the file's size.
-static std::uint64_t room_for_writes(const std::filesystem::path& path) {
-  std::uint64_t room = std::numeric_limits<std::uint64_t>::max();
-  struct statvfs disk {};
-  if (::statvfs(path.c_str(), &disk) == 0) room = std::uint64_t{disk.f_bavail} * disk.f_frsize;
-  struct rlimit limit {};
-  std::error_code ec;
-  const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (::getrlimit(RLIMIT_FSIZE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && !ec)
-    room = std::min<std::uint64_t>(room, limit.rlim_cur > size ? limit.rlim_cur - size : 0);
-  return room;
-}
 
 void Hdf5Log::flush_locked() {
   bool pending = dirty_;
@@ -599,8 +648,8 @@ void Hdf5Log::flush_locked() {
   // A write that fails half-way can leave the file unreadable (HDF5 updates
   // its metadata in place), so a flush that might not fit is not started: the
   // file then stays as its last flush left it, readable.
-  std::uint64_t needed = std::uint64_t{1} << 20;  // metadata, attributes, chunk overhead
-  for (const auto& arm : arms_) needed += arm->pending_bytes();
+  std::uint64_t needed = std::uint64_t{1} << 20;  // metadata, attributes, B-tree nodes
+  for (const auto& arm : arms_) needed += arm->flush_bytes_bound();
   if (const std::uint64_t room = room_for_writes(path_); room < needed) {
     broken_ = "no room for the next flush";
     throw LogWriteError(describe_write_failure(
@@ -619,6 +668,7 @@ void Hdf5Log::flush_locked() {
   } catch (const std::exception& e) {
     // Datasets may now differ in length: refuse further writes.
     broken_ = e.what();
+    write_failed_ = true;
     throw LogWriteError(describe_write_failure(e.what(), false));
   }
 }

@@ -22,10 +22,14 @@
 #include "hwy/highway.h"
 #include "hwy/aligned_allocator.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <utility>
+#include <vector>
 
 #include "mpsim/core/ordered_gemm.hpp"
 
@@ -97,7 +101,8 @@ HWY_INLINE void tile(D d, RowsOfA a, const float* HWY_RESTRICT bp, std::int64_t 
   const std::int64_t lanes = static_cast<std::int64_t>(hn::Lanes(d));
   hn::Mask<D> mask[NV];
   for (std::size_t v = 0; v < NV; ++v)
-    mask[v] = hn::FirstN(d, static_cast<std::size_t>(std::clamp<std::int64_t>(width - v * lanes, 0, lanes)));
+    mask[v] = hn::FirstN(
+        d, static_cast<std::size_t>(std::clamp<std::int64_t>(width - static_cast<std::int64_t>(v) * lanes, 0, lanes)));
   const auto load = [&](const float* p, std::size_t v) {
     if constexpr (Masked) return hn::MaskedLoad(mask[v], d, p);
     else return hn::LoadU(d, p);
@@ -172,15 +177,19 @@ void gemm(const Operands& o, int threads) {
   const std::int64_t w = NV * static_cast<std::int64_t>(hn::Lanes(d));
   const std::int64_t panels = (o.n + w - 1) / w, tiles = (o.m + Rows - 1) / Rows;
   const std::int64_t block = std::min(kBlockK, o.k);
-  auto packed_b = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * block * w));
   const int team = (o.m * o.n * o.k >= kThreadedWork) ? std::max(1, threads) : 1;
+  // Every buffer before the team starts: an exception cannot leave an OpenMP region.
+  auto packed_b = hwy::AllocateAligned<float>(static_cast<std::size_t>(panels * block * w));
+  std::vector<hwy::AlignedFreeUniquePtr<float[]>> edge_a(static_cast<std::size_t>(team));
+  for (auto& buffer : edge_a) buffer = hwy::AllocateAligned<float>(static_cast<std::size_t>(Rows * block));
+  if (!packed_b || std::any_of(edge_a.begin(), edge_a.end(), [](const auto& b) { return !b; })) throw std::bad_alloc();
   // Work items: a row tile by a group of panels. Few row tiles (a short c)
   // are split along n too, so every thread has work.
   const std::int64_t groups = tiles >= 2 * team ? 1 : std::min(panels, (2 * team + tiles - 1) / tiles);
   const std::int64_t per_group = (panels + groups - 1) / groups;
 #pragma omp parallel num_threads(team) if (team > 1)
   {
-    auto edge_a = hwy::AllocateAligned<float>(static_cast<std::size_t>(Rows * block));
+    float* const my_edge_a = edge_a[static_cast<std::size_t>(omp_get_thread_num())].get();
     for (std::int64_t k0 = 0; k0 < o.k; k0 += block) {
       const std::int64_t kc = std::min(block, o.k - k0);
 #pragma omp for schedule(static)
@@ -190,7 +199,7 @@ void gemm(const Operands& o, int threads) {
       for (std::int64_t item = 0; item < tiles * groups; ++item) {
         const std::int64_t t = item / groups, p0 = (item % groups) * per_group;
         row_tile<NV, Rows>(o, t * static_cast<std::int64_t>(Rows), p0, std::min(panels, p0 + per_group), k0, kc,
-                           packed_b.get(), edge_a.get());
+                           packed_b.get(), my_edge_a);
       }
       // (and every tile has read this block's panels before the next block overwrites them)
     }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 #endif
 
@@ -41,27 +42,35 @@ std::vector<fs::path> plugin_candidates() {
 }
 
 using MakeBackend = core::Backend* (*)();
+using PluginBuild = const char* (*)();
 
 // Loads the plugin once (RTLD_NOW: a missing symbol shows here, not mid-run).
+// Only a plugin of this very build is taken: the Backend interface it
+// implements must be this program's. A path in MPSIM_CUDA_PLUGIN is the only
+// one tried.
 MakeBackend plugin_factory() {
   static const MakeBackend factory = [] {
     std::string tried;
+    const bool from_environment = std::getenv("MPSIM_CUDA_PLUGIN") && *std::getenv("MPSIM_CUDA_PLUGIN");
     for (const fs::path& path : plugin_candidates()) {
       std::error_code ec;
       if (!fs::exists(path, ec)) {
         tried += fmt::format("\n  {}: not there", path.string());
-        continue;
-      }
-      void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (!handle) {
+      } else if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL); !handle) {
         tried += fmt::format("\n  {}: {}", path.string(), dlerror());
-        continue;
+      } else {
+        const auto build = reinterpret_cast<PluginBuild>(dlsym(handle, "mpsim_plugin_build"));
+        const auto make = reinterpret_cast<MakeBackend>(dlsym(handle, "mpsim_make_cuda_backend"));
+        if (build && make && std::string_view(build()) == MPSIM_PLUGIN_BUILD) return make;
+        tried += fmt::format("\n  {}: {}", path.string(),
+                             build ? fmt::format("built at {}, this program at {}", build(), MPSIM_PLUGIN_BUILD)
+                                   : std::string("not an mpsim CUDA plugin"));
+        dlclose(handle);
       }
-      if (auto* make = reinterpret_cast<MakeBackend>(dlsym(handle, "mpsim_make_cuda_backend"))) return make;
-      tried += fmt::format("\n  {}: no mpsim_make_cuda_backend in it", path.string());
+      if (from_environment) break;
     }
     throw std::runtime_error("the CUDA backend's plugin libmpsim_cuda.so did not load (set MPSIM_CUDA_PLUGIN to "
-                             "its path); tried:" + tried);
+                             "the one built with this program); tried:" + tried);
   }();
   return factory;
 }

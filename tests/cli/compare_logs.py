@@ -1,11 +1,12 @@
 #!/usr/bin/python3
 """compare_logs.py EXPECTED.h5 ACTUAL.h5 [--ignore ATTR]...
 
-Compares two mpsim logs arm by arm: every dataset bit for bit (NaNs equal),
-every attribute of every group and dataset but those named by --ignore (the
-root attributes, start time and the like, are not compared), and every
-dimension-scale attachment. Prints what differs and exits 1, or 0 when the
-logs are the same.
+Compares two mpsim logs arm by arm: every dataset bit for bit (dtype, shape
+and the bit patterns of floats: -0 is not +0, and NaNs must have the same
+payload), every attribute of every group and dataset but those named by
+--ignore (the root attributes, start time and the like, are not compared),
+every dimension-scale attachment, and that neither log has an object the
+other lacks. Prints what differs and exits 1, or 0 when the logs are the same.
 """
 import argparse
 import sys
@@ -39,10 +40,15 @@ def compare(name, obj):
     if isinstance(obj, h5py.Dataset):
         count += 1
         x, y = obj[()], other[()]
-        same = x.shape == y.shape and (np.array_equal(x, y, equal_nan=True) if x.dtype.kind in "fiu"
-                                       else np.array_equal(x, y))
-        if not same:
-            problems.append(f"{name}: values differ")
+        if obj.dtype != other.dtype:
+            problems.append(f"{name}: dtype {other.dtype}, expected {obj.dtype}")
+        elif x.shape != y.shape:
+            problems.append(f"{name}: shape {y.shape}, expected {x.shape}")
+        else:
+            if x.dtype.kind == "f":  # bit patterns: -0 against +0 and NaN payloads count
+                x, y = x.view(f"u{x.dtype.itemsize}"), y.view(f"u{y.dtype.itemsize}")
+            if not np.array_equal(x, y):
+                problems.append(f"{name}: values differ")
         for axis, dim in enumerate(obj.dims):
             want = [s.name for s in dim.values()]
             got = [s.name for s in other.dims[axis].values()]
@@ -51,6 +57,7 @@ def compare(name, obj):
 
 
 a.visititems(compare)
+b.visititems(lambda name, obj: None if name in a else problems.append(f"{name}: only in {args.actual}"))
 if sorted(a) != sorted(b):
     problems.append(f"arms {sorted(b)}, expected {sorted(a)}")
 print(f"{args.actual}: {len(a)} arms, {count} datasets compared with {args.expected}")

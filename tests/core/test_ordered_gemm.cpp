@@ -69,8 +69,9 @@ struct Case {
 }  // namespace
 
 TEST_CASE("ordered GEMM: every target and thread count gives the oracle's bits", "[ordered_gemm]") {
-  // Shapes: edge tiles in m and n, k across the 256-blocks, narrow n (the
-  // transposed path), the default MLP's products and a threaded size.
+  // Shapes: edge tiles in m and n, k across the 256-blocks, narrow n (panels
+  // of one vector, partial columns through masked stores on AVX2/AVX-512),
+  // the default MLP's products and threaded sizes.
   const std::vector<Case> cases = {
       {1, 1, 1, false, false, false},     {7, 33, 5, false, true, false},    {13, 17, 300, true, false, false},
       {6, 32, 256, true, true, false},    {128, 10, 256, false, true, false}, {10, 256, 128, true, false, false},
@@ -87,11 +88,18 @@ TEST_CASE("ordered GEMM: every target and thread count gives the oracle's bits",
     for (const simd::Target& target : targets) {
       simd::ForceTarget force(target);
       for (const int threads : {1, 2, 3}) {
-        std::vector<float> c(expected.size(), -1.0f);
-        core::ordered_gemm(a.data(), t.ta, b.data(), t.tb, c.data(), t.m, t.n, t.k, threads);
+        // c between guard cells that must stay untouched.
+        constexpr std::size_t guard = 64;
+        std::vector<float> padded(expected.size() + 2 * guard, -1.0f);
+        float* const c = padded.data() + guard;
+        core::ordered_gemm(a.data(), t.ta, b.data(), t.tb, c, t.m, t.n, t.k, threads);
         std::size_t wrong = 0, first = 0;
-        for (std::size_t e = 0; e < c.size(); ++e)
+        for (std::size_t e = 0; e < expected.size(); ++e)
           if (!same(c[e], expected[e]) && wrong++ == 0) first = e;
+        for (std::size_t e = 0; e < guard; ++e) {
+          CHECK(padded[e] == -1.0f);
+          CHECK(padded[guard + expected.size() + e] == -1.0f);
+        }
         INFO(t.m << " x " << t.n << " x " << t.k << (t.ta ? " A^T" : "") << (t.tb ? " B^T" : "") << ", target "
                  << target.name << ", " << threads << " threads; first difference at " << first << ": "
                  << c[first] << " against " << expected[first]);

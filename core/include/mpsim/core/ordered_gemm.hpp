@@ -13,8 +13,9 @@
 // increasing order; +0 for k = 0. Each output element is one such chain,
 // computed by one thread: the kernel vectorises across output elements (each
 // lane holds a different c[i][j]), blocks k (the running sum is stored in c and
-// reloaded, which continues the same chain), and splits the rows of c over
-// threads, so neither the vector width nor the thread count can change a bit.
+// reloaded, which continues the same chain), and splits c into tiles of rows
+// (and of columns, when it has few rows) over threads, so neither the vector
+// width nor the thread count can change a bit.
 // The file is compiled with -ffp-contract=off: no multiply-add is fused.
 
 #include <cstdint>
