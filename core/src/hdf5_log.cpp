@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <cerrno>
 #include <cstdio>
 #include <limits>
@@ -676,19 +677,23 @@ void Hdf5Log::flush_locked() {
 
 // A write that failed (a full disk, a file size limit, a lost mount): what
 // failed, which arms it stopped, and what the file held at its last flush.
-std::string Hdf5Log::describe_write_failure(const std::string& what, bool before_writing) const {
-  std::string complete, partial;
-  for (const auto& arm : arms_) {
-    if (arm->finished()) {
-      complete += (complete.empty() ? "" : ", ") + arm->name();
-      continue;
-    }
-    const std::int64_t step = arm->flushed_step();
-    partial += (partial.empty() ? "" : ", ") + arm->name() +
-               (step < 0 ? " (none of its steps)" : " (steps up to " + std::to_string(step) + ")");
+// "complete arms: a, b; LABEL: c (NOTE), d (NOTE)", "none" for an empty list.
+std::string arm_lists(const std::vector<std::unique_ptr<Hdf5Arm>>& arms, const std::string& label,
+                      const std::function<std::string(const Hdf5Arm&)>& note) {
+  std::string complete, unfinished;
+  for (const auto& arm : arms) {
+    std::string& list = arm->finished() ? complete : unfinished;
+    list += (list.empty() ? "" : ", ") + arm->name() + (arm->finished() ? "" : " (" + note(*arm) + ")");
   }
-  const std::string arms =
-      "complete arms: " + (complete.empty() ? "none" : complete) + "; unfinished: " + (partial.empty() ? "none" : partial);
+  return "complete arms: " + (complete.empty() ? "none" : complete) + "; " + label + ": " +
+         (unfinished.empty() ? "none" : unfinished);
+}
+
+std::string Hdf5Log::describe_write_failure(const std::string& what, bool before_writing) const {
+  const std::string arms = arm_lists(arms_, "unfinished", [](const Hdf5Arm& arm) {
+    const std::int64_t step = arm.flushed_step();
+    return step < 0 ? std::string("none of its steps") : "steps up to " + std::to_string(step);
+  });
   if (before_writing)
     return "the log " + path_.string() + " is out of room: " + what + ". Training stopped before writing, so the " +
            "file is readable as its last flush left it (" + arms + "; their status attributes still say " +
@@ -707,29 +712,25 @@ void Hdf5Log::flush_locked_noexcept() {
 }
 
 void Hdf5Log::report_stopped_locked(const std::string& why) {
-  std::string complete, stopped;
-  for (const auto& arm : arms_) {
-    if (arm->finished()) {
-      complete += (complete.empty() ? "" : ", ") + arm->name();
-      continue;
-    }
-    const std::string where = arm->last_step() < 0 ? "before its first step"
-                                                   : "after step " + std::to_string(arm->last_step());
-    if (broken_.empty()) {
+  const auto where = [](const Hdf5Arm& arm) {
+    return arm.last_step() < 0 ? std::string("before its first step") : "after step " + std::to_string(arm.last_step());
+  };
+  if (broken_.empty()) {
+    for (const auto& arm : arms_) {
+      if (arm->finished()) continue;
       try {
-        arm->write_status("stopped: " + why + " " + where);
+        arm->write_status("stopped: " + why + " " + where(*arm));
         dirty_ = true;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "mpsim: %s\n", e.what());
       }
     }
-    stopped += (stopped.empty() ? "" : ", ") + arm->name() + " (" + where + ")";
   }
   std::fprintf(stderr,
-               "\nmpsim: %s. %s %s: complete arms: %s; stopped: %s. Every step up to the last flush is there. To run "
-               "it again, repeat the command with --force (arms start from step 0).\n",
+               "\nmpsim: %s. %s %s: %s. Every step up to the last flush is there. To run it again, repeat the command "
+               "with --force (arms start from step 0).\n",
                why.c_str(), path_.string().c_str(), broken_.empty() ? "is flushed and readable" : "may be incomplete",
-               complete.empty() ? "none" : complete.c_str(), stopped.empty() ? "none" : stopped.c_str());
+               arm_lists(arms_, "stopped", where).c_str());
 }
 
 void Hdf5Log::flush_noexcept() {
