@@ -584,7 +584,7 @@ void gemm(const AccumulationModel& model, const float* a, const float* b, float*
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative size");
   if (m == 0 || n == 0) return;
   const auto plan = gemm_kernels::fast_plan(model);
-  if (plan && path != Path::scalar) return gemm_kernels::gemm_fast(model, *plan, a, b, c, m, n, k, accumulate_c, threads);
+  if (plan && (path == Path::automatic || path == Path::vector)) return gemm_kernels::gemm_fast(model, *plan, a, b, c, m, n, k, accumulate_c, threads);
   if (path == Path::vector && !plan) throw std::invalid_argument("gemm: no vector kernel for " + to_string(model));
   gemm_kernels::gemm_elementwise(model, a, b, c, m, n, k, accumulate_c, threads);
 }

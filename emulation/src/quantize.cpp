@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "exact.hpp"
+#include "mpsim/emulation/pattern_format.hpp"
 #include "quantize_kernel.hpp"
 
 namespace mpsim {
@@ -33,9 +34,36 @@ bool is_finite_nonzero(T x) {
   return std::isfinite(x) && (std::bit_cast<U>(x) << 1) != 0;
 }
 
-// The reference: every element through the one scalar rounding routine.
+// Every element through the pattern rounding the CUDA kernels run too.
 template <class T>
 QuantizeCounts quantize_scalar(const Format& f, const QuantizeOptions& o, const T* in, T* out, std::size_t n,
+                               std::uint64_t first_index) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  PatternFormat<U> pattern_f;
+  if constexpr (sizeof(T) == 4) pattern_f = binary32_pattern_format(f);
+  else pattern_f = binary64_pattern_format(f);
+  const PatternRounding r = pattern_rounding(o.rounding);
+  QuantizeCounts counts;
+  counts.elements = n;
+  const DrawKey key = make_draw_key(o.stochastic.key);
+  const bool stochastic = o.rounding.mode == RoundingMode::stochastic;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t draw = stochastic ? random_draw(key, first_index + i) : 0;
+    const RoundedPattern<U> rounded = round_pattern<U>(std::bit_cast<U>(in[i]), pattern_f, r, draw);
+    counts.inexact += rounded.inexact;
+    counts.overflow += rounded.overflow;
+    counts.flushed_to_zero += rounded.flushed_to_zero;
+    counts.subnormal += rounded.subnormal;
+    counts.nan += rounded.nan;
+    out[i] = std::bit_cast<T>(rounded.bits);
+  }
+  return counts;
+}
+
+// The independent reference: every element through the generic rounding of
+// exact values, the result encoded in the format and decoded again.
+template <class T>
+QuantizeCounts quantize_exact(const Format& f, const QuantizeOptions& o, const T* in, T* out, std::size_t n,
                                std::uint64_t first_index) {
   QuantizeCounts counts;
   counts.elements = n;
@@ -60,6 +88,7 @@ template <class T>
 QuantizeCounts quantize_range(const Format& f, const QuantizeOptions& o, const detail::KernelFor<T>* kernel,
                               const T* in, T* out, std::size_t n, std::uint64_t first_index) {
   if (kernel != nullptr) return detail::quantize_vector(*kernel, in, out, n, first_index);
+  if (o.path == Path::exact) return quantize_exact(f, o, in, out, n, first_index);
   return quantize_scalar(f, o, in, out, n, first_index);
 }
 
@@ -78,7 +107,7 @@ QuantizeCounts quantize_any(const Format& f, std::span<const T> in, std::span<T>
 
   detail::KernelFor<T> kernel{};
   const detail::KernelFor<T>* vector = nullptr;
-  if (o.path != Path::scalar) {
+  if (o.path == Path::automatic || o.path == Path::vector) {
     kernel = detail::make_kernel<T>(f, o);
     vector = &kernel;
   }
@@ -135,30 +164,17 @@ template <class T>
 KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
   using U = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
   constexpr int storage_mantissa = std::numeric_limits<T>::digits - 1;
-  constexpr int storage_bias = std::numeric_limits<T>::max_exponent - 1;
-  constexpr U one = 1;
-  auto pattern = [&](Bits bits) { return std::bit_cast<U>(stored_value<T>(f, bits)); };
   auto pattern_of = [](double value) { return std::bit_cast<U>(static_cast<T>(value)); };
+  // The format on the storage pattern, as the scalar path and the GPU see it.
+  PatternFormat<U> p;
+  if constexpr (sizeof(T) == 4) p = binary32_pattern_format(f);
+  else p = binary64_pattern_format(f);
   KernelFor<T> k{};
   k.mode = o.rounding.mode;
-  k.base_shift = static_cast<U>(storage_mantissa - f.mantissa_bits);
-  k.min_normal_exponent = static_cast<U>(f.emin() + storage_bias);
-  k.flush_to_zero = f.subnormals == Subnormals::flush_to_zero;
-  k.has_infinity = f.has_infinity();
-  k.smallest_normal = pattern_of(f.smallest_normal());
-  k.smallest_subnormal = pattern_of(f.smallest_subnormal());
-  k.largest_finite = pattern(largest_finite_bits(f, false));
-  k.overflow_positive = pattern(overflow_result(f, o.rounding.mode, false));
-  k.overflow_negative = pattern(overflow_result(f, o.rounding.mode, true));
-  const U sign = one << (8 * sizeof(U) - 1);
-  const U quiet = one << (storage_mantissa - 1);
-  if (f.has_infinity()) {
-    k.nan_keep = ~((one << (storage_mantissa - f.mantissa_bits)) - 1);  // sign, quiet bit, leading payload
-    k.nan_set = quiet;
-  } else {
-    k.nan_keep = sign;
-    k.nan_set = std::bit_cast<U>(std::numeric_limits<T>::quiet_NaN());
-  }
+  k.format = p;
+  const auto mode = static_cast<std::uint8_t>(o.rounding.mode);
+  k.overflow_positive = pattern_detail::overflow_result<U>(p, mode, 0);
+  k.overflow_negative = pattern_detail::overflow_result<U>(p, mode, StorageLayout<U>::sign);
   // (|x| + C) - C rounds |x| < 2^emin to the subnormal quantum in the FPU's
   // current mode: usable for nearest-even when that mode is to-nearest and every
   // input that could round to nonzero is a normal number of the storage (so

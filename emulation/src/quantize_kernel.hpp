@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mpsim/emulation/pattern_rounding.hpp"
 #include "mpsim/emulation/quantize.hpp"
 
 namespace mpsim::detail {
@@ -17,20 +18,12 @@ namespace mpsim::detail {
 template <class U>
 struct Kernel {
   RoundingMode mode;
-  U base_shift;           // storage mantissa bits - format mantissa bits: the quantum within a binade
-  U min_normal_exponent;  // the format's emin as a biased exponent of the storage
-  bool flush_to_zero;
-  bool has_infinity;
-  U smallest_normal;  // storage patterns of format values
-  U smallest_subnormal;
-  U largest_finite;
-  U overflow_positive;  // what an overflow becomes, by sign, for this mode
+  PatternFormat<U> format;  // the format on the storage pattern, as the scalar path sees it
+  U overflow_positive;      // what an overflow becomes, by sign, for this mode
   U overflow_negative;
-  U nan_keep;  // NaN result = (input & nan_keep) | nan_set
-  U nan_set;
   // Nearest-even only: the storage pattern of C = 2^(emin - mantissa bits +
   // storage mantissa bits), or 0 where the subnormal shortcut is not exact
-  // (see QuantizeSmallLanes).
+  // (see QuantizeSubnormalLanes).
   U subnormal_magic;
   // Every mode, gradual underflow: the storage patterns of 2^(mantissa bits -
   // emin) and 2^(emin - mantissa bits), or 0 where the scaled short path is not

@@ -86,11 +86,11 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
   const V one = hn::Set(d, U{1});
   const V eff = hn::Max(hn::ShiftRight<L::kMantissa>(a), one);
   const V significand = hn::Sub(a, hn::ShiftLeft<L::kMantissa>(hn::Sub(eff, one)));
-  V s = hn::Set(d, k.base_shift);
-  if (!k.flush_to_zero) {
-    const V emin = hn::Set(d, k.min_normal_exponent);
+  V s = hn::Set(d, k.format.shift);
+  if (!k.format.flush_to_zero) {
+    const V emin = hn::Set(d, k.format.min_normal_exponent);
     s = hn::Add(s, hn::Sub(hn::Max(emin, eff), eff));  // + max(0, emin - eff)
-  } else if (k.base_shift > 0) {
+  } else if (k.format.shift > 0) {
     // Flush to zero decides tininess by rounding with an unbounded exponent
     // (IEEE 754 §7.5). Below the storage's smallest normal the pattern's
     // exponent field no longer shows the binade: the binade just below it needs
@@ -137,18 +137,18 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
   // smallest subnormal; otherwise the carry flows into the exponent field.
   const auto below_quantum = hn::Gt(s, hn::Set(d, U{L::kMantissa}));
   const V regular = hn::Add(hn::ShiftLeft<L::kMantissa>(hn::Sub(eff, one)), q << s_clamped);
-  const V tiny_result = hn::IfThenElseZero(hn::Ne(q, hn::Zero(d)), hn::Set(d, k.smallest_subnormal));
+  const V tiny_result = hn::IfThenElseZero(hn::Ne(q, hn::Zero(d)), hn::Set(d, k.format.smallest_subnormal));
   V magnitude = hn::IfThenElse(below_quantum, tiny_result, regular);
-  if (k.flush_to_zero) magnitude = hn::IfThenZeroElse(hn::Lt(magnitude, hn::Set(d, k.smallest_normal)), magnitude);
+  if (k.format.flush_to_zero) magnitude = hn::IfThenZeroElse(hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal)), magnitude);
 
   const auto finite = hn::Lt(a, inf);
-  const auto overflow_finite = hn::And(finite, hn::Gt(magnitude, hn::Set(d, k.largest_finite)));
-  const auto overflow = k.has_infinity ? overflow_finite : hn::Or(overflow_finite, is_inf);
+  const auto overflow_finite = hn::And(finite, hn::Gt(magnitude, hn::Set(d, k.format.largest_finite)));
+  const auto overflow = k.format.has_infinity ? overflow_finite : hn::Or(overflow_finite, is_inf);
   const V overflowed = hn::IfThenElse(negative, hn::Set(d, k.overflow_negative), hn::Set(d, k.overflow_positive));
   V result = hn::Or(magnitude, sign);
   result = hn::IfThenElse(overflow, overflowed, result);
-  if (k.has_infinity) result = hn::IfThenElse(is_inf, x, result);
-  result = hn::IfThenElse(is_nan, hn::Or(hn::And(x, hn::Set(d, k.nan_keep)), hn::Set(d, k.nan_set)), result);
+  if (k.format.has_infinity) result = hn::IfThenElse(is_inf, x, result);
+  result = hn::IfThenElse(is_nan, hn::Or(hn::And(x, hn::Set(d, k.format.nan_keep)), hn::Set(d, StorageLayout<U>::quiet_nan)), result);
 
   const V result_magnitude = hn::And(result, hn::Set(d, L::kMagnitude));
   const auto changed = hn::And(finite, hn::Ne(result_magnitude, a));
@@ -157,7 +157,7 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
   Count(d, c.flushed, hn::And(valid, hn::And(hn::And(finite, hn::Ne(a, hn::Zero(d))),
                                              hn::Eq(result_magnitude, hn::Zero(d)))));
   Count(d, c.subnormal, hn::And(valid, hn::And(hn::Ne(result_magnitude, hn::Zero(d)),
-                                               hn::Lt(result_magnitude, hn::Set(d, k.smallest_normal)))));
+                                               hn::Lt(result_magnitude, hn::Set(d, k.format.smallest_normal)))));
   Count(d, c.nan, hn::And(valid, hn::Gt(result_magnitude, inf)));
   return result;
 }
@@ -169,11 +169,11 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
 template <class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> RoundPatternNearestEven(D d, const Kernel<U>& k, hn::Vec<D> x) {
   const auto one = hn::Set(d, U{1});
-  const auto s = hn::Set(d, k.base_shift);
+  const auto s = hn::Set(d, k.format.shift);
   const auto low = hn::Sub(one << s, one);
-  const auto parity = k.base_shift == U{Layout<U>::kMantissa}
+  const auto parity = k.format.shift == U{Layout<U>::kMantissa}
                           ? one
-                          : hn::And(x >> s, hn::Set(d, k.base_shift != 0 ? U{1} : U{0}));
+                          : hn::And(x >> s, hn::Set(d, k.format.shift != 0 ? U{1} : U{0}));
   return hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
 }
 
@@ -187,18 +187,18 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   using V = hn::Vec<D>;
   using L = Layout<U>;
   const V one = hn::Set(d, U{1});
-  const V s = hn::Set(d, k.base_shift);
+  const V s = hn::Set(d, k.format.shift);
   const V unit = one << s;
   const V low = hn::Sub(unit, one);
   const V truncated = hn::AndNot(low, x);
   // With no mantissa bits the significand is 1, always odd (the bit at the
   // quantum is the exponent's).
-  const bool no_mantissa = k.base_shift == U{L::kMantissa};
+  const bool no_mantissa = k.format.shift == U{L::kMantissa};
   V r;
   if constexpr (kMode == RoundingMode::nearest_even) {
     r = RoundPatternNearestEven(d, k, x);
   } else if constexpr (kMode == RoundingMode::nearest_away) {
-    r = k.base_shift == 0 ? x : hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
+    r = k.format.shift == 0 ? x : hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
   } else if constexpr (kMode == RoundingMode::toward_zero) {
     r = truncated;
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
@@ -210,9 +210,9 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
     r = no_mantissa ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
   } else {  // stochastic
     const V rest = hn::And(x, low);
-    const V fraction = k.base_shift <= 32 ? rest << hn::Set(d, U{32} - k.base_shift)
-                                          : rest >> hn::Set(d, k.base_shift - U{32});
-    r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.base_shift == 0 ? hn::Zero(d) : fraction, draw), unit));
+    const V fraction = k.format.shift <= 32 ? rest << hn::Set(d, U{32} - k.format.shift)
+                                          : rest >> hn::Set(d, k.format.shift - U{32});
+    r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.format.shift == 0 ? hn::Zero(d) : fraction, draw), unit));
   }
   return r;
 }
@@ -347,7 +347,7 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
   c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
   c.flushed_tally += hn::CountTrue(d, hn::Not(hn::Or(zero, nonzero_result)));
-  c.subnormal_tally += hn::CountTrue(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.smallest_normal))));
+  c.subnormal_tally += hn::CountTrue(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal))));
   return r;
 }
 
@@ -386,14 +386,14 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   total.elements = n;
   const auto all = hn::FirstN(d, lanes);
   // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
-  const V ordinary_low = hn::Set(d, k.smallest_normal);
-  const V ordinary_span = hn::Set(d, static_cast<U>(k.largest_finite - k.smallest_normal + 1));
+  const V ordinary_low = hn::Set(d, k.format.smallest_normal);
+  const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
   const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
   // Where the host enabled QuantizeSubnormalLanes, one range test picks the
   // short paths: every lane zero or in [storage's smallest normal, largest finite].
   const bool subnormal_path = k.subnormal_scale != 0;
   const V storage_normal_low = hn::Set(d, Layout<U>::kHidden);
-  const V storage_normal_span = hn::Set(d, static_cast<U>(k.largest_finite - Layout<U>::kHidden + 1));
+  const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {

@@ -3,11 +3,9 @@
 // (acc + a*b). Both backends round these sums to odd in binary64
 // (numerics.hpp add_round_to_odd), then the CPU quantizes the double once
 // (mpsim::quantize on a double array); rounding the double through a float
-// would round twice, so this is round_float (device_rounding.hpp) redone on
-// the binary64 pattern, bit for bit the emulator's round_exact for binary64
-// inputs, NaN payloads included.
-//
-// Integer arithmetic on the pattern only, like device_rounding.hpp.
+// would round twice, so this is the emulator's round_pattern on the binary64
+// pattern (pattern_rounding.hpp), with the format widened to binary64 and the
+// result narrowed back, exactly, to binary32.
 #pragma once
 
 #include <cstdint>
@@ -89,95 +87,37 @@ MPSIM_HOST_DEVICE inline std::uint32_t narrow_magnitude(std::uint64_t a) {
 // which the CPU backend calls too.
 using core::add_round_to_odd;
 
+// The format as binary64 patterns: the same values, widened exactly.
+MPSIM_HOST_DEVICE inline PatternFormat<std::uint64_t> widen_format(const DeviceFormat& f) {
+  using namespace detail;
+  PatternFormat<std::uint64_t> w{};
+  w.exponent_bits = f.exponent_bits;
+  w.mantissa_bits = f.mantissa_bits;
+  w.flush_to_zero = f.flush_to_zero;
+  w.saturate = f.saturate;
+  w.has_infinity = f.has_infinity;
+  w.shift = std::uint64_t{f.shift} + (trailing_bits64 - trailing_bits);
+  w.min_normal_exponent = std::uint64_t{f.min_normal_exponent} + bias_difference;
+  w.smallest_normal = widen_magnitude(f.smallest_normal);
+  w.smallest_subnormal = widen_magnitude(f.smallest_subnormal);
+  w.largest_finite = widen_magnitude(f.largest_finite);
+  w.nan_keep = f.has_infinity ? ~((std::uint64_t{1} << w.shift) - 1) : sign_bit64;
+  return w;
+}
+
 // Rounds the binary64 value x once into the format (which fits in binary32)
 // and returns the format's value as a float, with what QuantizeCounts counts
-// for it: what mpsim::quantize does to an element of a double array, then the
-// CPU backend's static_cast<float> (exact for a format value; a NaN keeps the
-// quiet bit and the payload bits the format holds, as x86's conversion does).
+// for it: what mpsim::quantize does to an element of a double array (the same
+// round_pattern, on the binary64 pattern), then the CPU backend's
+// static_cast<float> (exact for a format value; a NaN keeps the quiet bit and
+// the payload bits the format holds, as x86's conversion does).
 MPSIM_HOST_DEVICE inline RoundedFloat round_double(double x, DeviceFormat f, DeviceRounding r, std::uint32_t draw) {
   using namespace detail;
-  const std::uint64_t bits = bits_of(x);
-  const std::uint64_t sign = bits & sign_bit64;
+  const RoundedPattern<std::uint64_t> p = round_pattern<std::uint64_t>(bits_of(x), widen_format(f), r, draw);
+  const std::uint64_t sign = p.bits & sign_bit64;
   const std::uint32_t sign32 = sign != 0 ? sign_bit : 0u;
-  const std::uint64_t a = bits ^ sign;
-  RoundedFloat out{0.0f, false, false, false, false, false};
-  if (a > infinity_bits64) {
-    // The leading 23 bits of the payload (quiet bit first), then the format's NaN.
-    const std::uint32_t wide = sign32 | infinity_bits | static_cast<std::uint32_t>((a >> 29) & 0x7FFFFFu);
-    out.value = float_of((wide & f.nan_keep) | quiet_nan_bits);
-    out.nan = true;
-    return out;
-  }
-  if (a == 0) {
-    out.value = float_of(sign32);
-    return out;
-  }
-  if (a == infinity_bits64 && f.has_infinity) {
-    out.value = float_of(sign32 | infinity_bits);
-    return out;
-  }
-  const std::uint64_t largest = widen_magnitude(f.largest_finite);
-  std::uint64_t magnitude = a;  // an infinity into a format without one: an overflow
-  if (a != infinity_bits64) {
-    // As round_magnitude, on the 53-bit significand: |x| = M * 2^(eff - 1075).
-    const auto e = static_cast<std::uint32_t>(a >> trailing_bits64);
-    const std::uint32_t eff = e > 1 ? e : 1;
-    const std::uint64_t significand = a - (static_cast<std::uint64_t>(eff - 1) << trailing_bits64);
-    std::uint32_t s = f.shift + 29;  // 52 - mantissa_bits
-    const std::uint32_t min_normal = f.min_normal_exponent + bias_difference;
-    if (!f.flush_to_zero) {
-      if (eff < min_normal) s += min_normal - eff;  // below the format's normals: its subnormal quantum
-    }
-    // Flushing: binary64 subnormals lie far below every such format's normals
-    // (tiny, flushed below); a normal rounds at the format's precision with an
-    // unbounded exponent, and flushes when still below its smallest normal.
-    if (f.flush_to_zero && e == 0) {
-      magnitude = 0;
-    } else {
-      // Beyond 54 the quotient is 0 and the remainder below half: the same decisions.
-      const std::uint32_t clamped = s < 54 ? s : 54;
-      std::uint64_t q = significand >> clamped;
-      const std::uint64_t rest = significand & ((std::uint64_t{1} << clamped) - 1);
-      if (rest != 0) {
-        const std::uint64_t half = std::uint64_t{1} << (clamped - 1);
-        bool up = false;
-        switch (r.mode) {
-          case device_mode::nearest_even: up = rest > half || (rest == half && (q & 1) != 0); break;
-          case device_mode::nearest_away: up = rest >= half; break;
-          case device_mode::toward_positive: up = sign == 0; break;
-          case device_mode::toward_negative: up = sign != 0; break;
-          case device_mode::odd: q |= 1; break;
-          case device_mode::stochastic: {
-            // rounding.cpp round_at: the remainder as a 0.32 fraction of the
-            // quantum 2^s (s >= 29 here), cut to random_bits bits.
-            std::uint32_t fraction = 0;
-            if (s <= 32) fraction = static_cast<std::uint32_t>(rest << (32 - s));
-            else if (s - 32 < 64) fraction = static_cast<std::uint32_t>(rest >> (s - 32));
-            const std::uint32_t keep = ~std::uint32_t{0} << (32 - r.random_bits);
-            fraction &= keep;
-            up = fraction + (draw & keep) < fraction;  // a carry out of 32 bits
-            break;
-          }
-          default: break;  // toward_zero
-        }
-        q += up ? 1 : 0;
-      }
-      // Above 52 the quantum is the format's smallest subnormal and q is 0 or 1.
-      magnitude = s > 52 ? (q != 0 ? widen_magnitude(f.smallest_subnormal) : 0)
-                         : (static_cast<std::uint64_t>(eff - 1) << trailing_bits64) + (q << s);
-      if (f.flush_to_zero && magnitude < widen_magnitude(f.smallest_normal)) magnitude = 0;
-    }
-  }
-  out.overflow = magnitude > largest;
-  const std::uint32_t result =
-      out.overflow ? overflow_result(f, r.mode, sign32) : sign32 | narrow_magnitude(magnitude);
-  const std::uint32_t result_magnitude = result ^ sign32;
-  out.value = float_of(result);
-  out.inexact = out.overflow || magnitude != a;
-  out.flushed_to_zero = result_magnitude == 0;
-  out.subnormal = result_magnitude != 0 && result_magnitude < f.smallest_normal;
-  out.nan = result_magnitude > infinity_bits;
-  return out;
+  return {float_of(sign32 | narrow_magnitude(p.bits ^ sign)), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow,
+          p.nan};
 }
 
 }  // namespace mpsim::gpu

@@ -25,6 +25,7 @@ const char* path_name(Path path) {
     case Path::automatic: return "automatic";
     case Path::scalar: return "scalar";
     case Path::vector: return "vector";
+    case Path::exact: return "exact";
   }
   return "?";
 }
@@ -59,8 +60,8 @@ void check_array(const Format& f, RoundingMode mode, const std::vector<T>& in, M
     want_counts += expected_counts(f, exact, want[i]);
   }
   // The automatic path twice: on the calling thread, and with its own choice of threads.
-  for (int run = 0; run < 4; ++run) {
-    const Path path = run == 0 ? Path::scalar : run == 1 ? Path::vector : Path::automatic;
+  for (int run = 0; run < 5; ++run) {
+    const Path path = run == 0 ? Path::scalar : run == 1 ? Path::vector : run == 4 ? Path::exact : Path::automatic;
     std::vector<T> out(in.size());
     QuantizeOptions options;
     options.rounding = Rounding{mode};

@@ -1,6 +1,7 @@
 // The fast array paths of quantize (Path::vector, Path::automatic, threads)
-// are bit-identical to the scalar reference (Path::scalar, one thread, out of
-// place), results and QuantizeCounts alike, NaN payloads included: for every
+// and the generic exact rounding (Path::exact) are bit-identical to the scalar
+// reference (Path::scalar, one thread, out of place: the pattern rounding the
+// CUDA kernels run), results and QuantizeCounts alike, NaN payloads included: for every
 // preset format and some custom ones, every rounding mode (stochastic with
 // several random_bits), float and double arrays, in place and out of place.
 // Inputs: zeros, infinities, NaNs, the array type's subnormals, the format's
@@ -132,7 +133,7 @@ struct Variant {
   bool in_place;
 };
 constexpr Variant kEveryVariant[] = {
-    {Path::scalar, 1, true},     {Path::scalar, 2, false},    {Path::scalar, 2, true},
+    {Path::exact, 1, false},     {Path::scalar, 1, true},     {Path::scalar, 2, false},    {Path::scalar, 2, true},
     {Path::vector, 1, false},    {Path::vector, 1, true},     {Path::vector, 2, false},
     {Path::vector, 2, true},     {Path::automatic, 1, false}, {Path::automatic, 1, true},
     {Path::automatic, 2, false}, {Path::automatic, 2, true},  {Path::automatic, 0, false},
@@ -152,6 +153,7 @@ std::string path_name(Path p) {
     case Path::scalar: return "scalar";
     case Path::vector: return "vector";
     case Path::automatic: return "automatic";
+    case Path::exact: return "exact";
   }
   return "?";
 }

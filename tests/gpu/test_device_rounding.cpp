@@ -1,5 +1,5 @@
 // The device rounding (gpu/include/mpsim/gpu/device_rounding.hpp), compiled
-// for the host, against the emulator's scalar quantize (Path::scalar): output
+// for the host, against the emulator's scalar quantize (Path::exact): output
 // bit patterns (so classes, signs of zero and NaN payloads) and every
 // per-element QuantizeCounts flag, for the preset formats and custom ones
 // (flush to zero, saturate, NaN only, no mantissa bits), every rounding mode,
@@ -80,7 +80,7 @@ void compare(const Format& f, const Rounding& r, std::span<const float> in, std:
   const DeviceRounding dr = make_device_rounding(r);
   const DrawKey draw_key = make_draw_key(key);
   const bool stochastic = r.mode == RoundingMode::stochastic;
-  QuantizeOptions options{r, {key, 0}, Path::scalar, 1};
+  QuantizeOptions options{r, {key, 0}, Path::exact, 1};
   float expected[block];
   RoundedFloat got[block];
   for (std::size_t begin = 0; begin < in.size(); begin += block) {

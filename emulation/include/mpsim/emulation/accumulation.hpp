@@ -100,7 +100,7 @@ float dot(const AccumulationModel& model, std::span<const float> a, std::span<co
 // Row-major C[m x n] = A[m x k] * B[k x n] (+ C when accumulate_c), each
 // element the model's dot product along k in increasing k. threads <= 0: all
 // cores. Path::automatic takes the vectorised kernel where the model has one
-// (tensor cores with binary32 output and inputs of at most 12 significant
+// (Path::scalar and Path::exact: dot() element by element) (tensor cores with binary32 output and inputs of at most 12 significant
 // bits: fp16, bf16, tf32, e4m3, e5m2; rows and columns holding infinities,
 // NaNs or magnitudes beyond 2^-63..2^63 go element by element) and dot()
 // element by element otherwise; every path gives the same bits. The kernel is

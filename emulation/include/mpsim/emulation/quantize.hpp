@@ -32,9 +32,13 @@ struct StochasticStream {
 };
 
 // Which implementation runs. `automatic` picks the best vector target the CPU
-// supports at run time (and threads for large arrays); `scalar` is the plain
-// reference that the fast paths must match bit for bit, counters included.
-enum class Path : std::uint8_t { automatic, scalar, vector };
+// supports at run time (and threads for large arrays); `scalar` rounds element
+// by element on the bit pattern (pattern_rounding.hpp, the code the CUDA
+// kernels run), the reference that the vector paths must match bit for bit,
+// counters included; `exact` rounds every element through round_to_format,
+// the generic rounding of exact values (slow): the independent reference the
+// scalar path is tested against.
+enum class Path : std::uint8_t { automatic, scalar, vector, exact };
 
 struct QuantizeOptions {
   Rounding rounding;

@@ -1,0 +1,65 @@
+#include "mpsim/emulation/pattern_format.hpp"
+
+#include <bit>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+namespace mpsim {
+
+static_assert(pattern_mode::nearest_even == static_cast<std::uint8_t>(RoundingMode::nearest_even));
+static_assert(pattern_mode::nearest_away == static_cast<std::uint8_t>(RoundingMode::nearest_away));
+static_assert(pattern_mode::toward_zero == static_cast<std::uint8_t>(RoundingMode::toward_zero));
+static_assert(pattern_mode::toward_positive == static_cast<std::uint8_t>(RoundingMode::toward_positive));
+static_assert(pattern_mode::toward_negative == static_cast<std::uint8_t>(RoundingMode::toward_negative));
+static_assert(pattern_mode::odd == static_cast<std::uint8_t>(RoundingMode::odd));
+static_assert(pattern_mode::stochastic == static_cast<std::uint8_t>(RoundingMode::stochastic));
+
+namespace {
+
+template <class T>
+PatternFormat<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>> pattern_format(const Format& f,
+                                                                                                const char* caller) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  using L = StorageLayout<U>;
+  if (auto reason = f.invalid_reason()) throw std::invalid_argument(std::string(caller) + ": invalid format: " + *reason);
+  if (std::is_same_v<T, float> && !fits_in_float(f))
+    throw std::invalid_argument(std::string(caller) + ": format " + f.name() +
+                                " does not fit in binary32 (needs precision <= 24 and binary32's range)");
+  // Format values are exact in the storage once the format fits.
+  auto pattern = [](double value) { return std::bit_cast<U>(static_cast<T>(value)); };
+  PatternFormat<U> p{};
+  p.exponent_bits = f.exponent_bits;
+  p.mantissa_bits = f.mantissa_bits;
+  p.flush_to_zero = f.subnormals == Subnormals::flush_to_zero;
+  p.saturate = f.overflow == Overflow::saturate;
+  p.has_infinity = f.has_infinity();
+  p.shift = static_cast<U>(L::trailing_bits - f.mantissa_bits);
+  p.min_normal_exponent = static_cast<U>(f.emin() + std::numeric_limits<T>::max_exponent - 1);
+  p.smallest_normal = pattern(f.smallest_normal());
+  p.smallest_subnormal = pattern(f.smallest_subnormal());
+  p.largest_finite = pattern(f.largest_finite());
+  // NaNs keep their sign, and with infinities (hence a quiet bit) the leading
+  // mantissa_bits - 1 payload bits (format.cpp encode_nan, to_float).
+  p.nan_keep = f.has_infinity() ? ~((U{1} << p.shift) - 1) : L::sign;
+  return p;
+}
+
+}  // namespace
+
+PatternFormat<std::uint32_t> binary32_pattern_format(const Format& format) {
+  return pattern_format<float>(format, "binary32_pattern_format");
+}
+
+PatternFormat<std::uint64_t> binary64_pattern_format(const Format& format) {
+  return pattern_format<double>(format, "binary64_pattern_format");
+}
+
+PatternRounding pattern_rounding(const Rounding& r) {
+  if (r.random_bits < 1 || r.random_bits > 32)
+    throw std::invalid_argument("pattern_rounding: random_bits must be in 1..32, got " + std::to_string(r.random_bits));
+  return {static_cast<std::uint8_t>(r.mode), static_cast<std::uint8_t>(r.random_bits)};
+}
+
+}  // namespace mpsim
