@@ -21,5 +21,6 @@ update() {  # DOC TABLE
 update docs/configs.md configs
 update docs/hdf5-schema.md root
 update docs/hdf5-schema.md arm
+update docs/hdf5-schema.md policy
 update docs/hdf5-schema.md steps
 update docs/hdf5-schema.md eval

@@ -702,6 +702,71 @@ std::vector<ConfigKey> config_keys() {
   return keys;
 }
 
+namespace {
+
+// The keys of `fields` other than rounding points, valued as the config writes them.
+template <typename S, std::size_t N>
+void add_policy_attributes(std::vector<PolicyAttribute>& out, const std::string& prefix,
+                           const std::array<ConfigField<S>, N>& fields, const S& in) {
+  for (const auto& f : fields) {
+    if (f.type == type_name<RoundingPoint>()) continue;  // split into parts by policy_attributes
+    toml::table t;
+    f.write(t, f, in);
+    const toml::node& node = *t.get(f.name);
+    std::string doc(f.doc);
+    if (!f.unit.empty()) doc += " (" + std::string(f.unit) + ")";
+    if (!f.choices.empty() && doc.find("`" + std::string(f.choices.front()) + "`") == std::string::npos) {
+      doc += "; each one of:";
+      for (const auto c : f.choices) doc += std::string(c == f.choices.front() ? " `" : ", `") + std::string(c) + "`";
+    }
+    PolicyAttribute a{prefix + std::string(f.name), prefix + std::string(f.name), {}, doc};
+    if (auto b = node.value_exact<bool>()) a.value = *b;
+    else if (auto i = node.value_exact<std::int64_t>()) a.value = static_cast<int>(*i);
+    else if (auto d = node.value_exact<double>()) a.value = *d;
+    else if (auto text = node.value_exact<std::string>()) a.value = *text;
+    else if (const toml::array* array = node.as_array()) {
+      std::vector<std::string> items;
+      for (const toml::node& item : *array) items.push_back(*item.value_exact<std::string>());
+      a.value = std::move(items);
+    }
+    out.push_back(std::move(a));
+  }
+}
+
+}  // namespace
+
+std::vector<PolicyAttribute> policy_attributes(const Policy& p) {
+  std::vector<PolicyAttribute> out;
+  out.push_back({"name", "name", p.name, "the policy's name (preset or config table)"});
+  std::vector<std::string> points;
+  for (const auto& point : rounding_points) points.emplace_back(point.name);
+  out.push_back({"points", "points", points,
+                 "the rounding points, in the order a training step meets them: " + join(points)});
+  for (const auto& [name, member, doc] : rounding_points) {
+    const RoundingPoint& point = p.*member;
+    const std::string key(name);
+    auto add = [&](std::string_view part, decltype(PolicyAttribute::value) value, std::string doc_text) {
+      out.push_back({key + "." + std::string(part), "<point>." + std::string(part), std::move(value),
+                     std::move(doc_text)});
+    };
+    add("format", point.format.name(),
+        "the point's format, as the config spells it: `binary32`, `binary16`, `bfloat16`, `tf32`, `e4m3`, `e5m2`, "
+        "or `eXmY[:ftz][:sat][:fn]`");
+    add("exponent_bits", point.format.exponent_bits, "exponent bits of that format");
+    add("mantissa_bits", point.format.mantissa_bits, "trailing significand bits of that format");
+    add("rounding", std::string(to_string(point.rounding.mode)),
+        "rounding mode: `nearest-even`, `nearest-away`, `toward-zero`, `toward-positive`, `toward-negative`, "
+        "`odd`, `stochastic`");
+    add("random_bits", point.rounding.random_bits,
+        "random bits of stochastic rounding (1 ... 32; unused by the other modes)");
+    add("scaled", point.delayed_scaling, "the tensor is scaled per tensor (delayed scaling) before rounding");
+  }
+  add_policy_attributes(out, "", policy_fields, p);
+  add_policy_attributes(out, "loss_scale.", loss_scale_fields, p.loss_scaling);
+  add_policy_attributes(out, "delayed_scaling.", delayed_scaling_fields, p.delayed_scaling);
+  return out;
+}
+
 std::string config_keys_markdown() {
   std::vector<std::array<std::string, 6>> rows;
   for (const ConfigKey& k : config_keys())

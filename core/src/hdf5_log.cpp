@@ -22,10 +22,12 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "h5.hpp"
 #include "mpsim/core/agreement.hpp"
+#include "mpsim/core/config.hpp"
 #include "mpsim/core/run_log.hpp"
 #include "mpsim/core/policy.hpp"
 
@@ -332,39 +334,18 @@ void write_attributes(hid_t object, const std::array<AttributeField<S>, N>& tabl
 }
 
 // /arms/<arm>/policy/: the policy field by field, named as the config names
-// them (docs/configs.md); the rounding points come from `rounding_points`.
+// them (docs/configs.md), from config.hpp's policy_attributes.
 void write_policy(hid_t arm_group, const Policy& p) {
   // Some 70 attributes, kept compact so that copy_arm can copy them (h5.hpp).
   h5::Handle group = h5::create_group(arm_group, "policy", 128);
-  const hid_t g = group.get();
-  h5::write_attribute(g, "name", p.name);
-  std::vector<std::string> points;
-  for (const auto& [name, member, doc] : rounding_points) {
-    const RoundingPoint& point = p.*member;
-    const std::string key(name);
-    points.push_back(key);
-    h5::write_attribute(g, key + ".format", point.format.name());
-    h5::write_attribute(g, key + ".exponent_bits", std::int32_t{point.format.exponent_bits});
-    h5::write_attribute(g, key + ".mantissa_bits", std::int32_t{point.format.mantissa_bits});
-    h5::write_attribute(g, key + ".rounding", to_string(point.rounding.mode));
-    h5::write_attribute(g, key + ".random_bits", std::int32_t{point.rounding.random_bits});
-    h5::write_attribute(g, key + ".scaled", point.delayed_scaling);
-  }
-  h5::write_attribute(g, "points", points);
-  h5::write_attribute(g, "master_weights", p.master_weights);
-  h5::write_attribute(g, "gemm", p.gemm);
-  h5::write_attribute(g, "fp32_ops", p.fp32_ops);
-  const LossScaling& l = p.loss_scaling;
-  h5::write_attribute(g, "loss_scale.mode", to_string(l.mode));
-  h5::write_attribute(g, "loss_scale.initial", l.initial_scale);
-  h5::write_attribute(g, "loss_scale.growth_factor", l.growth_factor);
-  h5::write_attribute(g, "loss_scale.backoff_factor", l.backoff_factor);
-  h5::write_attribute(g, "loss_scale.growth_interval", std::int32_t{l.growth_interval});
-  h5::write_attribute(g, "loss_scale.hysteresis", std::int32_t{l.hysteresis});
-  h5::write_attribute(g, "loss_scale.min", l.min_scale);
-  h5::write_attribute(g, "loss_scale.max", l.max_scale);
-  h5::write_attribute(g, "delayed_scaling.history", std::int32_t{p.delayed_scaling.history});
-  h5::write_attribute(g, "delayed_scaling.margin", std::int32_t{p.delayed_scaling.margin});
+  for (const PolicyAttribute& a : policy_attributes(p))
+    std::visit(
+        [&](const auto& value) {
+          using T = std::remove_cvref_t<decltype(value)>;
+          if constexpr (std::is_same_v<T, int>) h5::write_attribute(group.get(), a.name, std::int32_t{value});
+          else h5::write_attribute(group.get(), a.name, value);
+        },
+        a.value);
 }
 
 // --- Hdf5Arm -------------------------------------------------------------------------
@@ -838,6 +819,27 @@ std::string arm_attributes_markdown() {
                   "`running` until the arm finishes, then `completed` or `stopped: <reason>`. `running` in a file "
                   "whose run has ended means the process ended without finishing the arm (killed, crashed, "
                   "interrupted)"});
+  return markdown_table<3>({"attribute", "type", "meaning"}, rows);
+}
+
+std::string policy_attributes_markdown() {
+  // The fp32 preset's attributes, one row per docs row (every point's parts share theirs).
+  const Policy fp32 = *preset_policy("fp32");
+  std::vector<std::array<std::string, 3>> rows;
+  for (const PolicyAttribute& a : policy_attributes(fp32)) {
+    if (std::any_of(rows.begin(), rows.end(), [&](const auto& row) { return row[0] == "`" + a.row + "`"; })) continue;
+    const std::string type = std::visit(
+        [](const auto& value) -> std::string {
+          using T = std::remove_cvref_t<decltype(value)>;
+          if constexpr (std::is_same_v<T, int>) return "int32";
+          else if constexpr (std::is_same_v<T, double>) return "float64";
+          else if constexpr (std::is_same_v<T, bool>) return "uint8 (0 or 1)";
+          else if constexpr (std::is_same_v<T, std::string>) return "string";
+          else return "string [n] (1-D attribute, may be empty)";
+        },
+        a.value);
+    rows.push_back({"`" + a.row + "`", type, a.doc});
+  }
   return markdown_table<3>({"attribute", "type", "meaning"}, rows);
 }
 

@@ -11,6 +11,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "mpsim/core/model.hpp"
@@ -68,5 +69,18 @@ struct ConfigKey {
 std::vector<ConfigKey> config_keys();
 // config_keys() as a markdown table (docs/configs.md).
 std::string config_keys_markdown();
+
+// A policy as the log stores it (/arms/<arm>/policy/, docs/hdf5-schema.md),
+// from the same tables: `name`, `points` (the rounding points in the order a
+// step meets them), each point split into parts a program reads without
+// parsing (`<point>.format`, `.exponent_bits`, ...), then every other key of a
+// policy as the config writes it (`loss_scale.*`, `delayed_scaling.*` with dots).
+struct PolicyAttribute {
+  std::string name;  // "weights.format", "loss_scale.initial"
+  std::string row;   // its row in the docs: "<point>.format" for every point's, else the name
+  std::variant<std::string, int, double, bool, std::vector<std::string>> value;
+  std::string doc;
+};
+std::vector<PolicyAttribute> policy_attributes(const Policy& policy);
 
 }  // namespace mpsim::core

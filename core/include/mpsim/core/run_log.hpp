@@ -158,6 +158,8 @@ static_assert(describes_every_member<ArmInfo>(arm_attribute_fields),
 // besides them (`schema_version`, `status`): docs/hdf5-schema.md.
 std::string root_attributes_markdown();
 std::string arm_attributes_markdown();
+// The attributes of /arms/<arm>/policy/ (config.hpp's policy_attributes).
+std::string policy_attributes_markdown();
 
 class ArmLog {
  public:
