@@ -49,13 +49,13 @@ QuantizeCounts quantize_scalar(const Format& f, const QuantizeOptions& o, const 
   const bool stochastic = o.rounding.mode == RoundingMode::stochastic;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t draw = stochastic ? random_draw(key, first_index + i) : 0;
-    const RoundedPattern<U> rounded = round_pattern<U>(std::bit_cast<U>(in[i]), pattern_f, r, draw);
+    const RoundedValue<U> rounded = round_pattern<U>(std::bit_cast<U>(in[i]), pattern_f, r, draw);
     counts.inexact += rounded.inexact;
     counts.overflow += rounded.overflow;
     counts.flushed_to_zero += rounded.flushed_to_zero;
     counts.subnormal += rounded.subnormal;
     counts.nan += rounded.nan;
-    out[i] = std::bit_cast<T>(rounded.bits);
+    out[i] = std::bit_cast<T>(rounded.value);
   }
   return counts;
 }

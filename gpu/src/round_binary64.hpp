@@ -113,10 +113,10 @@ MPSIM_HOST_DEVICE inline PatternFormat<std::uint64_t> widen_format(const DeviceF
 // the payload bits the format holds, as x86's conversion does).
 MPSIM_HOST_DEVICE inline RoundedFloat round_double(double x, DeviceFormat f, DeviceRounding r, std::uint32_t draw) {
   using namespace detail;
-  const RoundedPattern<std::uint64_t> p = round_pattern<std::uint64_t>(bits_of(x), widen_format(f), r, draw);
-  const std::uint64_t sign = p.bits & sign_bit64;
+  const RoundedValue<std::uint64_t> p = round_pattern<std::uint64_t>(bits_of(x), widen_format(f), r, draw);
+  const std::uint64_t sign = p.value & sign_bit64;
   const std::uint32_t sign32 = sign != 0 ? sign_bit : 0u;
-  return {float_of(sign32 | narrow_magnitude(p.bits ^ sign)), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow,
+  return {float_of(sign32 | narrow_magnitude(p.value ^ sign)), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow,
           p.nan};
 }
 

@@ -59,10 +59,11 @@ struct PatternRounding {
   std::uint8_t random_bits;  // 1..32: how many leading draw bits stochastic rounding uses
 };
 
-// A rounded pattern and what QuantizeCounts counts for it (quantize.hpp).
-template <class U>
-struct RoundedPattern {
-  U bits;
+// A rounded value (V: the storage pattern U from round_pattern, or the float
+// it encodes) and what QuantizeCounts counts for it (quantize.hpp).
+template <class V>
+struct RoundedValue {
+  V value;
   bool inexact;          // differs from the input; every overflow is inexact
   bool flushed_to_zero;  // input finite and nonzero, result +-0
   bool subnormal;        // result is a nonzero subnormal of the format
@@ -161,14 +162,14 @@ MPSIM_HOST_DEVICE inline U overflow_result(const PatternFormat<U>& f, std::uint8
 // payload bits as the format holds (none without infinities), as the
 // emulator's encodings store them.
 template <class U>
-MPSIM_HOST_DEVICE inline RoundedPattern<U> round_pattern(U bits, const PatternFormat<U>& f, PatternRounding r,
+MPSIM_HOST_DEVICE inline RoundedValue<U> round_pattern(U bits, const PatternFormat<U>& f, PatternRounding r,
                                                          std::uint32_t draw) {
   using L = StorageLayout<U>;
   const U sign = bits & L::sign;
   const U a = bits ^ sign;
-  RoundedPattern<U> out{bits, false, false, false, false, false};
+  RoundedValue<U> out{bits, false, false, false, false, false};
   if (a > L::infinity) {
-    out.bits = (bits & f.nan_keep) | L::quiet_nan;
+    out.value = (bits & f.nan_keep) | L::quiet_nan;
     out.nan = true;
     return out;
   }
@@ -176,9 +177,9 @@ MPSIM_HOST_DEVICE inline RoundedPattern<U> round_pattern(U bits, const PatternFo
   const bool infinite = a == L::infinity;  // into a format without infinity: an overflow
   const U magnitude = infinite ? a : pattern_detail::round_magnitude<U>(a, sign != 0, f, r, draw);
   out.overflow = magnitude > f.largest_finite;
-  out.bits = out.overflow ? pattern_detail::overflow_result<U>(f, r.mode, sign) : sign | magnitude;
-  const U result_magnitude = out.bits ^ sign;
-  out.inexact = out.overflow || out.bits != bits;
+  out.value = out.overflow ? pattern_detail::overflow_result<U>(f, r.mode, sign) : sign | magnitude;
+  const U result_magnitude = out.value ^ sign;
+  out.inexact = out.overflow || out.value != bits;
   out.flushed_to_zero = result_magnitude == 0;
   out.subnormal = result_magnitude != 0 && result_magnitude < f.smallest_normal;
   out.nan = result_magnitude > L::infinity;

@@ -22,15 +22,8 @@ using DeviceFormat = PatternFormat<std::uint32_t>;
 using DeviceRounding = PatternRounding;
 namespace device_mode = mpsim::pattern_mode;
 
-// A rounded value and what QuantizeCounts counts for it (quantize.hpp).
-struct RoundedFloat {
-  float value;
-  bool inexact;          // value differs from x; every overflow is inexact
-  bool flushed_to_zero;  // x finite and nonzero, value +-0
-  bool subnormal;        // value is a nonzero subnormal of the format
-  bool overflow;         // IEEE 754-2019 §7.4 overflow, or an infinity into a format without one
-  bool nan;              // value is NaN (NaN input, or overflow to NaN in a format without infinity)
-};
+// A rounded value and what QuantizeCounts counts for it (pattern_rounding.hpp).
+using RoundedFloat = RoundedValue<float>;
 
 namespace detail {
 
@@ -66,8 +59,8 @@ MPSIM_HOST_DEVICE inline float float_of(std::uint32_t u) {
 // (round_pattern on x's bits). `draw` is the element's 32-bit random word
 // (device_random_draw); only stochastic rounding reads it.
 MPSIM_HOST_DEVICE inline RoundedFloat round_float(float x, DeviceFormat f, DeviceRounding r, std::uint32_t draw) {
-  const RoundedPattern<std::uint32_t> p = round_pattern<std::uint32_t>(detail::bits_of(x), f, r, draw);
-  return {detail::float_of(p.bits), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow, p.nan};
+  const RoundedValue<std::uint32_t> p = round_pattern<std::uint32_t>(detail::bits_of(x), f, r, draw);
+  return {detail::float_of(p.value), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow, p.nan};
 }
 
 // mpsim::random_draw (random_draw.hpp, the emulator's own) with the DrawKey's two words.
