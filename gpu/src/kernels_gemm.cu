@@ -48,6 +48,7 @@ __global__ void check_tf32_kernel(const float* in, std::int64_t n, unsigned int*
 __global__ void gemm_every_addition_kernel(const float* a, const float* b, float* c, GemmShape s, DeviceFormat format,
                                            DeviceRounding rounding, Draws draws) {
   const bool stochastic = rounding.mode == device_mode::stochastic;
+  const PatternFormat<std::uint64_t> wide = widen_format(format);
   const std::int64_t total = s.m * s.n;
   for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
     const std::int64_t i = t / s.n, j = t % s.n;
@@ -59,7 +60,7 @@ __global__ void gemm_every_addition_kernel(const float* a, const float* b, float
       acc = add_round_to_odd(acc, __dmul_rn(static_cast<double>(aik), static_cast<double>(bkj)));
       const std::uint64_t index = draws.first_index + static_cast<std::uint64_t>((i * s.k + kk) * s.n + j);
       const std::uint32_t draw = stochastic ? device_random_draw(draws.key_low, draws.key_high, index) : 0u;
-      acc = static_cast<double>(round_double(acc, format, rounding, draw).value);
+      acc = static_cast<double>(round_double(acc, wide, rounding, draw).value);
     }
     c[t] = static_cast<float>(acc);  // a format value: exact
   }

@@ -77,12 +77,13 @@ __global__ void apply_rounded_kernel(float* w, const float* u, std::int64_t n, D
   if (!step_runs(gate)) return;
   unsigned int local[update_counter_count] = {};
   const bool stochastic = rounding.mode == device_mode::stochastic;
+  const PatternFormat<std::uint64_t> wide = widen_format(format);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
     const float before = w[i], ui = u[i];
     const double sum = add_round_to_odd(static_cast<double>(before), static_cast<double>(ui));
     const std::uint64_t index = draws.first_index + static_cast<std::uint64_t>(i);
     const std::uint32_t draw = stochastic ? device_random_draw(draws.key_low, draws.key_high, index) : 0u;
-    const RoundedFloat r = round_double(sum, format, rounding, draw);
+    const RoundedFloat r = round_double(sum, wide, rounding, draw);
     local[detail::counter::inexact] += r.inexact;
     local[detail::counter::flushed] += r.flushed_to_zero;
     local[detail::counter::subnormal] += r.subnormal;

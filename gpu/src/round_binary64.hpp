@@ -111,13 +111,19 @@ MPSIM_HOST_DEVICE inline PatternFormat<std::uint64_t> widen_format(const DeviceF
 // round_pattern, on the binary64 pattern), then the CPU backend's
 // static_cast<float> (exact for a format value; a NaN keeps the quiet bit and
 // the payload bits the format holds, as x86's conversion does).
-MPSIM_HOST_DEVICE inline RoundedFloat round_double(double x, DeviceFormat f, DeviceRounding r, std::uint32_t draw) {
+// `wide` is widen_format of the format: kernels widen it once, outside their loops.
+MPSIM_HOST_DEVICE inline RoundedFloat round_double(double x, const PatternFormat<std::uint64_t>& wide,
+                                                   DeviceRounding r, std::uint32_t draw) {
   using namespace detail;
-  const RoundedValue<std::uint64_t> p = round_pattern<std::uint64_t>(bits_of(x), widen_format(f), r, draw);
+  const RoundedValue<std::uint64_t> p = round_pattern<std::uint64_t>(bits_of(x), wide, r, draw);
   const std::uint64_t sign = p.value & sign_bit64;
   const std::uint32_t sign32 = sign != 0 ? sign_bit : 0u;
   return {float_of(sign32 | narrow_magnitude(p.value ^ sign)), p.inexact, p.flushed_to_zero, p.subnormal, p.overflow,
           p.nan};
+}
+
+MPSIM_HOST_DEVICE inline RoundedFloat round_double(double x, DeviceFormat f, DeviceRounding r, std::uint32_t draw) {
+  return round_double(x, widen_format(f), r, draw);
 }
 
 }  // namespace mpsim::gpu
