@@ -245,11 +245,22 @@ void count_fields_pairs(std::span<const float> values, FieldCounts& out) {
 // placed by a sample spread over the array and moved when a chunk has more
 // than a few values outside both (count_fields_window).
 
+// majority(a, b, c), bit by bit: one ternary-logic instruction on AVX-512
+// (truth table 0xE8: set where at least two of a, b, c are), which Highway
+// 1.0.3 does not offer; three logic operations elsewhere.
+template <class V>
+HWY_INLINE V majority(V a, V b, V c) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (sizeof(a.raw) == 64) return V{_mm512_ternarylogic_epi32(a.raw, b.raw, c.raw, 0xE8)};
+#endif
+  return hn::OrAnd(hn::And(a, b), c, hn::Or(a, b));
+}
+
 // One carry-save adder: a + b + c = 2 * carry + sum, bit by bit.
 template <class V>
 HWY_INLINE void carry_save(V& carry, V& sum, V a, V b, V c) {
   sum = hn::Xor3(a, b, c);
-  carry = hn::OrAnd(hn::And(a, b), c, hn::Or(a, b));  // majority(a, b, c)
+  carry = majority(a, b, c);
 }
 
 // field[j] += weight * (number of bytes of `bits` with bit j set), j < 8.
@@ -289,7 +300,18 @@ FirstPass count_first_window(const float* v, std::size_t blocks, int base, std::
   const V8 low_onehot = hn::LoadDup128(d8, low_table), high_onehot = hn::LoadDup128(d8, high_table);
   const V8 zero = hn::Zero(d8);
   const auto zero32 = hn::Zero(d32), magnitude = hn::Set(d32, 0x7fffffffu), exponent_bits = hn::Set(d32, 0x7f800000u);
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
+  // Byte i of a permutation's result: byte 3 of lane i mod 16 of the first
+  // table (i mod 32 < 16) or of the second; both halves alike.
+  alignas(64) static constexpr auto gather_table = [] {
+    std::array<std::uint8_t, 64> t{};
+    for (int i = 0; i < 64; ++i) t[i] = static_cast<std::uint8_t>((i % 32 < 16 ? 0 : 64) + 4 * (i % 16) + 3);
+    return t;
+  }();
+  const V8 gather = hn::Load(d8, gather_table.data());
+#else
   const auto byte1 = hn::Set(d32, 0xff00u), byte2 = hn::Set(d32, 0xff0000u), byte3 = hn::Set(d32, 0xff000000u);
+#endif
   // (field - base) + 0x70 with unsigned saturation: offsets 0..15 become
   // 0x70..0x7f, the others have bit 7 set and look up zero. field 0 and 255
   // are outside: base >= 1 and base + 15 <= 254.
@@ -310,11 +332,19 @@ FirstPass count_first_window(const float* v, std::size_t blocks, int base, std::
     const auto x0 = hn::BitCast(d32, hn::LoadU(df, p)), x1 = hn::BitCast(d32, hn::LoadU(df, p + lanes32));
     const auto x2 = hn::BitCast(d32, hn::LoadU(df, p + 2 * lanes32));
     const auto x3 = hn::BitCast(d32, hn::LoadU(df, p + 3 * lanes32));
+#if HWY_ARCH_X86 && HWY_TARGET == HWY_AVX3_DL
+    // AVX-512 VBMI: two two-table byte permutations gather byte 3 of every
+    // lane of (x0, x1) and of (x2, x3), and a blend joins the halves.
+    const __m512i r01 = _mm512_permutex2var_epi8(hn::Add(x0, x0).raw, gather.raw, hn::Add(x1, x1).raw);
+    const __m512i r23 = _mm512_permutex2var_epi8(hn::Add(x2, x2).raw, gather.raw, hn::Add(x3, x3).raw);
+    const V8 fields{_mm512_mask_blend_epi8(0xFFFFFFFF00000000ull, r01, r23)};
+#else
     auto packed = hn::ShiftRight<24>(hn::Add(x0, x0));
     packed = hn::OrAnd(packed, hn::ShiftRight<16>(hn::Add(x1, x1)), byte1);
     packed = hn::OrAnd(packed, hn::ShiftRight<8>(hn::Add(x2, x2)), byte2);
     packed = hn::OrAnd(packed, hn::Add(x3, x3), byte3);
     const V8 fields = hn::BitCast(d8, packed);
+#endif
     const auto is_zero = hn::Eq(fields, zero);
     zeros += hn::CountTrue(d8, is_zero);
     // Field 0 with a nonzero magnitude is subnormal.
