@@ -164,7 +164,7 @@ if [[ $rel != ../* ]]; then
 fi
 
 # 6. Manifest and sizes.
-sum() { xargs -0 stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
+sum() { xargs -0 -r stat -c %s 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
 bundle_bytes=$(find "$bundle" -type f -print0 | sum)
 tracked_bytes=$(git ls-files -z | sum)
 untracked_bytes=$(git ls-files -z --others --exclude-standard | sum)
