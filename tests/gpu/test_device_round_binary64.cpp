@@ -1,6 +1,7 @@
 // The kernels' rounding of exact sums (gpu/src/round_binary64.hpp), compiled
 // for the host: add_round_to_odd against an independent TwoSum formulation,
-// and round_double against the emulator's scalar quantize of binary64 arrays
+// and round_double against the emulator's exact quantize path (Path::exact)
+// of binary64 arrays
 // (the CPU backend's apply_update and rounding-every-addition GEMM use the
 // same two steps): bit patterns and every counter, for preset and custom
 // formats, all modes, stochastic rounding with 32, 8 and 1 random bits on the

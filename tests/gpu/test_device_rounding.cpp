@@ -1,5 +1,6 @@
 // The device rounding (gpu/include/mpsim/gpu/device_rounding.hpp), compiled
-// for the host, against the emulator's scalar quantize (Path::exact): output
+// for the host, against the emulator's exact quantize path (Path::exact:
+// round_exact per element; the scalar path runs this same code): output
 // bit patterns (so classes, signs of zero and NaN payloads) and every
 // per-element QuantizeCounts flag, for the preset formats and custom ones
 // (flush to zero, saturate, NaN only, no mantissa bits), every rounding mode,
