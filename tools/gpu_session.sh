@@ -57,6 +57,8 @@ preamble() {
   echo "== driver:  $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1 ||
                       echo none)$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | sed 's/^/, /' || true)"
   echo "== host:    $(hostname), $(nproc) cores, kernel $(uname -r), $(getconf GNU_LIBC_VERSION)"
+  # The CPU model: the cpu.* arms run here too, and must give this machine's bits on any CPU.
+  echo "== cpu:     $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -1)$(grep -qw avx512f /proc/cpuinfo 2>/dev/null && echo ', AVX-512' || true)"
   [ -f "$bundle/MANIFEST.txt" ] || { echo "no bundle at $bundle: run tools/gpu_bundle.sh here first and carry .gpu" >&2; exit 1; }
   sed -n 's/^/== bundle:  /; 2,5p' "$bundle/MANIFEST.txt"
 
