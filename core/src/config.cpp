@@ -751,7 +751,7 @@ std::vector<PolicyAttribute> policy_attributes(const Policy& p) {
     };
     add("format", point.format.name(),
         "the point's format, as the config spells it: `binary32`, `binary16`, `bfloat16`, `tf32`, `e4m3`, `e5m2`, "
-        "or `eXmY[:ftz][:sat][:fn]`");
+        "`e2m1`, `e3m2`, `e2m3`, or `eXmY[:ftz][:sat][:fn|:finite]`");
     add("exponent_bits", point.format.exponent_bits, "exponent bits of that format");
     add("mantissa_bits", point.format.mantissa_bits, "trailing significand bits of that format");
     add("rounding", std::string(to_string(point.rounding.mode)),

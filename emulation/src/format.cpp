@@ -36,7 +36,8 @@ struct Preset {
 };
 constexpr Preset presets[] = {
     {"binary16", formats::binary16}, {"bfloat16", formats::bfloat16}, {"tf32", formats::tf32},
-    {"e4m3", formats::e4m3},         {"e5m2", formats::e5m2},         {"binary32", formats::binary32},
+    {"e4m3", formats::e4m3},         {"e5m2", formats::e5m2},         {"e2m1", formats::e2m1},
+    {"e3m2", formats::e3m2},         {"e2m3", formats::e2m3},         {"binary32", formats::binary32},
     {"binary64", formats::binary64},
 };
 struct Alias {
@@ -44,7 +45,8 @@ struct Alias {
 };
 constexpr Alias aliases[] = {{"fp16", "binary16"}, {"half", "binary16"},   {"bf16", "bfloat16"},
                              {"fp8e4m3", "e4m3"},  {"fp8e5m2", "e5m2"},    {"fp32", "binary32"},
-                             {"float", "binary32"}, {"fp64", "binary64"}, {"double", "binary64"}};
+                             {"float", "binary32"}, {"fp64", "binary64"}, {"double", "binary64"},
+                             {"fp4e2m1", "e2m1"},  {"fp6e3m2", "e3m2"},    {"fp6e2m3", "e2m3"}};
 
 std::optional<Format> parse_base(std::string_view text) {
   for (const auto& a : aliases)
@@ -82,6 +84,8 @@ std::optional<std::string> Format::invalid_reason() const {
     return "exponent width " + std::to_string(exponent_bits) + " is outside 2..11";
   if (mantissa_bits < 0 || mantissa_bits > 52)
     return "mantissa width " + std::to_string(mantissa_bits) + " is outside 0..52";
+  if (specials == Specials::none && overflow != Overflow::saturate)
+    return "a format with neither infinity nor NaN (:finite) can only saturate on overflow: drop :nosat";
   return std::nullopt;
 }
 
@@ -89,18 +93,26 @@ std::string Format::name() const {
   for (const auto& p : presets)
     if (p.format == *this) return std::string(p.name);
   std::string text = "e" + std::to_string(exponent_bits) + "m" + std::to_string(mantissa_bits);
-  const Format base = *parse_base(text);
-  if (subnormals != base.subnormals) text += subnormals == Subnormals::flush_to_zero ? ":ftz" : ":subnormals";
-  if (overflow != base.overflow) text += overflow == Overflow::saturate ? ":sat" : ":nosat";
-  if (specials != base.specials && mantissa_bits > 0) text += specials == Specials::nan_only ? ":fn" : ":inf";
+  // The options, in the order parse_format applies them, from what "eXmY" alone parses to.
+  Format now = *parse_base(text);
+  // With no mantissa bits `ieee` and `nan_only` are the same format.
+  const auto kind = [this](Specials s) { return mantissa_bits == 0 && s == Specials::nan_only ? Specials::ieee : s; };
+  if (kind(specials) != kind(now.specials)) {
+    text += specials == Specials::nan_only ? ":fn" : specials == Specials::none ? ":finite" : ":inf";
+    now.specials = specials;
+    if (specials == Specials::none) now.overflow = Overflow::saturate;
+  }
+  if (subnormals != now.subnormals) text += subnormals == Subnormals::flush_to_zero ? ":ftz" : ":subnormals";
+  if (overflow != now.overflow) text += overflow == Overflow::saturate ? ":sat" : ":nosat";
   return text;
 }
 
 std::string_view format_names() {
-  return "binary16 (fp16, half), bfloat16 (bf16), tf32, e4m3 (fp8e4m3), e5m2 (fp8e5m2), binary32 (fp32), "
-         "binary64 (fp64), or eXmY with X in 2..11 exponent bits and Y in 0..52 mantissa bits; options after "
-         "colons: ftz (flush subnormals), sat (saturate on overflow), nosat, fn (no infinities, NaN only at "
-         "all-ones), inf (IEEE infinities), e.g. e6m9:ftz:sat";
+  return "binary16 (fp16, half), bfloat16 (bf16), tf32, e4m3 (fp8e4m3), e5m2 (fp8e5m2), e2m1 (fp4e2m1), "
+         "e3m2 (fp6e3m2), e2m3 (fp6e2m3), binary32 (fp32), binary64 (fp64), or eXmY with X in 2..11 exponent bits "
+         "and Y in 0..52 mantissa bits; options after colons: ftz (flush subnormals), sat (saturate on overflow), "
+         "nosat, fn (no infinities, NaN only at all-ones), finite (no infinities and no NaN, saturating), inf "
+         "(IEEE infinities), e.g. e6m9:ftz:sat";
 }
 
 std::optional<Format> parse_format(std::string_view text) {
@@ -117,8 +129,10 @@ std::optional<Format> parse_format(std::string_view text) {
     else if (option == "nosat") format->overflow = Overflow::ieee;
     else if (option == "fn") format->specials = Specials::nan_only;
     else if (option == "inf") format->specials = Specials::ieee;
+    else if (option == "finite") format->specials = Specials::none, format->overflow = Overflow::saturate;
     else return std::nullopt;
   }
+  if (format->invalid_reason()) return std::nullopt;
   return format;
 }
 
@@ -138,12 +152,14 @@ bool is_signaling_nan(const Format& f, Bits bits) {
 }
 
 Bits quiet_nan(const Format& f, bool negative) {
+  if (!f.has_nan()) return largest_finite_bits(f, false);  // Specials::none: what a NaN becomes
   const Bits nan = detail::default_nan(f);
   return join(f, negative, split(f, nan).exponent, split(f, nan).mantissa);
 }
 
 Bits infinity_or_nan(const Format& f, bool negative) {
   if (f.has_infinity()) return join(f, negative, low_mask(f.exponent_bits), 0);
+  if (!f.has_nan()) return largest_finite_bits(f, negative);  // Specials::none saturates
   return quiet_nan(f, negative);
 }
 
@@ -235,7 +251,7 @@ Decoded decode(const Format& f, Bits bits) {
       }
       return d;
     }
-    if (x.mantissa == low_mask(m)) {
+    if (f.has_nan() && x.mantissa == low_mask(m)) {
       d.kind = Kind::nan;
       return d;
     }
@@ -262,12 +278,14 @@ Decoded decode_binary32(float value) { return decode(formats::binary32, Bits{std
 Bits encode_zero(const Format& f, bool negative) { return join(f, negative, 0, 0); }
 
 Bits default_nan(const Format& f) {
+  if (!f.has_nan()) return largest_finite_bits(f, false);  // Specials::none: what a NaN becomes
   // x86's default NaN (sign set, quiet), as SoftFloat's 8086 specialisation and TestFloat use.
   if (!f.has_infinity()) return join(f, true, low_mask(f.exponent_bits), low_mask(f.mantissa_bits));
   return join(f, true, low_mask(f.exponent_bits), std::uint64_t{1} << (f.mantissa_bits - 1));
 }
 
 Bits encode_nan(const Format& f, bool negative, std::uint64_t payload, int payload_bits) {
+  if (!f.has_nan()) return largest_finite_bits(f, false);  // Specials::none: what a NaN becomes
   if (!f.has_infinity()) return join(f, negative, low_mask(f.exponent_bits), low_mask(f.mantissa_bits));
   const int room = f.mantissa_bits - 1;
   const std::uint64_t kept = room <= 0 ? 0

@@ -35,6 +35,7 @@ PatternFormat<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>> 
   p.flush_to_zero = f.subnormals == Subnormals::flush_to_zero;
   p.saturate = f.overflow == Overflow::saturate;
   p.has_infinity = f.has_infinity();
+  p.has_nan = f.has_nan();
   p.shift = static_cast<U>(L::trailing_bits - f.mantissa_bits);
   p.min_normal_exponent = static_cast<U>(f.emin() + std::numeric_limits<T>::max_exponent - 1);
   p.smallest_normal = pattern(f.smallest_normal());

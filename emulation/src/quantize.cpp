@@ -78,7 +78,7 @@ QuantizeCounts quantize_exact(const Format& f, const QuantizeOptions& o, const T
     counts.overflow += r.flags.has(Flags::overflow);
     counts.flushed_to_zero += c == FloatClass::zero && is_finite_nonzero(x);
     counts.subnormal += c == FloatClass::subnormal;
-    counts.nan += c == FloatClass::nan;
+    counts.nan += c == FloatClass::nan || x != x;  // a format with no NaN holds a NaN input as +largest
     out[i] = stored_value<T>(f, r.bits);
   }
   return counts;

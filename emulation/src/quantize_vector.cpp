@@ -148,7 +148,12 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
   V result = hn::Or(magnitude, sign);
   result = hn::IfThenElse(overflow, overflowed, result);
   if (k.format.has_infinity) result = hn::IfThenElse(is_inf, x, result);
-  result = hn::IfThenElse(is_nan, hn::Or(hn::And(x, hn::Set(d, k.format.nan_keep)), hn::Set(d, StorageLayout<U>::quiet_nan)), result);
+  if (k.format.has_nan) {
+    result = hn::IfThenElse(is_nan, hn::Or(hn::And(x, hn::Set(d, k.format.nan_keep)), hn::Set(d, StorageLayout<U>::quiet_nan)), result);
+  } else {  // Specials::none: a NaN becomes +largest finite, and counts as a NaN input
+    result = hn::IfThenElse(is_nan, hn::Set(d, k.format.largest_finite), result);
+    Count(d, c.nan, hn::And(valid, is_nan));
+  }
 
   const V result_magnitude = hn::And(result, hn::Set(d, L::kMagnitude));
   const auto changed = hn::And(finite, hn::Ne(result_magnitude, a));

@@ -178,9 +178,9 @@ Rounded round_decoded(const Format& f, Rounding r, const detail::Decoded& d, int
                       std::uint32_t draw) {
   switch (d.kind) {
     case detail::Kind::zero: return {detail::encode_zero(f, d.negative), {}};
-    case detail::Kind::nan:
+    case detail::Kind::nan:  // into a format with no NaN: +largest finite, invalid (format.hpp, Specials::none)
       return {detail::encode_nan(f, d.negative, d.payload, source_payload_bits),
-              Flags{static_cast<std::uint8_t>(d.signaling ? Flags::invalid : 0)}};
+              Flags{static_cast<std::uint8_t>(d.signaling || !f.has_nan() ? Flags::invalid : 0)}};
     case detail::Kind::infinite:
       if (f.has_infinity()) return {infinity_or_nan(f, d.negative), {}};
       return {overflow_result(f, r.mode, d.negative),

@@ -110,7 +110,9 @@ int run_info(const std::string& format_text) {
     line("unit roundoff", number(f.unit_roundoff()));
     line("machine epsilon", number(f.machine_epsilon()));
     line("infinity", f.has_infinity() ? "yes" : "no");
-    line("NaN encodings", f.has_infinity() ? "all-ones exponent, nonzero mantissa" : "all-ones exponent and mantissa only");
+    line("NaN encodings", f.has_infinity() ? "all-ones exponent, nonzero mantissa"
+                          : f.has_nan()    ? "all-ones exponent and mantissa only"
+                                           : "none (every encoding is finite; a NaN converts to +largest, invalid)");
     line("subnormals", f.subnormals == Subnormals::gradual ? "gradual underflow" : "flushed to zero (read as zero)");
     line("overflow", f.overflow == Overflow::saturate ? "saturates to the largest finite"
                                                       : "IEEE 754: infinity or largest finite by rounding direction"

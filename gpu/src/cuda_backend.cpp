@@ -69,7 +69,7 @@ struct TensorStorage {
 
 bool same_values(const DeviceFormat& a, const DeviceFormat& b) {
   return a.exponent_bits == b.exponent_bits && a.mantissa_bits == b.mantissa_bits &&
-         a.flush_to_zero == b.flush_to_zero && a.has_infinity == b.has_infinity;
+         a.flush_to_zero == b.flush_to_zero && a.has_infinity == b.has_infinity && a.has_nan == b.has_nan;
 }
 
 // Whether every value of t is known to be a value of `format`, unscaled:

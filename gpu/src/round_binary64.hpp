@@ -96,6 +96,7 @@ MPSIM_HOST_DEVICE inline PatternFormat<std::uint64_t> widen_format(const DeviceF
   w.flush_to_zero = f.flush_to_zero;
   w.saturate = f.saturate;
   w.has_infinity = f.has_infinity;
+  w.has_nan = f.has_nan;
   w.shift = std::uint64_t{f.shift} + (trailing_bits64 - trailing_bits);
   w.min_normal_exponent = std::uint64_t{f.min_normal_exponent} + bias_difference;
   w.smallest_normal = widen_magnitude(f.smallest_normal);

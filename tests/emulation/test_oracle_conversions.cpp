@@ -126,7 +126,11 @@ const std::vector<std::pair<const char*, Format>> kTargets = {
     {"e2m0", {2, 0}},
     {"e3m0:sat", {3, 0, S::gradual, O::saturate}},
     {"e8m0", {8, 0}},
-    {"e2m1", {2, 1}},
+    {"e2m1 (IEEE specials)", {2, 1}},
+    {"e2m1", formats::e2m1},
+    {"e3m2", formats::e3m2},
+    {"e2m3", formats::e2m3},
+    {"e4m3:finite:ftz", {4, 3, S::flush_to_zero, O::saturate, P::none}},
     {"e2m3:fn:sat", {2, 3, S::gradual, O::saturate, P::nan_only}},
     {"e3m4:sat", {3, 4, S::gradual, O::saturate}},
     {"e6m9:ftz:sat", {6, 9, S::flush_to_zero, O::saturate}},
@@ -166,7 +170,11 @@ MPSIM_ORACLE_CONVERSION_CASE("e4m3 (IEEE specials)", 113)
 MPSIM_ORACLE_CONVERSION_CASE("e2m0", 114)
 MPSIM_ORACLE_CONVERSION_CASE("e3m0:sat", 115)
 MPSIM_ORACLE_CONVERSION_CASE("e8m0", 116)
-MPSIM_ORACLE_CONVERSION_CASE("e2m1", 117)
+MPSIM_ORACLE_CONVERSION_CASE("e2m1 (IEEE specials)", 117)
+MPSIM_ORACLE_CONVERSION_CASE("e2m1", 124)
+MPSIM_ORACLE_CONVERSION_CASE("e3m2", 125)
+MPSIM_ORACLE_CONVERSION_CASE("e2m3", 126)
+MPSIM_ORACLE_CONVERSION_CASE("e4m3:finite:ftz", 127)
 MPSIM_ORACLE_CONVERSION_CASE("e2m3:fn:sat", 118)
 MPSIM_ORACLE_CONVERSION_CASE("e3m4:sat", 119)
 MPSIM_ORACLE_CONVERSION_CASE("e6m9:ftz:sat", 120)

@@ -29,7 +29,10 @@ const std::vector<Format> kParameterFormats = {
     {5, 2, S::gradual, O::saturate}, {5, 10, S::flush_to_zero}, {6, 9}, {6, 9, S::flush_to_zero, O::saturate},
     {8, 0}, {8, 7, S::flush_to_zero}, {8, 23, S::flush_to_zero}, {8, 23, S::gradual, O::saturate},
     {11, 0}, {11, 10}, {11, 52, S::flush_to_zero}, {11, 52, S::gradual, O::saturate}, {3, 4, S::gradual, O::saturate},
-    {2, 1, S::gradual, O::saturate, P::nan_only}, {7, 40}, {10, 52, S::flush_to_zero, O::saturate}};
+    {2, 1, S::gradual, O::saturate, P::nan_only}, {7, 40}, {10, 52, S::flush_to_zero, O::saturate},
+    // No infinity, no NaN (OCP MX FP4/FP6 and others of the kind).
+    formats::e2m1, formats::e3m2, formats::e2m3, {2, 0, S::gradual, O::saturate, P::none},
+    {4, 3, S::flush_to_zero, O::saturate, P::none}, {8, 7, S::gradual, O::saturate, P::none}};
 
 // Every format with at most 16 bits used for exhaustive encoding checks,
 // besides binary16 and bfloat16.
@@ -37,7 +40,9 @@ const std::vector<Format> kSmallFormats = {
     formats::e4m3, formats::e5m2, {2, 0}, {2, 1}, {2, 3}, {3, 0}, {3, 1, S::gradual, O::ieee, P::nan_only},
     {3, 4, S::gradual, O::saturate}, {4, 3}, {4, 3, S::gradual, O::ieee, P::nan_only}, {5, 2, S::flush_to_zero},
     {5, 10, S::flush_to_zero}, {6, 9}, {6, 9, S::flush_to_zero, O::saturate}, {8, 0}, {8, 7, S::flush_to_zero},
-    {8, 7, S::gradual, O::saturate, P::nan_only}, {2, 1, S::gradual, O::saturate, P::nan_only}, {7, 8}};
+    {8, 7, S::gradual, O::saturate, P::nan_only}, {2, 1, S::gradual, O::saturate, P::nan_only}, {7, 8},
+    formats::e2m1, formats::e3m2, formats::e2m3, {2, 0, S::gradual, O::saturate, P::none},
+    {4, 3, S::flush_to_zero, O::saturate, P::none}, {8, 7, S::gradual, O::saturate, P::none}};
 
 std::string value_text(double v) {
   char text[64];
@@ -95,6 +100,11 @@ void check_parameters(const Format& f, MismatchLog& log) {
     expect_bits(negative ? "largest_finite_bits(-)" : "largest_finite_bits(+)", mpsim::largest_finite_bits(f, negative),
                 largest_bits(f, negative));
     const Bits nan = mpsim::quiet_nan(f, negative);
+    if (f.specials == P::none) {  // no NaN: what a NaN becomes, +largest (contract)
+      expect_bits("quiet_nan (no NaN in the format)", nan, largest_bits(f, false));
+      expect_bits("infinity_or_nan (no infinity, no NaN)", mpsim::infinity_or_nan(f, negative), largest_bits(f, negative));
+      continue;
+    }
     const Decoded d = decode(f, nan);
     log.count();
     if (d.kind != FloatClass::nan || d.signaling || d.negative != negative) {

@@ -265,7 +265,10 @@ TEST_CASE("paths: e4m3", "[paths]") { check_format(formats::e4m3); }
 TEST_CASE("paths: e5m2", "[paths]") { check_format(formats::e5m2); }
 TEST_CASE("paths: binary32", "[paths]") { check_format(formats::binary32); }
 TEST_CASE("paths: binary64", "[paths]") { check_format(formats::binary64); }
-TEST_CASE("paths: e3m2", "[paths]") { check_format(*parse_format("e3m2")); }
+TEST_CASE("paths: e3m2 (OCP FP6, no infinity or NaN)", "[paths]") { check_format(formats::e3m2); }
+TEST_CASE("paths: e2m1 (OCP FP4)", "[paths]") { check_format(formats::e2m1); }
+TEST_CASE("paths: e2m3 (OCP FP6)", "[paths]") { check_format(formats::e2m3); }
+TEST_CASE("paths: e3m2:inf:nosat (IEEE-like)", "[paths]") { check_format(*parse_format("e3m2:inf:nosat")); }
 TEST_CASE("paths: e5m7:ftz", "[paths]") { check_format(*parse_format("e5m7:ftz")); }
 TEST_CASE("paths: e4m3:sat", "[paths]") { check_format(*parse_format("e4m3:sat")); }
 TEST_CASE("paths: e4m3:fn", "[paths]") { check_format(*parse_format("e4m3:fn")); }

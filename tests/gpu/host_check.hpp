@@ -33,6 +33,9 @@ inline const Format kEdgeFormats[] = {
     Format{3, 0, Subnormals::gradual, Overflow::saturate},
     Format{2, 1},
     Format{7, 16, Subnormals::flush_to_zero, Overflow::saturate},
+    formats::e2m1,  // OCP FP4 and FP6: no infinity, no NaN
+    formats::e3m2,
+    formats::e2m3,
 };
 
 inline std::string hex_bits(std::uint32_t bits) {

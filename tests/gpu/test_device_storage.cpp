@@ -36,9 +36,10 @@ using namespace host_check;
 // small custom ones.
 std::vector<Format> stored_formats() {
   std::vector<Format> list;
-  for (const auto* group : {&kFormats, &kEdgeFormats})
-    for (const Format& f : *group)
-      if (f.total_bits() <= 16) list.push_back(f);
+  for (const Format& f : kFormats)
+    if (f.total_bits() <= 16) list.push_back(f);
+  for (const Format& f : kEdgeFormats)
+    if (f.total_bits() <= 16) list.push_back(f);
   list.push_back(Format{3, 4});
   list.push_back(Format{6, 1});
   return list;

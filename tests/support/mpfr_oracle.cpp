@@ -114,7 +114,8 @@ Decoded decode_fields(const Format& f, Bits bits) {
       }
       return d;
     }
-    if (m == 0 || fields.mantissa == low_ones(m)) {  // the single NaN of a format without infinities
+    // The single NaN of a format without infinities; none at all with Specials::none (every encoding finite).
+    if (f.specials != Specials::none && (m == 0 || fields.mantissa == low_ones(m))) {
       d.kind = FloatClass::nan;
       mpfr_set_nan(d.value.get());
       return d;
@@ -192,6 +193,7 @@ std::string format_name(const Format& format) {
   if (format.subnormals == Subnormals::flush_to_zero) name += ":ftz";
   if (format.overflow == Overflow::saturate) name += ":sat";
   if (format.specials == Specials::nan_only) name += ":fn";
+  if (format.specials == Specials::none) name += ":finite";
   return name;
 }
 
@@ -211,6 +213,8 @@ bool is_signaling_nan(const Format& format, Bits bits) {
 Bits zero_bits(const Format& format, bool negative) { return join(format, negative, 0, 0); }
 
 Bits nan_bits(const Format& format) {
+  // The contract: a format with no NaN (Specials::none) holds a NaN as +largest finite.
+  if (format.specials == Specials::none) return largest_bits(format, false);
   const int m = format.mantissa_bits;
   const std::uint64_t top = low_ones(format.exponent_bits);
   if (facts(format).has_infinity) return join(format, false, top, std::uint64_t{1} << (m - 1));
@@ -378,7 +382,11 @@ Rounded round(const Format& format, RoundingMode mode, const Exact& exact) {
   way_for(mode, false);  // rejects stochastic rounding
   const Facts& k = facts(format);
   switch (exact.kind) {
-    case Exact::Kind::nan: return {nan_bits(format), exact.flags};
+    case Exact::Kind::nan: {
+      Flags flags = exact.flags;
+      if (format.specials == Specials::none) flags.bits |= Flags::invalid;  // no NaN to hold it
+      return {nan_bits(format), flags};
+    }
     case Exact::Kind::zero: {
       const bool negative = exact.cancellation ? mode == RoundingMode::toward_negative : exact.negative;
       return {zero_bits(format, negative), exact.flags};

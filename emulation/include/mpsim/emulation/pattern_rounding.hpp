@@ -38,7 +38,8 @@ struct PatternFormat {
   int mantissa_bits;
   bool flush_to_zero;  // Subnormals::flush_to_zero
   bool saturate;       // Overflow::saturate
-  bool has_infinity;   // false for Specials::nan_only and for formats with no mantissa bits
+  bool has_infinity;   // false for Specials::nan_only and none, and for formats with no mantissa bits
+  bool has_nan;        // false for Specials::none (OCP FP6/FP4): a NaN becomes +largest_finite
   U shift;                // storage trailing bits - mantissa_bits: the quantum of a normal binade, in pattern units
   U min_normal_exponent;  // the format's emin as a biased exponent of the storage (>= 1)
   U smallest_normal;      // storage patterns of format values
@@ -68,7 +69,8 @@ struct RoundedValue {
   bool flushed_to_zero;  // input finite and nonzero, result +-0
   bool subnormal;        // result is a nonzero subnormal of the format
   bool overflow;         // IEEE 754-2019 §7.4 overflow, or an infinity into a format without one
-  bool nan;              // result is NaN (NaN input, or overflow to NaN in a format without infinity)
+  bool nan;              // NaN input (a format with no NaN makes it +largest finite), or overflow to NaN
+                         // in a format with NaN but no infinity
 };
 
 namespace pattern_detail {
@@ -169,7 +171,7 @@ MPSIM_HOST_DEVICE inline RoundedValue<U> round_pattern(U bits, const PatternForm
   const U a = bits ^ sign;
   RoundedValue<U> out{bits, false, false, false, false, false};
   if (a > L::infinity) {
-    out.value = (bits & f.nan_keep) | L::quiet_nan;
+    out.value = f.has_nan ? (bits & f.nan_keep) | L::quiet_nan : f.largest_finite;
     out.nan = true;
     return out;
   }

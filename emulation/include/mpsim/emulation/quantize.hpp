@@ -20,7 +20,8 @@ struct QuantizeCounts {
   std::uint64_t flushed_to_zero = 0;  // nonzero finite input, zero result
   std::uint64_t subnormal = 0;        // nonzero subnormal result
   std::uint64_t overflow = 0;         // IEEE overflow: became infinity, NaN (no infinity), or saturated
-  std::uint64_t nan = 0;              // NaN result (NaN input, or overflow in a format without infinity)
+  std::uint64_t nan = 0;              // NaN input or result (overflow in a format with NaN but no infinity);
+                                      // a format with no NaN holds a NaN input as +largest finite
   QuantizeCounts& operator+=(const QuantizeCounts& other);
   friend bool operator==(const QuantizeCounts&, const QuantizeCounts&) = default;
 };

@@ -49,7 +49,8 @@ MPSIM_HOST_DEVICE inline std::uint32_t encode_storage(float x, const DeviceForma
   const std::uint32_t sign = (bits >> 31) << field_bits;
   const std::uint32_t exponent_ones = ((std::uint32_t{1} << f.exponent_bits) - 1) << f.mantissa_bits;
   if (a >= infinity_bits) {
-    if (!f.has_infinity) return sign | ((std::uint32_t{1} << field_bits) - 1);  // an infinity cannot be a value here
+    // An infinity cannot be a value here, nor a NaN of a format with no NaN (round_float makes it +largest).
+    if (!f.has_infinity) return sign | ((std::uint32_t{1} << field_bits) - 1);
     return sign | exponent_ones | ((a & ((std::uint32_t{1} << trailing_bits) - 1)) >> f.shift);
   }
   if (a == 0) return sign;
@@ -78,7 +79,8 @@ MPSIM_HOST_DEVICE inline float decode_storage(std::uint32_t code, const DeviceFo
   const std::uint32_t trailing = magnitude & ((std::uint32_t{1} << f.mantissa_bits) - 1);
   const std::uint32_t field_ones = (std::uint32_t{1} << f.exponent_bits) - 1;
   if (f.has_infinity && field == field_ones) return float_of(sign | infinity_bits | (trailing << f.shift));
-  if (!f.has_infinity && magnitude == (std::uint32_t{1} << field_bits) - 1) return float_of(sign | quiet_nan_bits);
+  if (!f.has_infinity && f.has_nan && magnitude == (std::uint32_t{1} << field_bits) - 1)
+    return float_of(sign | quiet_nan_bits);
   if (field != 0) return float_of(sign | ((field + f.min_normal_exponent - 1) << trailing_bits) | (trailing << f.shift));
   if (trailing == 0 || f.flush_to_zero) return float_of(sign);
   // trailing * 2^u with u = emin - m = min_normal_exponent + shift - 150, exact in binary32.
