@@ -3,12 +3,15 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <array>
 #include <iostream>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/emulation/testfloat.hpp"
 #include "usage_error.hpp"
@@ -155,6 +158,86 @@ int run_testfloat(const std::vector<std::string>& words) {
   return report.failed == 0 ? 0 : 1;
 }
 
+struct QuantizeArgs {
+  std::string format;
+  std::string scale_rounding;
+  int block = 0;
+  std::string mode = "nearest-even";
+  std::uint64_t seed = 0;
+  bool values_only = false;
+  bool scales = false;
+  std::vector<std::string> values;
+};
+
+// Block-scaled quantization of one 1-D tensor: the values (binary32, rounded
+// to nearest from the text) split into consecutive blocks.
+int run_quantize(const QuantizeArgs& args) {
+  auto format = parse_block_format(args.format);
+  if (!format) throw UsageError(fmt::format("unknown block format '{}'. Accepted: {}", args.format, block_format_names()));
+  if (!args.scale_rounding.empty()) {
+    if (format->scale != ScaleFormat::e8m0)
+      throw UsageError(fmt::format("--scale-rounding applies to the MX formats (E8M0 scales), not to {}", args.format));
+    if (args.scale_rounding == "floor") format->rule = ScaleRule::ocp_floor;
+    else if (args.scale_rounding == "ceil") format->rule = ScaleRule::ceil;
+    else throw UsageError(fmt::format("unknown --scale-rounding '{}'. Accepted: floor (OCP MX v1.0), ceil (never saturates)",
+                                      args.scale_rounding));
+  }
+  if (args.block < 0) throw UsageError(fmt::format("--block {} must be at least 1", args.block));
+  if (args.block > 0) format->block_rows = 1, format->block_cols = args.block;
+  if (args.values_only && args.scales) throw UsageError("--values-only and --scales print different things: give one");
+  const RoundingMode mode = mode_from(args.mode);
+  if (mode != RoundingMode::nearest_even && mode != RoundingMode::stochastic)
+    throw UsageError(fmt::format("block formats round elements to nearest-even or stochastic, not {}", args.mode));
+  std::vector<std::string> values = args.values;
+  if (values.empty()) values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
+  for (std::string& v : values) v.erase(0, v.find_first_not_of(' '));
+  std::vector<float> x;
+  for (const auto& v : values) {  // all checked before any output
+    const Rounded r = round_to_format(formats::binary32, Rounding{}, parse_number(v).odd);
+    x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(r.bits.value)));
+  }
+  BlockQuantizeOptions options;
+  options.rounding = Rounding{mode};
+  options.key = {args.seed, 0};
+  const BlockQuantized q = quantize_blocks(*format, x, 1, static_cast<std::int64_t>(x.size()), options);
+  const auto text = [](double v) { return std::isnan(v) ? std::string("nan") : hex_float(v); };
+  const bool two_level = format->rule == ScaleRule::nvfp4 || format->rule == ScaleRule::nvfp4_te;
+  if (args.values_only) {
+    for (double v : q.values) fmt::print("{}\n", text(v));
+    return 0;
+  }
+  if (args.scales) {
+    if (two_level) fmt::print("tensor_scale {}\n", text(q.tensor_scale));
+    for (double s : q.scales) fmt::print("{}\n", text(s));
+    return 0;
+  }
+  fmt::print("format: {} ({}, {}x{} blocks, {} scales, rule {}); elements rounded {}{}\n", format->name(),
+             format->element.name(), format->block_rows, format->block_cols, to_string(format->scale),
+             to_string(format->rule), to_string(mode), mode == RoundingMode::stochastic ? fmt::format(", seed {}", args.seed) : "");
+  if (two_level) fmt::print("tensor scale: {}\n", text(q.tensor_scale));
+  std::vector<std::array<std::string, 6>> rows{{"input", "value (exact)", "hex", "element", "block", "scale"}};
+  const int element_digits = ((format->element.floating ? format->element.floating->total_bits() : format->element.integer_bits) + 3) / 4;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t block = i / static_cast<std::size_t>(format->block_cols);
+    rows.push_back({values[i], std::isnan(q.values[i]) ? "nan" : exact_scientific(q.values[i]), text(q.values[i]),
+                    fmt::format("0x{:0{}x}", q.elements[i], element_digits), std::to_string(block),
+                    fmt::format("{} (0x{:x})", text(q.scales[block]), q.scale_codes[block])});
+  }
+  std::array<std::size_t, 6> width{};
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c + 1 < row.size(); ++c) line += fmt::format("{:<{}}  ", row[c], width[c]);
+    fmt::print("{}{}\n", line, row.back());
+  }
+  const BlockCounts& c = q.counts;
+  fmt::print("{} values in {} blocks: {} saturated, {} flushed to zero inside their block, {} NaN; {} blocks' scales at "
+             "their range's limit\n",
+             c.elements, q.scales.size(), c.saturated, c.flushed, c.nan, c.scale_clamped);
+  return 0;
+}
+
 }  // namespace
 
 void add_fp_command(CLI::App& app, std::function<int()>& run) {
@@ -179,6 +262,25 @@ void add_fp_command(CLI::App& app, std::function<int()>& run) {
   auto* info = fp->add_subcommand("info", "A format's parameters");
   info->add_option("--format,-f", *info_format, "Format, comma-separated formats, or 'all'")->capture_default_str();
   info->callback([&run, info_format] { run = [info_format] { return run_info(*info_format); }; });
+
+  auto quantize_args = std::make_shared<QuantizeArgs>();
+  auto* quantize = fp->add_subcommand(
+      "quantize", "Quantize values into a block-scaled format (one 1-D tensor in consecutive blocks)");
+  quantize->add_option("--format,-f", quantize_args->format, "Block format: " + std::string(block_format_names()))
+      ->required();
+  quantize->add_option("--scale-rounding", quantize_args->scale_rounding,
+                       "MX scales: floor (OCP MX v1.0, elements may saturate) or ceil (never saturates)");
+  quantize->add_option("--block", quantize_args->block, "Block size N (1xN blocks) instead of the format's");
+  quantize->add_option("--rounding,-r", quantize_args->mode, "Element rounding: nearest-even or stochastic")
+      ->capture_default_str();
+  quantize->add_option("--seed", quantize_args->seed, "Seed of stochastic rounding (value i draws index i)")
+      ->capture_default_str();
+  quantize->add_flag("--values-only", quantize_args->values_only,
+                     "One line per input: the dequantized value as a C99 hex float (or inf, -inf, nan)");
+  quantize->add_flag("--scales", quantize_args->scales,
+                     "One line per block: its decoded scale (nvfp4: a first line 'tensor_scale X')");
+  quantize->add_option("values", quantize_args->values, "Values (decimal, 0x1.8p-3, inf, nan); read from stdin if none");
+  quantize->callback([&run, quantize_args] { run = [quantize_args] { return run_quantize(*quantize_args); }; });
 
   auto* testfloat = fp->add_subcommand(
       "testfloat", "Check the emulator against TestFloat lines on stdin: FUNCTION -MODE (e.g. f16_add -rnear_even)");

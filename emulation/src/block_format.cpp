@@ -1,0 +1,373 @@
+#include "mpsim/emulation/block_format.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+#include "mpsim/emulation/random_draw.hpp"
+
+namespace mpsim {
+namespace {
+
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
+
+// OCP MX v1.0 §5.3: elements saturate. E5M2's preset overflows to infinity,
+// so MXFP8 E5M2 uses its saturating variant.
+constexpr Format kE5m2Saturating{5, 2, Subnormals::gradual, Overflow::saturate};
+
+ElementFormat floating(Format f) { return {f, 0, 0}; }
+ElementFormat integer(int bits, int fraction_bits) { return {std::nullopt, bits, fraction_bits}; }
+
+struct Preset {
+  std::string_view name;
+  BlockFormat format;
+};
+const Preset kPresets[] = {
+    {"mxfp8-e4m3", {floating(formats::e4m3), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"mxfp8-e5m2", {floating(kE5m2Saturating), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"mxfp6-e3m2", {floating(formats::e3m2), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"mxfp6-e2m3", {floating(formats::e2m3), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"mxfp4", {floating(formats::e2m1), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"mxint8", {integer(8, 6), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
+    {"nvfp4", {floating(formats::e2m1), 1, 16, ScaleFormat::ue4m3, ScaleRule::nvfp4}},
+    {"fp8-e4m3-1x128", {floating(formats::e4m3), 1, 128, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+    {"fp8-e4m3-128x128", {floating(formats::e4m3), 128, 128, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+    {"int8", {integer(8, 0), 1, 32, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+    {"int4", {integer(4, 0), 1, 32, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+};
+
+constexpr std::pair<ScaleRule, std::string_view> kRuleNames[] = {
+    {ScaleRule::ocp_floor, "floor"},  {ScaleRule::ceil, "ceil"}, {ScaleRule::nvfp4, "nvfp4"},
+    {ScaleRule::nvfp4_te, "nvfp4-te"}, {ScaleRule::amax_over_max, "amax-over-max"}};
+
+// An element rounded: its code, its exact value, and whether it saturated.
+struct Element {
+  std::uint32_t code = 0;
+  double value = 0;
+  bool saturated = false;
+};
+
+// Symmetric integers k * 2^-f, |k| <= 2^(bits-1) - 1: y * 2^f rounded to an
+// integer in the mode (every step exact in binary64: |y * 2^f| < 2^53 where it
+// matters, and larger values saturate anyway), then clamped. Zero has no sign.
+Element round_integer(const ElementFormat& e, Rounding r, double y, std::uint32_t draw) {
+  const double limit = std::ldexp(1.0, e.integer_bits - 1) - 1;
+  const double q = std::ldexp(y, e.fraction_bits);
+  const double a = std::fabs(q);
+  Element out;
+  double k = 0;
+  if (a >= std::ldexp(1.0, 53)) {
+    k = limit + 1;  // saturates below
+  } else {
+    const double down = std::floor(a), rest = a - down;  // exact
+    bool up = false;
+    switch (r.mode) {
+      case RoundingMode::nearest_even: up = rest > 0.5 || (rest == 0.5 && std::fmod(down, 2) != 0); break;
+      case RoundingMode::nearest_away: up = rest >= 0.5; break;
+      case RoundingMode::toward_zero: break;
+      case RoundingMode::toward_positive: up = rest > 0 && q > 0; break;
+      case RoundingMode::toward_negative: up = rest > 0 && q < 0; break;
+      case RoundingMode::odd: up = rest > 0 && std::fmod(down, 2) == 0; break;
+      case RoundingMode::stochastic: {
+        // rest as a 0.32 fraction, cut to random_bits, plus the draw: up on a carry (rounding.cpp's rule).
+        const auto fraction = static_cast<std::uint32_t>(std::ldexp(rest, 32));  // exact: rest has < 53 bits
+        const std::uint32_t keep = ~std::uint32_t{0} << (32 - r.random_bits);
+        up = std::uint64_t{fraction & keep} + (draw & keep) > 0xFFFFFFFFu;
+        break;
+      }
+    }
+    k = down + (up ? 1 : 0);
+  }
+  if (k > limit) {
+    k = limit;
+    out.saturated = true;
+  }
+  const double signed_k = q < 0 && k != 0 ? -k : k;  // no -0: the code could not hold it
+  out.value = std::ldexp(signed_k, -e.fraction_bits);
+  const auto as_int = static_cast<std::int64_t>(signed_k);
+  out.code = static_cast<std::uint32_t>(as_int) & ((std::uint32_t{1} << e.integer_bits) - 1);
+  return out;
+}
+
+Element round_element(const ElementFormat& e, Rounding r, double y, std::uint32_t draw) {
+  if (!e.floating) return round_integer(e, r, y, draw);
+  const Rounded rounded = round_to_format(*e.floating, r, y, draw);
+  return {static_cast<std::uint32_t>(rounded.bits.value), to_double(*e.floating, rounded.bits),
+          rounded.flags.has(Flags::overflow)};
+}
+
+struct BlockSpan {
+  std::int64_t row0, rows, col0, cols;
+};
+
+template <class F>
+void for_each(const BlockSpan& b, std::int64_t stride, F f) {
+  for (std::int64_t r = b.row0; r < b.row0 + b.rows; ++r)
+    for (std::int64_t c = b.col0; c < b.col0 + b.cols; ++c) f(r * stride + c);
+}
+
+// A NaN block: every value NaN, element codes 0 (the scale carries the NaN).
+void make_nan(BlockQuantized& q, const BlockSpan& b, std::int64_t stride, BlockCounts& counts) {
+  for_each(b, stride, [&](std::int64_t i) {
+    q.values[i] = kNan;
+    q.elements[i] = 0;
+    ++counts.nan;
+  });
+}
+
+class Quantizer {
+ public:
+  Quantizer(const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+            const BlockQuantizeOptions& o)
+      : f_(f), x_(x), rows_(rows), cols_(cols), o_(o), key_(make_draw_key(o.key)) {}
+
+  BlockQuantized run() {
+    q_.values.assign(x_.size(), 0);
+    q_.elements.assign(x_.size(), 0);
+    const std::int64_t grid_rows = (rows_ + f_.block_rows - 1) / f_.block_rows;
+    const std::int64_t grid_cols = (cols_ + f_.block_cols - 1) / f_.block_cols;
+    const bool two_level = f_.rule == ScaleRule::nvfp4 || f_.rule == ScaleRule::nvfp4_te;
+    if (two_level) prepare_tensor_scale();
+    for (std::int64_t br = 0; br < grid_rows; ++br) {
+      for (std::int64_t bc = 0; bc < grid_cols; ++bc) {
+        const BlockSpan b{br * f_.block_rows, std::min<std::int64_t>(f_.block_rows, rows_ - br * f_.block_rows),
+                          bc * f_.block_cols, std::min<std::int64_t>(f_.block_cols, cols_ - bc * f_.block_cols)};
+        BlockCounts counts;
+        counts.elements = static_cast<std::uint64_t>(b.rows * b.cols);
+        for_each(b, cols_, [&](std::int64_t i) { counts.nonzero += std::isfinite(x_[i]) && x_[i] != 0; });
+        if (two_level) nvfp4_block(b, counts);
+        else if (f_.rule == ScaleRule::amax_over_max) amax_over_max_block(b, counts);
+        else power_of_two_block(b, counts);
+        q_.counts += counts;
+        q_.block_counts.push_back(counts);
+      }
+    }
+    return std::move(q_);
+  }
+
+ private:
+  std::uint32_t draw(std::int64_t i) const {
+    return o_.rounding.mode == RoundingMode::stochastic ? random_draw(key_, o_.first_index + static_cast<std::uint64_t>(i)) : 0;
+  }
+
+  // Rounds x[i] / scale (given as the exact quotient y), records the element and
+  // the value element * dequantize (exact in binary64).
+  void put(std::int64_t i, double y, double dequantize, BlockCounts& counts) {
+    const Element e = round_element(f_.element, o_.rounding, y, draw(i));
+    q_.elements[i] = e.code;
+    q_.values[i] = e.value * dequantize;
+    counts.saturated += e.saturated;
+    counts.flushed += std::isfinite(x_[i]) && x_[i] != 0 && e.value == 0;
+  }
+
+  void push_scale(std::uint32_t code, double value) {
+    q_.scale_codes.push_back(code);
+    q_.scales.push_back(value);
+  }
+
+  // Whether the block holds a NaN, and an infinity; its largest magnitude.
+  struct Scan {
+    bool nan = false, infinite = false;
+    float amax = 0;
+  };
+  Scan scan(const BlockSpan& b) const {
+    Scan s;
+    for_each(b, cols_, [&](std::int64_t i) {
+      const float a = std::fabs(x_[i]);
+      if (std::isnan(a)) s.nan = true;
+      else if (std::isinf(a)) s.infinite = true;
+      else s.amax = std::max(s.amax, a);
+    });
+    return s;
+  }
+
+  // OCP MX: a power-of-two scale from amax's exact exponent (floor), or the
+  // smallest one that keeps amax within the largest element (ceil).
+  void power_of_two_block(const BlockSpan& b, BlockCounts& counts) {
+    const Scan s = scan(b);
+    if (s.nan || s.infinite) {  // OCP MX §6.3: the scale is NaN, and so is every value of the block
+      push_scale(kE8m0Nan, kNan);
+      make_nan(q_, b, cols_, counts);
+      return;
+    }
+    int e = -127;  // an all-zero block: the smallest scale
+    if (s.amax > 0) {
+      e = std::ilogb(s.amax) - f_.element.emax();  // exact, subnormal amax included
+      if (f_.rule == ScaleRule::ceil && std::ldexp(static_cast<double>(s.amax), -e) > f_.element.largest()) ++e;
+      if (e < -127 || e > 127) {
+        e = std::clamp(e, -127, 127);
+        counts.scale_clamped = 1;
+      }
+    }
+    push_scale(static_cast<std::uint32_t>(e + 127), std::ldexp(1.0, e));
+    const double scale = std::ldexp(1.0, e);
+    for_each(b, cols_, [&](std::int64_t i) { put(i, std::ldexp(static_cast<double>(x_[i]), -e), scale, counts); });
+  }
+
+  // DeepSeek-V3: s = amax / largest in binary32, y = x / s in binary32.
+  void amax_over_max_block(const BlockSpan& b, BlockCounts& counts) {
+    const Scan sc = scan(b);
+    if (sc.nan) {
+      push_scale(std::bit_cast<std::uint32_t>(std::numeric_limits<float>::quiet_NaN()), kNan);
+      make_nan(q_, b, cols_, counts);
+      return;
+    }
+    if (sc.infinite) {  // s = inf: x / s is 0 or NaN; every value NaN
+      push_scale(std::bit_cast<std::uint32_t>(std::numeric_limits<float>::infinity()),
+                 std::numeric_limits<double>::infinity());
+      make_nan(q_, b, cols_, counts);
+      return;
+    }
+    const float s = sc.amax / static_cast<float>(f_.element.largest());
+    push_scale(std::bit_cast<std::uint32_t>(s), s);
+    if (s == 0 && sc.amax > 0) counts.scale_clamped = 1;  // amax / largest underflowed binary32
+    for_each(b, cols_, [&](std::int64_t i) {
+      if (s == 0 && x_[i] == 0) {  // an all-zero tile: zeros with their signs
+        put(i, static_cast<double>(x_[i]), 1.0, counts);
+        return;
+      }
+      const float y = x_[i] / s;
+      put(i, y, s, counts);
+    });
+  }
+
+  // NVFP4: the per-tensor encode scale S_enc = 2688 / amax (6 * 448), then per
+  // block sb = E4M3(min((amax_b / 6) * S_enc, 448)), every step one binary32
+  // operation rounded to nearest even, in the order of arXiv 2509.25149.
+  void prepare_tensor_scale() {
+    tensor_nan_ = std::any_of(x_.begin(), x_.end(), [](float v) { return std::isnan(v); });
+    float amax = 0;
+    for (float v : x_) amax = std::max(amax, std::fabs(v));
+    encode_ = 1.0f;
+    if (amax > 0 && std::isfinite(amax)) {
+      encode_ = 2688.0f / amax;
+      if (std::isinf(encode_)) encode_ = FLT_MAX;
+    }
+    tensor_scale_ = 1.0f / encode_;
+    q_.tensor_scale = tensor_nan_ ? kNan : tensor_scale_;
+  }
+
+  void nvfp4_block(const BlockSpan& b, BlockCounts& counts) {
+    if (tensor_nan_) {  // any NaN makes the whole tensor NaN
+      push_scale(kUe4m3Nan, kNan);
+      make_nan(q_, b, cols_, counts);
+      return;
+    }
+    float amax = 0;
+    for_each(b, cols_, [&](std::int64_t i) { amax = std::max(amax, std::fabs(x_[i])); });
+    float s = 0;
+    if (f_.rule == ScaleRule::nvfp4) {
+      const float sixth = amax / 6.0f;
+      s = sixth * encode_;
+    } else {  // Transformer Engine: amax_b * (S_enc * (1/6))
+      const float one_sixth = 1.0f / 6.0f;
+      const float factor = encode_ * one_sixth;
+      s = amax * factor;
+    }
+    if (std::isinf(s)) s = FLT_MAX;
+    if (s > 448.0f) {
+      s = 448.0f;
+      counts.scale_clamped = 1;
+    }
+    const Rounded sb_code = round_to_scale(ScaleFormat::ue4m3, Rounding{RoundingMode::nearest_even}, s);
+    const auto sb = static_cast<float>(scale_value(ScaleFormat::ue4m3, static_cast<std::uint32_t>(sb_code.bits.value)));
+    if (sb == 0 && amax > 0) counts.scale_clamped = 1;  // the block scale underflowed UE4M3
+    push_scale(static_cast<std::uint32_t>(sb_code.bits.value), sb);
+    const float product = sb * tensor_scale_;
+    float enc = 1.0f / product;
+    if (std::isinf(enc)) enc = FLT_MAX;
+    const double dequantize = static_cast<double>(sb) * static_cast<double>(tensor_scale_);  // exact: 4 x 24 bits
+    for_each(b, cols_, [&](std::int64_t i) {
+      const float y = x_[i] * enc;
+      put(i, y, dequantize, counts);
+    });
+  }
+
+  const BlockFormat& f_;
+  std::span<const float> x_;
+  std::int64_t rows_, cols_;
+  const BlockQuantizeOptions& o_;
+  DrawKey key_;
+  BlockQuantized q_;
+  bool tensor_nan_ = false;
+  float encode_ = 1, tensor_scale_ = 1;
+};
+
+}  // namespace
+
+double ElementFormat::largest() const {
+  if (floating) return floating->largest_finite();
+  return std::ldexp(std::ldexp(1.0, integer_bits - 1) - 1, -fraction_bits);
+}
+
+int ElementFormat::emax() const { return floating ? floating->emax() : std::ilogb(largest()); }
+
+std::string ElementFormat::name() const {
+  if (floating) return floating->name();
+  std::string text = "int" + std::to_string(integer_bits);
+  if (fraction_bits != 0) text += ":f" + std::to_string(fraction_bits);
+  return text;
+}
+
+std::string_view to_string(ScaleRule rule) {
+  for (const auto& [r, name] : kRuleNames)
+    if (r == rule) return name;
+  return "?";
+}
+
+std::optional<ScaleRule> parse_scale_rule(std::string_view text) {
+  for (const auto& [r, name] : kRuleNames)
+    if (text == name) return r;
+  return std::nullopt;
+}
+
+std::string BlockFormat::name() const {
+  for (const Preset& p : kPresets)
+    if (p.format == *this) return std::string(p.name);
+  return element.name() + " " + std::to_string(block_rows) + "x" + std::to_string(block_cols) + " " +
+         std::string(to_string(scale)) + " " + std::string(to_string(rule));
+}
+
+std::optional<BlockFormat> parse_block_format(std::string_view name) {
+  for (const Preset& p : kPresets)
+    if (p.name == name) return p.format;
+  return std::nullopt;
+}
+
+std::string_view block_format_names() {
+  return "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8 (OCP MX v1.0: blocks of 32, E8M0 scales), "
+         "nvfp4 (E2M1, blocks of 16, UE4M3 scales, binary32 tensor scale), fp8-e4m3-1x128, fp8-e4m3-128x128 "
+         "(DeepSeek-V3 tiles, binary32 scale amax/448), int8, int4 (symmetric, blocks of 32, binary32 scale amax/127 "
+         "or amax/7)";
+}
+
+BlockCounts& BlockCounts::operator+=(const BlockCounts& o) {
+  elements += o.elements;
+  nonzero += o.nonzero;
+  saturated += o.saturated;
+  flushed += o.flushed;
+  nan += o.nan;
+  scale_clamped += o.scale_clamped;
+  return *this;
+}
+
+BlockQuantized quantize_blocks(const BlockFormat& format, std::span<const float> values, std::int64_t rows,
+                               std::int64_t cols, const BlockQuantizeOptions& options) {
+  if (rows < 0 || cols < 0 || static_cast<std::uint64_t>(rows * cols) != values.size())
+    throw std::invalid_argument("quantize_blocks: a " + std::to_string(rows) + " x " + std::to_string(cols) +
+                                " tensor needs " + std::to_string(rows * cols) + " values, got " +
+                                std::to_string(values.size()));
+  if (format.block_rows < 1 || format.block_cols < 1)
+    throw std::invalid_argument("quantize_blocks: block shape " + std::to_string(format.block_rows) + "x" +
+                                std::to_string(format.block_cols) + " must be at least 1x1");
+  if (!format.element.floating && (format.element.integer_bits < 2 || format.element.integer_bits > 16))
+    throw std::invalid_argument("quantize_blocks: integer elements need 2..16 bits");
+  if (format.element.floating && !fits_in_float(*format.element.floating))
+    throw std::invalid_argument("quantize_blocks: element format " + format.element.name() + " does not fit in binary32");
+  return Quantizer(format, values, rows, cols, options).run();
+}
+
+}  // namespace mpsim

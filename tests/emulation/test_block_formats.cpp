@@ -1,0 +1,620 @@
+// Block-scaled formats and their scale formats against an exact reference
+// written here in rational arithmetic (Boost.Multiprecision cpp_rational):
+// element and scale values from the specifications' formulas (OCP MX v1.0
+// §5.3-5.4; E4M3 as OCP FP8), rounding by brute force over those values, the
+// scale rules and NVFP4's binary32 steps as docs/block-formats.md states them,
+// each binary32 operation rounded to nearest even here from its exact value.
+// Nothing below calls the emulator's rounding: only quantize_blocks and
+// round_to_scale, the code under test, and parse_block_format for the presets.
+#include <catch2/catch.hpp>
+
+#include <boost/multiprecision/cpp_int.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mpsim/emulation/block_format.hpp"
+#include "mpsim/emulation/scale_format.hpp"
+
+namespace mpsim {
+namespace {
+
+using Q = boost::multiprecision::cpp_rational;
+using Z = boost::multiprecision::cpp_int;
+
+Q pow2(int e) {
+  static thread_local std::map<int, Q> memo;
+  const auto found = memo.find(e);
+  if (found != memo.end()) return found->second;
+  Q r = 1;
+  const Q two = e >= 0 ? Q(2) : Q(1, 2);
+  for (int i = 0; i < std::abs(e); ++i) r *= two;
+  return memo.emplace(e, r).first->second;
+}
+
+// The exact value of a finite binary64 (and so binary32) number.
+Q exact(double x) {
+  int e = 0;
+  const double m = std::frexp(x, &e);  // x = m 2^e, m in [0.5, 1): m 2^53 is an integer
+  const auto n = static_cast<std::int64_t>(std::ldexp(m, 53));
+  return Q(Z(n)) * pow2(e - 53);
+}
+
+// floor(log2(a)) for a > 0, by comparison.
+int floor_log2(const Q& a) {
+  int e = 0;
+  while (pow2(e) > a) --e;
+  while (pow2(e + 1) <= a) ++e;
+  return e;
+}
+
+// --- Element formats from the specifications --------------------------------------
+struct Spec {
+  std::string name;
+  int e_bits, m_bits, bias;
+  int emax;                  // OCP MX v1.0 Table 1's emax_elem
+  bool integer = false;      // MXINT8: k * 2^-6, |k| <= 127
+  bool nan_at_all_ones = false;  // E4M3: S.1111.111 is NaN
+  bool ieee_top = false;         // E5M2: the all-ones exponent is inf/NaN
+};
+
+const Spec kE4m3{"e4m3", 4, 3, 7, 8, false, true, false};
+const Spec kE5m2{"e5m2", 5, 2, 15, 15, false, false, true};
+const Spec kE3m2{"e3m2", 3, 2, 3, 4};
+const Spec kE2m3{"e2m3", 2, 3, 1, 2};
+const Spec kE2m1{"e2m1", 2, 1, 1, 2};
+const Spec kInt8{"int8:f6", 8, 0, 0, 0, true};
+
+// Non-negative values of the element, by code (codes of the positive half),
+// without NaN or infinity codes.
+struct Table {
+  std::vector<std::uint32_t> codes;
+  std::vector<Q> values;
+  Q largest;
+};
+
+Table table(const Spec& s) {
+  Table t;
+  if (s.integer) {
+    for (int k = 0; k <= 127; ++k) {
+      t.codes.push_back(static_cast<std::uint32_t>(k));
+      t.values.push_back(Q(k) * pow2(-6));
+    }
+  } else {
+    const std::uint32_t half = 1u << (s.e_bits + s.m_bits);
+    for (std::uint32_t c = 0; c < half; ++c) {
+      const std::uint32_t m = c & ((1u << s.m_bits) - 1), e = c >> s.m_bits;
+      const std::uint32_t top = (1u << s.e_bits) - 1;
+      if (s.ieee_top && e == top) continue;
+      if (s.nan_at_all_ones && e == top && m == (1u << s.m_bits) - 1) continue;
+      const Q fraction = Q(m) * pow2(-s.m_bits);
+      t.codes.push_back(c);
+      t.values.push_back(e == 0 ? fraction * pow2(1 - s.bias) : (1 + fraction) * pow2(static_cast<int>(e) - s.bias));
+    }
+  }
+  t.largest = t.values.back();
+  return t;
+}
+
+// Nearest even, saturating: the element for the exact y.
+struct Pick {  // an element the reference picked
+  std::uint32_t code;
+  Q value;  // signed; -0 is carried by `negative`
+  bool negative;
+  bool saturated;
+};
+
+// `negative`: the sign of y, given apart so that -0 keeps it.
+Pick round_nearest_even(const Spec& s, const Table& t, const Q& y, bool negative) {
+  const Q a = y < 0 ? Q(-y) : y;
+  Pick r{0, 0, negative, false};
+  std::size_t pick = 0;
+  if (a >= t.largest) {
+    pick = t.values.size() - 1;
+    // Saturated: beyond the largest after rounding with an unbounded exponent
+    // range. For OCP floats the next value up would be largest + ulp(largest).
+    r.saturated = a > t.largest && !(s.integer ? a < t.largest + Q(1, 2) * pow2(-6)
+                                                : a - t.largest < (t.largest - t.values[t.values.size() - 2]) / 2 ||
+                                                      (a - t.largest == (t.largest - t.values[t.values.size() - 2]) / 2 &&
+                                                       (t.codes.back() & 1) == 0));
+  } else {
+    const std::size_t hi = static_cast<std::size_t>(std::lower_bound(t.values.begin(), t.values.end(), a) - t.values.begin());
+    if (t.values[hi] == a) {
+      pick = hi;
+    } else {
+      const std::size_t lo = hi - 1;
+      const Q dl = a - t.values[lo], dh = t.values[hi] - a;
+      pick = dl < dh ? lo : dh < dl ? hi : ((t.codes[lo] & 1) == 0 ? lo : hi);
+    }
+  }
+  r.code = t.codes[pick];
+  r.value = negative ? Q(-t.values[pick]) : t.values[pick];
+  if (negative) {
+    if (s.integer) r.code = static_cast<std::uint32_t>(-static_cast<std::int32_t>(r.code)) & 0xFF;
+    else r.code |= 1u << (s.e_bits + s.m_bits);
+  }
+  if (s.integer && r.value == 0) r.code = 0, r.negative = false;  // integers have no -0
+  return r;
+}
+
+// Binary32 rounding to nearest even of an exact value (inf beyond the range).
+// A zero result takes `zero_negative`'s sign (the xor of the operands' signs).
+float to_binary32(const Q& q, bool zero_negative = false) {
+  if (q == 0) return zero_negative ? -0.0f : 0.0f;
+  const bool negative = q < 0;
+  const Q a = negative ? Q(-q) : q;
+  const int e = std::max(floor_log2(a), -126);
+  const Q quantum = pow2(e - 23);
+  const Q units = a / quantum;
+  Z n = boost::multiprecision::numerator(units) / boost::multiprecision::denominator(units);  // floor
+  const Q rest = units - Q(n);
+  if (rest > Q(1, 2) || (rest == Q(1, 2) && (n & 1) != 0)) ++n;
+  const double value = std::ldexp(static_cast<double>(n), e - 23);  // n <= 2^24: exact
+  const float f = value >= std::ldexp(1.0, 128) ? std::numeric_limits<float>::infinity() : static_cast<float>(value);
+  return negative ? -f : f;
+}
+
+// --- The reference quantizers --------------------------------------------------------
+struct Expected {
+  std::vector<double> values;  // NaN where the reference says NaN
+  std::vector<double> scales;
+  std::vector<std::uint64_t> saturated;
+};
+
+double to_double_exact(const Q& q, bool negative_zero) {
+  if (q == 0) return negative_zero ? -0.0 : 0.0;
+  const double d = static_cast<double>(q);
+  REQUIRE(exact(d) == q);  // every dequantized value is a binary64 value
+  return d;
+}
+
+Expected reference_mx(const Spec& s, bool ceil_rule, int block, const std::vector<float>& x) {
+  const Table t = table(s);
+  Expected out;
+  for (std::size_t b0 = 0; b0 < x.size(); b0 += static_cast<std::size_t>(block)) {
+    const std::size_t b1 = std::min(x.size(), b0 + static_cast<std::size_t>(block));
+    bool special = false;
+    Q amax = 0;
+    for (std::size_t i = b0; i < b1; ++i) {
+      if (!std::isfinite(x[i])) special = true;
+      else amax = std::max(amax, exact(std::fabs(static_cast<double>(x[i]))));
+    }
+    std::uint64_t saturated = 0;
+    if (special) {
+      out.scales.push_back(std::numeric_limits<double>::quiet_NaN());
+      for (std::size_t i = b0; i < b1; ++i) out.values.push_back(std::numeric_limits<double>::quiet_NaN());
+      out.saturated.push_back(0);
+      continue;
+    }
+    int e = -127;
+    if (amax > 0) {
+      e = floor_log2(amax) - s.emax;
+      if (ceil_rule) {
+        e = -400;
+        while (amax / pow2(e) > t.largest) ++e;
+      }
+      e = std::clamp(e, -127, 127);
+    }
+    out.scales.push_back(std::ldexp(1.0, e));
+    for (std::size_t i = b0; i < b1; ++i) {
+      const Pick r = round_nearest_even(s, t, exact(static_cast<double>(x[i])) / pow2(e), std::signbit(x[i]));
+      saturated += r.saturated;
+      out.values.push_back(to_double_exact(r.value * pow2(e), r.negative));
+    }
+    out.saturated.push_back(saturated);
+  }
+  return out;
+}
+
+Expected reference_nvfp4(bool te_order, const std::vector<float>& x, double& tensor_scale) {
+  const Spec& s = kE2m1;
+  const Table elements = table(s), scales = table(kE4m3);
+  Expected out;
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const bool any_nan = std::any_of(x.begin(), x.end(), [](float v) { return std::isnan(v); });
+  float amax_t = 0;
+  for (float v : x) amax_t = std::max(amax_t, std::fabs(v));
+  float s_enc = 1.0f;
+  if (amax_t > 0 && std::isfinite(amax_t)) s_enc = std::min(to_binary32(Q(2688) / exact(amax_t)), FLT_MAX);
+  const float ts = to_binary32(Q(1) / exact(s_enc));
+  tensor_scale = any_nan ? nan : ts;
+  const auto f32_product = [](float a, float b) {  // binary32 a * b, infinities kept
+    if (std::isinf(a) || std::isinf(b)) return (a == 0 || b == 0) ? std::numeric_limits<float>::quiet_NaN() : a * b;
+    return to_binary32(exact(a) * exact(b), std::signbit(a) != std::signbit(b));
+  };
+  for (std::size_t b0 = 0; b0 < x.size(); b0 += 16) {
+    const std::size_t b1 = std::min(x.size(), b0 + 16);
+    if (any_nan) {
+      out.scales.push_back(nan);
+      for (std::size_t i = b0; i < b1; ++i) out.values.push_back(nan);
+      out.saturated.push_back(0);
+      continue;
+    }
+    float amax = 0;
+    for (std::size_t i = b0; i < b1; ++i) amax = std::max(amax, std::fabs(x[i]));
+    float sc = 0;
+    if (!te_order) {
+      const float sixth = std::isinf(amax) ? amax : to_binary32(exact(amax) / 6);
+      sc = f32_product(sixth, s_enc);
+    } else {
+      const float factor = f32_product(s_enc, to_binary32(Q(1, 6)));
+      sc = f32_product(amax, factor);
+    }
+    sc = std::min(std::min(sc, FLT_MAX), 448.0f);
+    const Pick sb_r = round_nearest_even(kE4m3, scales, exact(sc), false);
+    const float sb = static_cast<float>(static_cast<double>(sb_r.value));
+    out.scales.push_back(sb);
+    const float product = f32_product(sb, ts);
+    const float enc = product == 0 ? FLT_MAX : std::min(to_binary32(Q(1) / exact(product)), FLT_MAX);
+    std::uint64_t saturated = 0;
+    for (std::size_t i = b0; i < b1; ++i) {
+      const float y = f32_product(x[i], enc);
+      Pick r{};
+      if (std::isinf(y)) r = {0, y > 0 ? elements.largest : Q(-elements.largest), y < 0, true};
+      else r = round_nearest_even(s, elements, exact(y), std::signbit(y));
+      saturated += r.saturated;
+      out.values.push_back(to_double_exact(r.value * exact(sb) * exact(ts), r.negative));
+    }
+    out.saturated.push_back(saturated);
+  }
+  return out;
+}
+
+Expected reference_tiles(int tile, const std::vector<float>& x) {
+  const Table t = table(kE4m3);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  Expected out;
+  for (std::size_t b0 = 0; b0 < x.size(); b0 += static_cast<std::size_t>(tile)) {
+    const std::size_t b1 = std::min(x.size(), b0 + static_cast<std::size_t>(tile));
+    bool has_nan = false, has_inf = false;
+    float amax = 0;
+    for (std::size_t i = b0; i < b1; ++i) {
+      if (std::isnan(x[i])) has_nan = true;
+      else if (std::isinf(x[i])) has_inf = true;
+      else amax = std::max(amax, std::fabs(x[i]));
+    }
+    if (has_nan || has_inf) {
+      out.saturated.push_back(0);
+      out.scales.push_back(has_nan ? nan : std::numeric_limits<double>::infinity());
+      for (std::size_t i = b0; i < b1; ++i) out.values.push_back(nan);
+      continue;
+    }
+    const float sc = to_binary32(exact(amax) / 448);
+    out.scales.push_back(sc);
+    std::uint64_t saturated = 0;
+    for (std::size_t i = b0; i < b1; ++i) {
+      if (sc == 0) {
+        if (x[i] == 0) {
+          out.values.push_back(static_cast<double>(x[i]));
+          continue;
+        }
+        ++saturated;
+        out.values.push_back(x[i] > 0 ? 0.0 : -0.0);  // x / 0 saturates to +-448, times 0
+        continue;
+      }
+      const float y = to_binary32(exact(x[i]) / exact(sc), std::signbit(x[i]));
+      const Pick r = round_nearest_even(kE4m3, t, exact(y), std::signbit(y));
+      saturated += r.saturated;
+      out.values.push_back(to_double_exact(r.value * exact(sc), r.negative));
+    }
+    out.saturated.push_back(saturated);
+  }
+  return out;
+}
+
+// --- Comparison ------------------------------------------------------------------------
+bool same(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::isnan(a) && std::isnan(b);
+  return std::bit_cast<std::uint64_t>(a) == std::bit_cast<std::uint64_t>(b);
+}
+
+void compare(const std::string& what, const Expected& want, const BlockQuantized& got) {
+  INFO(what);
+  REQUIRE(got.values.size() == want.values.size());
+  REQUIRE(got.scales.size() == want.scales.size());
+  int shown = 0;
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.values.size(); ++i) {
+    if (!same(got.values[i], want.values[i])) {
+      ++bad;
+      if (shown++ < 5) FAIL_CHECK("value " << i << ": got " << got.values[i] << ", reference " << want.values[i]);
+    }
+  }
+  for (std::size_t b = 0; b < want.scales.size(); ++b) {
+    if (!same(got.scales[b], want.scales[b])) {
+      ++bad;
+      if (shown++ < 10) FAIL_CHECK("scale " << b << ": got " << got.scales[b] << ", reference " << want.scales[b]);
+    }
+    if (b < want.saturated.size() && got.block_counts[b].saturated != want.saturated[b]) {
+      ++bad;
+      if (shown++ < 10)
+        FAIL_CHECK("block " << b << " saturated: got " << got.block_counts[b].saturated << ", reference " << want.saturated[b]);
+    }
+  }
+  CHECK(bad == 0);
+}
+
+// Blocks of `block` values with what breaks quantizers: ties between element
+// values (at random scales), an outlier, zeros of both signs, binary32
+// subnormals, values just around the element grid's midpoints, and (rarely)
+// NaN or infinity.
+std::vector<float> random_blocks(std::mt19937_64& rng, int block, int blocks, const Spec& s, bool specials) {
+  const Table t = table(s);
+  std::vector<float> x;
+  for (int b = 0; b < blocks; ++b) {
+    const int scale = static_cast<int>(rng() % 200) - 120;
+    for (int i = 0; i < block; ++i) {
+      float v = 0;
+      const std::size_t k = rng() % (t.values.size() - 1);
+      const Q mid = (t.values[k] + t.values[k + 1]) / 2;
+      switch (rng() % 9) {
+        case 0: v = static_cast<float>(static_cast<double>(mid * pow2(scale))); break;  // a tie (when exact)
+        case 1: v = std::nextafter(static_cast<float>(static_cast<double>(mid * pow2(scale))), 0.0f); break;
+        case 2: v = static_cast<float>(static_cast<double>(t.values[k] * pow2(scale))); break;
+        case 3: v = (rng() % 2) ? 0.0f : -0.0f; break;
+        case 4: v = std::ldexp(static_cast<float>(rng() % 1000 + 1), -149 + static_cast<int>(rng() % 20)); break;
+        case 5: v = std::ldexp(std::uniform_real_distribution<float>(0.5f, 1)(rng), scale + 30); break;  // outlier
+        default: v = std::ldexp(std::uniform_real_distribution<float>(0, 8)(rng), scale); break;
+      }
+      if (!std::isfinite(v)) v = FLT_MAX;
+      if (rng() % 2) v = -v;
+      if (specials && rng() % 500 == 0) v = (rng() % 2) ? std::numeric_limits<float>::quiet_NaN() : -INFINITY;
+      x.push_back(v);
+    }
+  }
+  return x;
+}
+
+struct MxCase {
+  const char* preset;
+  const Spec* spec;
+};
+const MxCase kMx[] = {{"mxfp8-e4m3", &kE4m3}, {"mxfp8-e5m2", &kE5m2}, {"mxfp6-e3m2", &kE3m2},
+                      {"mxfp6-e2m3", &kE2m3}, {"mxfp4", &kE2m1},     {"mxint8", &kInt8}};
+
+}  // namespace
+
+TEST_CASE("E8M0 and UE4M3: every code round-trips, and every mode matches brute force", "[block][scale]") {
+  // E8M0: 2^-127 .. 2^127 and NaN.
+  for (std::uint32_t c = 0; c < 256; ++c) {
+    const double v = scale_value(ScaleFormat::e8m0, c);
+    if (c == kE8m0Nan) {
+      CHECK(std::isnan(v));
+      continue;
+    }
+    CHECK(v == std::ldexp(1.0, static_cast<int>(c) - 127));
+    CHECK(round_to_scale(ScaleFormat::e8m0, Rounding{}, v).bits.value == c);
+  }
+  // UE4M3: E4M3's non-negative values from the spec's formula.
+  const Table t = table(kE4m3);
+  for (std::size_t i = 0; i < t.codes.size(); ++i) {
+    CHECK(exact(scale_value(ScaleFormat::ue4m3, t.codes[i])) == t.values[i]);
+    CHECK(round_to_scale(ScaleFormat::ue4m3, Rounding{}, static_cast<double>(t.values[i])).bits.value == t.codes[i]);
+  }
+  CHECK(std::isnan(scale_value(ScaleFormat::ue4m3, kUe4m3Nan)));
+  // Between neighbours, every directed mode and nearest: brute force over the powers of two.
+  for (int e = -127; e < 127; ++e) {
+    for (double f : {1.25, 1.5, 1.75}) {
+      const double v = std::ldexp(f, e);
+      const auto code = [&](RoundingMode m) { return round_to_scale(ScaleFormat::e8m0, Rounding{m}, v).bits.value; };
+      const auto lo = static_cast<std::uint64_t>(e + 127);
+      CHECK(code(RoundingMode::toward_zero) == lo);
+      CHECK(code(RoundingMode::toward_negative) == lo);
+      CHECK(code(RoundingMode::toward_positive) == lo + 1);
+      CHECK(code(RoundingMode::nearest_even) == (f < 1.5 ? lo : lo + 1));  // a tie goes to the larger power
+      CHECK(code(RoundingMode::nearest_away) == (f < 1.5 ? lo : lo + 1));
+    }
+  }
+  // The ends: no zero, no sign, no infinity.
+  const Rounded below = round_to_scale(ScaleFormat::e8m0, Rounding{RoundingMode::toward_zero}, std::ldexp(1.0, -130));
+  CHECK(below.bits.value == 0);
+  CHECK(below.flags.has(Flags::underflow));
+  CHECK(round_to_scale(ScaleFormat::e8m0, Rounding{}, 0.0).bits.value == 0);
+  CHECK(round_to_scale(ScaleFormat::e8m0, Rounding{}, -1.0).bits.value == kE8m0Nan);
+  CHECK(round_to_scale(ScaleFormat::e8m0, Rounding{}, std::ldexp(1.0, 200)).bits.value == kE8m0Nan - 1);
+  CHECK(round_to_scale(ScaleFormat::e8m0, Rounding{}, std::ldexp(1.0, 200), false).bits.value == kE8m0Nan);
+  CHECK(round_to_scale(ScaleFormat::ue4m3, Rounding{}, 1e6).bits.value == kUe4m3Largest);
+  CHECK(round_to_scale(ScaleFormat::ue4m3, Rounding{}, 1e6, false).bits.value == kUe4m3Nan);
+  CHECK(round_to_scale(ScaleFormat::ue4m3, Rounding{}, -0.0).bits.value == 0);
+  CHECK(round_to_scale(ScaleFormat::ue4m3, Rounding{}, -1.0).flags.has(Flags::invalid));
+}
+
+TEST_CASE("MX formats: every element encoding at every reachable E8M0 scale is exact", "[block][mx]") {
+  for (const MxCase& m : kMx) {
+    const Table t = table(*m.spec);
+    BlockFormat f = *parse_block_format(m.preset);
+    // One block per scale: every code of both signs; its largest sets the scale.
+    const int block = static_cast<int>(2 * t.values.size());
+    f.block_cols = block;
+    std::vector<float> x;
+    for (int e = -127; e <= 127 - m.spec->emax; ++e) {
+      for (const Q& v : t.values) {
+        x.push_back(static_cast<float>(static_cast<double>(v * pow2(e))));
+        x.push_back(-static_cast<float>(static_cast<double>(v * pow2(e))));
+      }
+    }
+    const BlockQuantized got = quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size()));
+    compare(std::string(m.preset) + " every code and scale", reference_mx(*m.spec, false, block, x), got);
+    for (std::size_t i = 0; i < x.size(); ++i) {  // integers have no -0
+      const double want = m.spec->integer && x[i] == 0 ? 0.0 : static_cast<double>(x[i]);
+      CHECK(same(got.values[i], want));
+    }
+    CHECK(got.counts.saturated == 0);
+    CHECK(got.counts.flushed == 0);
+  }
+}
+
+TEST_CASE("MX formats: random blocks with ties, outliers, zeros, subnormals, NaN and infinity", "[block][mx]") {
+  std::mt19937_64 rng(20261126);
+  for (const MxCase& m : kMx) {
+    for (bool ceil_rule : {false, true}) {
+      BlockFormat f = *parse_block_format(m.preset);
+      if (ceil_rule) f.rule = ScaleRule::ceil;
+      for (int block : {32, 7}) {
+        f.block_cols = block;
+        const std::vector<float> x = random_blocks(rng, block, 300, *m.spec, true);
+        compare(std::string(m.preset) + (ceil_rule ? " ceil" : " floor") + " block " + std::to_string(block),
+                reference_mx(*m.spec, ceil_rule, block, x), quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size())));
+      }
+    }
+  }
+}
+
+TEST_CASE("MX corner cases of docs/block-formats.md", "[block][mx]") {
+  const BlockFormat mxfp4 = *parse_block_format("mxfp4");
+  // A zero block: scale 2^-127, zeros keep their signs.
+  std::vector<float> zeros = {0.0f, -0.0f, 0.0f};
+  BlockQuantized q = quantize_blocks(mxfp4, zeros, 1, 3);
+  CHECK(q.scale_codes[0] == 0);
+  CHECK(std::signbit(q.values[1]));
+  // NaN or infinity in a block: a NaN scale and NaN values there only.
+  std::vector<float> x(64, 1.0f);
+  x[3] = -INFINITY;
+  q = quantize_blocks(mxfp4, x, 1, 64);
+  CHECK(q.scale_codes[0] == kE8m0Nan);
+  CHECK(std::isnan(q.values[0]));
+  CHECK(q.values[40] == 1.0);
+  // Floor saturates (7.9 with scale 1 becomes 6); ceil takes scale 2 and does not.
+  std::vector<float> y = {7.9f, 1.0f};
+  CHECK(quantize_blocks(mxfp4, y, 1, 2).values[0] == 6.0);
+  CHECK(quantize_blocks(mxfp4, y, 1, 2).counts.saturated == 1);
+  BlockFormat ceil = mxfp4;
+  ceil.rule = ScaleRule::ceil;
+  CHECK(quantize_blocks(ceil, y, 1, 2).values[0] == 8.0);
+  CHECK(quantize_blocks(ceil, y, 1, 2).counts.saturated == 0);
+  // A tiny element in a block with a large one is flushed inside its block.
+  std::vector<float> z = {1000.0f, 1.0f};
+  const BlockQuantized fz = quantize_blocks(mxfp4, z, 1, 2);
+  CHECK(fz.values[1] == 0);
+  CHECK(fz.counts.flushed == 1);
+  // Subnormal binary32 inputs are not flushed: amax 2^-130 wants 2^-138, gets the smallest scale 2^-127.
+  std::vector<float> sub = {std::ldexp(1.0f, -130), std::ldexp(1.0f, -133), std::ldexp(1.0f, -140)};
+  const BlockQuantized qs = quantize_blocks(*parse_block_format("mxfp8-e4m3"), sub, 1, 3);
+  CHECK(qs.scale_codes[0] == 0);
+  CHECK(qs.values[0] == std::ldexp(1.0, -130));
+  CHECK(qs.values[1] == std::ldexp(1.0, -133));
+  CHECK(qs.values[2] == 0);  // 2^-13 of the scale: below E4M3's 2^-9
+  CHECK(qs.counts.flushed == 1);
+  CHECK(qs.counts.scale_clamped == 1);
+  // MXINT8 is symmetric: -2 in a block of amax 2 is -127/64 * 1... saturating at k = -127.
+  std::vector<float> ints = {-2.0f, 1.0f};
+  const BlockQuantized qi = quantize_blocks(*parse_block_format("mxint8"), ints, 1, 2);
+  CHECK(qi.values[0] == -2.0);  // scale 2^1: -1 = k 2^-6 with k = -64
+  CHECK(qi.elements[0] == static_cast<std::uint32_t>(-64 & 0xFF));
+}
+
+TEST_CASE("NVFP4: two-level scales in the paper's binary32 order, and Transformer Engine's", "[block][nvfp4]") {
+  std::mt19937_64 rng(20261127);
+  for (bool te : {false, true}) {
+    BlockFormat f = *parse_block_format("nvfp4");
+    if (te) f.rule = ScaleRule::nvfp4_te;
+    for (int round = 0; round < 40; ++round) {
+      std::vector<float> x = random_blocks(rng, 16, 20, kE2m1, false);
+      if (round % 10 == 9) x[rng() % x.size()] = INFINITY;
+      double tensor_scale = 0;
+      const Expected want = reference_nvfp4(te, x, tensor_scale);
+      const BlockQuantized got = quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size()));
+      compare(std::string(te ? "nvfp4-te" : "nvfp4") + " round " + std::to_string(round), want, got);
+      CHECK(same(got.tensor_scale, tensor_scale));
+    }
+    // Any NaN: all NaN.
+    std::vector<float> x(40, 1.0f);
+    x[17] = std::numeric_limits<float>::quiet_NaN();
+    const BlockQuantized q = quantize_blocks(f, x, 1, 40);
+    CHECK(std::all_of(q.values.begin(), q.values.end(), [](double v) { return std::isnan(v); }));
+  }
+  // A block where the two orders differ (found by search): the paper's (amax_b / 6) * S_enc lands one binary32
+  // ulp below E4M3's midpoint 0x1.7p-3, Transformer Engine's amax_b * (S_enc * (1/6)) on it (a tie, to even).
+  {
+    std::vector<float> two(32, 0.0f);
+    two[0] = 0x1.634ad6p-8f;   // the tensor's amax
+    two[16] = 0x1.23d8e6p-19f;  // the second block's
+    for (bool te : {false, true}) {
+      BlockFormat f = *parse_block_format("nvfp4");
+      if (te) f.rule = ScaleRule::nvfp4_te;
+      double tensor_scale = 0;
+      const BlockQuantized got = quantize_blocks(f, two, 1, 32);
+      compare(te ? "nvfp4-te, the orders differ" : "nvfp4, the orders differ", reference_nvfp4(te, two, tensor_scale), got);
+      CHECK(got.scale_codes[1] == (te ? 0x24u : 0x23u));
+    }
+  }
+  // The block holding the tensor's amax gets the scale 448 and the value amax * (6 / 6).
+  std::vector<float> x = {3.0f, -1.5f, 0.25f};
+  const BlockQuantized q = quantize_blocks(*parse_block_format("nvfp4"), x, 1, 3);
+  CHECK(q.scales[0] == 448.0);
+  CHECK(std::fabs(q.values[0] - 3.0) <= 3.0 * 1e-6);
+}
+
+TEST_CASE("DeepSeek-V3 FP8 tiles: s = amax / 448, y = x / s in binary32", "[block][tiles]") {
+  std::mt19937_64 rng(20261128);
+  const BlockFormat f = *parse_block_format("fp8-e4m3-1x128");
+  for (int round = 0; round < 20; ++round) {
+    const std::vector<float> x = random_blocks(rng, 128, 4, kE4m3, round % 4 == 3);
+    compare("1x128 round " + std::to_string(round), reference_tiles(128, x),
+            quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size())));
+  }
+  // 128x128 tiles over a 2-D tensor: tile (r / 128, c / 128); each tile its own scale.
+  const BlockFormat tiles = *parse_block_format("fp8-e4m3-128x128");
+  std::vector<float> m(130 * 260);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = static_cast<float>((i * 2654435761u) % 1000) * 0.01f;
+  m[129 * 260 + 259] = 5000.0f;  // only the last tile's scale sees it
+  const BlockQuantized q = quantize_blocks(tiles, m, 130, 260);
+  REQUIRE(q.scales.size() == 2 * 3);
+  CHECK(q.scales[5] == static_cast<double>(5000.0f / 448.0f));
+  for (std::size_t tile = 0; tile < 5; ++tile) {  // the others: their own amax
+    const std::size_t r0 = tile / 3 * 128, c0 = tile % 3 * 128;
+    float amax = 0;
+    for (std::size_t r = r0; r < std::min<std::size_t>(130, r0 + 128); ++r)
+      for (std::size_t c = c0; c < std::min<std::size_t>(260, c0 + 128); ++c) amax = std::max(amax, m[r * 260 + c]);
+    CHECK(q.scales[tile] == static_cast<double>(amax / 448.0f));
+  }
+  // An all-zero tile: zeros with their signs, scale 0.
+  std::vector<float> z = {0.0f, -0.0f};
+  const BlockQuantized qz = quantize_blocks(f, z, 1, 2);
+  CHECK(qz.scales[0] == 0);
+  CHECK(std::signbit(qz.values[1]));
+}
+
+TEST_CASE("Block quantization: stochastic elements are reproducible and pick a neighbour", "[block]") {
+  const BlockFormat f = *parse_block_format("mxfp4");
+  std::vector<float> x(4096);
+  std::mt19937_64 rng(7);
+  for (float& v : x) v = std::uniform_real_distribution<float>(-6, 6)(rng);
+  BlockQuantizeOptions o;
+  o.rounding = Rounding{RoundingMode::stochastic};
+  o.key = {42, 1};
+  const BlockQuantized a = quantize_blocks(f, x, 1, 4096, o), b = quantize_blocks(f, x, 1, 4096, o);
+  CHECK(a.values == b.values);
+  const BlockQuantized rne = quantize_blocks(f, x, 1, 4096);
+  double sum_error = 0;
+  std::size_t differ = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    sum_error += a.values[i] - x[i];
+    differ += a.values[i] != rne.values[i];
+  }
+  CHECK(differ > 0);  // stochastic rounding sometimes goes the other way
+  // Unbiased: the mean error is within 5 standard errors (each error at most one E2M1 gap, 2 at this scale).
+  CHECK(std::fabs(sum_error / 4096) < 5 * 2 / std::sqrt(4096.0));
+}
+
+TEST_CASE("Block quantization rejects bad shapes and names its presets", "[block]") {
+  const BlockFormat f = *parse_block_format("mxfp8-e4m3");
+  std::vector<float> x(10);
+  CHECK_THROWS_AS(quantize_blocks(f, x, 3, 4), std::invalid_argument);
+  CHECK_FALSE(parse_block_format("mxfp9").has_value());
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8", "nvfp4",
+                           "fp8-e4m3-1x128", "fp8-e4m3-128x128", "int8", "int4"}) {
+    REQUIRE(parse_block_format(name).has_value());
+    CHECK(parse_block_format(name)->name() == name);
+  }
+}
+
+}  // namespace mpsim
