@@ -11,6 +11,10 @@
 // the general path.
 //
 //   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock]
+//   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock]
+//
+// --blocks: the bar of issue #19 §8, the same pairing for block-scaled formats
+// (quantize_blocks' fast path, counts on, 16M floats as one 1 x 16M tensor).
 //
 // The bar of issue #17 instead: 16M floats, one thread, memcpy and every format,
 // mode and data set in one run. Each repetition times every row once, in a
@@ -35,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
 
 namespace {
@@ -313,8 +318,75 @@ int side_by_side(int repetitions, int passes) {
   return 0;
 }
 
+// Block-scaled formats beside memcpy, paired as in side_by_side.
+int blocks_side_by_side(int repetitions, int passes) {
+  const std::size_t n = large;
+  struct BlockRow {
+    std::string name;
+    RoundingMode mode;
+    Data data;
+    std::vector<double> rates, ratios;
+  };
+  std::vector<BlockRow> rows;
+  const char* names[] = {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128"};
+  for (const char* name : names)
+    for (Data data : {Data::normal, Data::gradients})
+      for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) rows.push_back({name, mode, data, {}, {}});
+  const auto& normal = input(n, Data::normal);
+  const auto& gradients = input(n, Data::gradients);
+  std::vector<float> out(n, 1.0f);
+  std::vector<double> memcpy_rates;
+  auto run_memcpy = [&] {
+    std::memcpy(out.data(), normal.data(), n * sizeof(float));
+    benchmark::DoNotOptimize(out.data());
+  };
+  for (int w = 0; w < 2; ++w) run_memcpy();
+  for (int rep = 0; rep < repetitions; ++rep) {
+    for (std::size_t k = 0; k < rows.size(); ++k) {
+      BlockRow& row = rows[(k + static_cast<std::size_t>(rep) * 5) % rows.size()];
+      const mpsim::BlockFormat format = *mpsim::parse_block_format(row.name);
+      mpsim::BlockQuantizeOptions options;
+      options.rounding.mode = row.mode;
+      options.key = {42, 0};
+      const auto& in = row.data == Data::normal ? normal : gradients;
+      const double base = time_passes(n, passes, run_memcpy);
+      const double rate = time_passes(n, passes, [&] {
+        mpsim::quantize_blocks(format, std::span<const float>(in), std::span<float>(out), 1, static_cast<std::int64_t>(n),
+                               options);
+        benchmark::DoNotOptimize(out.data());
+      });
+      memcpy_rates.push_back(base);
+      row.rates.push_back(rate);
+      row.ratios.push_back(rate / base);
+    }
+    std::fprintf(stderr, "repetition %d of %d done\n", rep + 1, repetitions);
+  }
+  std::sort(memcpy_rates.begin(), memcpy_rates.end());
+  std::printf("Block-scaled quantization (quantize_blocks, fast path, counts on), 16M floats, 1 thread, vector target "
+              "%s, %s, %d repetitions x %d passes. memcpy: median %.2f G/s.\n\n",
+              std::string(mpsim::vector_target_name()).c_str(),
+              use_wall_clock ? "wall-clock time" : "the thread's CPU time", repetitions, passes, median(memcpy_rates) / 1e9);
+  std::printf("Cells: median G elements/s (median ratio to the paired memcpy; lowest-highest ratio).\n\n");
+  std::printf("| format | data | nearest-even | stochastic |\n|---|---|---|---|\n");
+  double worst = 1e9;
+  for (std::size_t r = 0; r < rows.size(); r += 2) {
+    std::printf("| %s | %s |", rows[r].name.c_str(), rows[r].data == Data::normal ? "normal" : "gradients");
+    for (std::size_t m = 0; m < 2; ++m) {
+      const BlockRow& row = rows[r + m];
+      const double ratio = median(row.ratios);
+      const auto [lo, hi] = std::minmax_element(row.ratios.begin(), row.ratios.end());
+      std::printf(" %.2f (%.2fx; %.2f-%.2f) |", median(row.rates) / 1e9, ratio, *lo, *hi);
+      if (row.name == "mxfp8-e4m3" || row.name == "nvfp4") worst = std::min(worst, ratio);
+    }
+    std::printf("\n");
+  }
+  std::printf("\nLowest median ratio of MXFP8 (E4M3) and NVFP4: %.2fx memcpy (goal 0.5x).\n", worst);
+  return 0;
+}
+
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "--side-by-side") {
+  if (argc > 1 && (std::string(argv[1]) == "--side-by-side" || std::string(argv[1]) == "--blocks")) {
+    const bool blocks = std::string(argv[1]) == "--blocks";
     int repetitions = 11, passes = 2;
     for (int a = 2; a < argc; ++a) {
       const std::string arg = argv[a];
@@ -327,6 +399,7 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    if (blocks) return blocks_side_by_side(std::max(1, repetitions), std::max(1, passes));
     return side_by_side(std::max(1, repetitions), std::max(1, passes));
   }
   benchmark::Initialize(&argc, argv);

@@ -9,6 +9,7 @@
 
 #include "mpsim/emulation/pattern_rounding.hpp"
 #include "mpsim/emulation/quantize.hpp"
+#include "emulation/src/block_scaling.hpp"
 
 namespace mpsim::detail {
 
@@ -46,5 +47,19 @@ QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float*
 QuantizeCounts quantize_vector(const Kernel<std::uint64_t>& kernel, const double* in, double* out, std::size_t n,
                                std::uint64_t first_index);
 const char* vector_target();
+
+// Block-scaled quantization fused in one pass (quantize_blocks' fast path):
+// per block of `block` consecutive values (the last may be partial), its
+// largest magnitude, its scale (block_params), y = x op scale, y rounded to the
+// element format (the kernel's), and y's element times the dequantization
+// factor, without leaving registers. Block b's scale code goes to codes[b].
+// Element i draws index first_index + i; [first_index, first_index + n) must not
+// cross a multiple of 2^32, and n must be below 2^28 (lane counters).
+struct BlockKernelCounts {
+  std::uint64_t nonzero = 0, lost = 0, saturated = 0, flushed = 0, nan = 0, clamped = 0;
+};
+void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
+                            std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
+                            BlockKernelCounts& counts);
 
 }  // namespace mpsim::detail

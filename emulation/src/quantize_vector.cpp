@@ -22,8 +22,11 @@
 #include "hwy/highway.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "emulation/src/quantize_kernel.hpp"
 
@@ -377,6 +380,38 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
   else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
 }
 
+// One whole vector of the storage, any mode: the short paths where every
+// lane allows them (QuantizeOrdinaryLanes, QuantizeSubnormalLanes), else the
+// general lane code. Constants worked out once per call.
+template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+struct VectorRounder {
+  using V = hn::Vec<D>;
+  // Scalars, not vectors: sizeless vector types cannot be members; the Sets hoist out of loops.
+  HWY_INLINE V operator()(D d, V x, V draw, Counters<D>& c) const {
+    const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
+    const V ordinary_low = hn::Set(d, k.format.smallest_normal);
+    if (k.subnormal_scale != 0) {
+      // Where the host enabled QuantizeSubnormalLanes, one range test picks the
+      // short paths: every lane zero or in [storage's smallest normal, largest finite].
+      const auto zero = hn::Eq(a, hn::Zero(d));
+      const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
+      const auto short_path = hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span), zero);
+      if (!hn::AllTrue(d, short_path)) return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
+      // Zero lanes round to themselves in the ordinary code of every mode.
+      const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
+      if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+      return QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
+    }
+    // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
+    const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
+    if (hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
+      return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+    return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
+  }
+
+  const Kernel<U>& k;
+};
+
 template <RoundingMode kMode, class T>
 QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
@@ -389,16 +424,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const auto all = hn::FirstN(d, lanes);
-  // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
-  const V ordinary_low = hn::Set(d, k.format.smallest_normal);
-  const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
-  const V magnitude_mask = hn::Set(d, Layout<U>::kMagnitude);
-  // Where the host enabled QuantizeSubnormalLanes, one range test picks the
-  // short paths: every lane zero or in [storage's smallest normal, largest finite].
-  const bool subnormal_path = k.subnormal_scale != 0;
-  const V storage_normal_low = hn::Set(d, Layout<U>::kHidden);
-  const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
+  const VectorRounder<kMode, D> round_vector{k};
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -426,24 +452,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
       const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-      const V a = hn::And(x, magnitude_mask);
-      V r;
-      if (subnormal_path) {
-        const auto zero = hn::Eq(a, hn::Zero(d));
-        const auto short_path = hn::Or(hn::Lt(hn::Sub(a, storage_normal_low), storage_normal_span), zero);
-        if (hn::AllTrue(d, short_path)) {
-          // Zero lanes round to themselves in the ordinary code of every mode.
-          const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
-          if (hn::AllFalse(d, small)) r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-          else r = QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
-        } else {
-          r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
-        }
-      } else if (hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d))))) {
-        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-      } else {
-        r = QuantizeLanes<kMode>(d, k, x, draw, all, c);
-      }
+      const V r = round_vector(d, x, draw, c);
       hn::StoreU(hn::BitCast(df, r), df, out + i + j);
     }
     if (j < block) partial(block - j);  // the tail
@@ -491,6 +500,119 @@ QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, 
   return QuantizeAnyMode<double>(k, in, out, n, first);
 }
 
+// One vector of a block: y = x op scale, its counts, its element (`count`
+// valid lanes; the rest are padding zeros), and the dequantized value.
+template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
+HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
+                          Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
+                          bool two_step, hn::Vec<D> draw, std::size_t count, std::uint64_t& nonzero,
+                          std::uint64_t& lost) {
+  using V = hn::Vec<D>;
+  const hn::RebindToFloat<D> df;
+  VF y;
+  if (tile) {
+    y = hn::Div(x, factor);
+    if (zero_tile) y = hn::IfThenElse(hn::Eq(x, hn::Zero(df)), x, y);  // zeros keep their signs
+  } else {
+    y = hn::Mul(x, factor);
+  }
+  const V magnitude = hn::Set(d, 0x7FFFFFFFu);
+  const V a = hn::And(hn::BitCast(d, x), magnitude);
+  const auto finite_nonzero = hn::Lt(hn::Sub(a, hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu));
+  const auto zero_y = hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d));
+  nonzero += hn::CountTrue(d, finite_nonzero);
+  lost += hn::CountTrue(d, hn::And(finite_nonzero, zero_y));
+  const V r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
+                                    : QuantizeLanes<kMode>(d, k, hn::BitCast(d, y), draw, hn::FirstN(d, count), c);
+  VF v = hn::Mul(hn::BitCast(df, r), dequant);
+  if (two_step) v = hn::Mul(v, tensor_scale);  // element * sb is exact; one rounding here
+  return v;
+}
+
+template <RoundingMode kMode>
+void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
+                        std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
+                        BlockKernelCounts& total) {
+  using U = std::uint32_t;
+  const Kernel<U> k = kernel;
+  using D = hn::ScalableTag<U>;
+  const D d;
+  const hn::RebindToFloat<D> df;
+  using V = hn::Vec<D>;
+  using VF = hn::Vec<decltype(df)>;
+  const std::size_t lanes = hn::Lanes(d);
+  const VectorRounder<kMode, D> round_vector{k};
+  const auto high_term = hn::Set(d, k.key.high + static_cast<std::uint32_t>(first_index >> 32) * 0x9E3779B9u);
+  const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
+  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  std::uint64_t nonzero = 0, lost = 0;
+  const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
+  // Stochastic rounding: each vector's draws computed where they are used (a
+  // separate pass over a buffer of draws measured slower, 2026-11-26).
+  constexpr bool stochastic = kMode == RoundingMode::stochastic;
+  {
+    for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += block) {
+      const std::size_t end = std::min(n, begin + block);
+      // The block's largest magnitude (the tail through a zero-padded buffer).
+      V m = hn::Zero(d);
+      std::size_t j = begin;
+      for (; j + lanes <= end; j += lanes) m = hn::Max(m, hn::And(hn::BitCast(d, hn::LoadU(df, in + j)), magnitude));
+      HWY_ALIGN float tail_in[HWY_MAX_BYTES / sizeof(float)];
+      if (j < end) {
+        std::fill(tail_in, tail_in + lanes, 0.0f);
+        std::memcpy(tail_in, in + j, (end - j) * sizeof(float));
+        m = hn::Max(m, hn::And(hn::BitCast(d, hn::Load(df, tail_in)), magnitude));
+      }
+      const BlockParams p = block_params(rule, hn::GetLane(hn::MaxOfLanes(d, m)));
+      codes[b] = p.code;
+      total.clamped += p.clamped;
+      if (p.nan) {  // count before writing: `out` may be `in`
+        for (std::size_t i = begin; i < end; ++i)
+          nonzero += ((std::bit_cast<U>(in[i]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
+        std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
+        total.nan += end - begin;
+        continue;
+      }
+      const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant), ts = hn::Set(df, rule.tensor_scale);
+      const auto draw_at = [&](std::size_t at) {
+        if constexpr (stochastic) return Draws(d, k.key, hn::Iota(d, static_cast<std::uint32_t>(first_index + at)), high_term);
+        else return hn::Zero(d);
+      };
+      for (j = begin; j + lanes <= end; j += lanes) {
+        hn::StoreU(BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
+                                      p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost),
+                   df, out + j);
+      }
+      if (j < end) {
+        HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
+        hn::Store(BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
+                                     p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost),
+                  df, tail_out);
+        std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
+      }
+    }
+  }
+  HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
+  hn::Store(c.flushed, d, lane_counts[0]);
+  hn::Store(c.overflow, d, lane_counts[1]);
+  total.flushed += c.flushed_tally;
+  for (std::size_t l = 0; l < lanes; ++l) {
+    total.flushed += lane_counts[0][l];
+    total.saturated += lane_counts[1][l];
+  }
+  total.nonzero += nonzero;
+  total.lost += lost;
+}
+
+void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const float* in, float* out,
+                         std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
+                         BlockKernelCounts& counts) {
+  if (k.mode == RoundingMode::stochastic)
+    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, in, out, n, block, first_index, codes, counts);
+  else
+    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, in, out, n, block, first_index, codes, counts);
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace mpsim::detail::HWY_NAMESPACE
@@ -502,6 +624,13 @@ namespace mpsim::detail {
 HWY_EXPORT(QuantizeFloat);
 HWY_EXPORT(QuantizeDouble);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(QuantizeBlocksFloat);
+
+void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
+                            std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
+                            BlockKernelCounts& counts) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, in, out, n, block, first_index, codes, counts);
+}
 
 QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,
                                std::uint64_t first_index) {

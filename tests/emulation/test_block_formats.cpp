@@ -605,6 +605,49 @@ TEST_CASE("Block quantization: stochastic elements are reproducible and pick a n
   CHECK(std::fabs(sum_error / 4096) < 5 * 2 / std::sqrt(4096.0));
 }
 
+TEST_CASE("Block quantization: the fast path gives the reference's bits, counts, scales and draws", "[block][fast]") {
+  std::mt19937_64 rng(20261129);
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8", "nvfp4",
+                           "fp8-e4m3-1x128", "fp8-e4m3-128x128", "int4"}) {
+    for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
+      for (int round = 0; round < 6; ++round) {
+        BlockFormat f = *parse_block_format(name);
+        if (round == 1 && f.scale == ScaleFormat::e8m0) f.rule = ScaleRule::ceil;
+        if (round == 2 && f.rule == ScaleRule::nvfp4) f.rule = ScaleRule::nvfp4_te;
+        const std::int64_t rows = round < 3 ? 1 : 37, cols = round < 3 ? 3001 : 300;
+        std::vector<float> x = random_blocks(rng, static_cast<int>(cols), static_cast<int>(rows), kE4m3, round % 2 == 1);
+        if (round == 5) std::fill(x.begin() + 40, x.begin() + 400, 0.0f);  // zero blocks
+        BlockQuantizeOptions o;
+        o.rounding = Rounding{mode};
+        o.key = {static_cast<std::uint64_t>(round), 3};
+        o.first_index = 1000;
+        const BlockQuantized want = quantize_blocks(f, x, rows, cols, o);
+        std::vector<float> out(x.size());
+        const BlockSummary got = quantize_blocks(f, x, out, rows, cols, o);
+        INFO(name << " " << to_string(mode) << " round " << round << " rule " << to_string(f.rule));
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const auto expected = static_cast<float>(want.values[i]);  // one rounding of the exact value
+          const bool ok = std::isnan(expected) ? std::isnan(out[i])
+                                               : std::bit_cast<std::uint32_t>(out[i]) == std::bit_cast<std::uint32_t>(expected);
+          if (!ok && bad++ < 3) FAIL_CHECK("value " << i << " of " << x[i] << ": fast " << out[i] << ", reference " << want.values[i]);
+        }
+        CHECK(bad == 0);
+        CHECK(got.scale_codes == want.scale_codes);
+        CHECK(got.counts == want.counts);
+        CHECK(same(got.tensor_scale, want.tensor_scale));
+        // In place: the same.
+        std::vector<float> inplace = x;
+        const BlockSummary again = quantize_blocks(f, inplace, inplace, rows, cols, o);
+        CHECK(std::equal(inplace.begin(), inplace.end(), out.begin(), out.end(), [](float a, float b) {
+          return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (std::isnan(a) && std::isnan(b));
+        }));
+        CHECK(again.counts == got.counts);
+      }
+    }
+  }
+}
+
 TEST_CASE("Block quantization rejects bad shapes and names its presets", "[block]") {
   const BlockFormat f = *parse_block_format("mxfp8-e4m3");
   std::vector<float> x(10);

@@ -91,9 +91,25 @@ struct BlockQuantized {
 };
 
 // Quantizes a rows x cols row-major tensor (a 1-D tensor: rows = 1). Blocks
-// run along rows; the last block of a row (or tile) may be partial.
-// Throws std::invalid_argument for a size mismatch or an unsupported rounding.
+// run along rows; the last block of a row (or tile) may be partial. The
+// reference: every element through round_to_format, values exact in binary64,
+// counts per block. Throws std::invalid_argument for a size mismatch.
 BlockQuantized quantize_blocks(const BlockFormat& format, std::span<const float> values, std::int64_t rows,
                                std::int64_t cols, const BlockQuantizeOptions& options = {});
+
+// The fast path, for training: `out` (which may alias `in`) gets the
+// dequantized values rounded once to binary32 (exact for the MX formats'
+// power-of-two scales; NVFP4's and the tiles' products are rounded to nearest
+// even), with the tensor's counts and the scales. Elements round through the
+// vector quantizer; the same bits, counts and draws as the reference. Element
+// rounding: nearest-even or stochastic (else std::invalid_argument). Integer
+// elements take the reference path.
+struct BlockSummary {
+  BlockCounts counts;
+  std::vector<std::uint32_t> scale_codes;
+  double tensor_scale = 1;
+};
+BlockSummary quantize_blocks(const BlockFormat& format, std::span<const float> in, std::span<float> out,
+                             std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options = {});
 
 }  // namespace mpsim
