@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "mpsim/emulation/host_device.hpp"
+#include "mpsim/emulation/round_to_odd.hpp"
 
 namespace mpsim::core {
 
@@ -221,26 +222,10 @@ MPSIM_HOST_DEVICE inline float adam_update(const AdamConstants& c, float w, floa
   return decay - c.step_size * m / denom;
 }
 
-// x + y rounded to binary64 by round-to-odd. Rounding this once more, to any
-// format of at most 51 significand bits, gives the correctly rounded x + y
-// (Boldo and Melquiond, "Emulation of FMA and correctly rounded sums: proved
-// algorithms using rounding to odd", IEEE TC 57(4), 2008), so no double
-// rounding: the weight update w + u and the GEMM's acc + a*b round this way.
-// Knuth's TwoSum (TAOCP vol. 2, 4.2.2) gives the error of s = x + y exactly
-// when s is finite; when s is inexact and even, its neighbour toward the error
-// is odd. On the pattern: "toward the error" is one more in the magnitude
-// when the error has s's sign (s != 0 here: a sum that small is exact).
-MPSIM_HOST_DEVICE inline double add_round_to_odd(double x, double y) {
-  const double s = x + y;
-  const double bb = s - x;
-  const double err = (x - (s - bb)) + (y - bb);
-  const auto bits = std::bit_cast<std::uint64_t>(s);
-  constexpr std::uint64_t exponent_mask = 0x7FF0000000000000ull, sign_bit = 0x8000000000000000ull;
-  if (err == 0.0 || (bits & exponent_mask) == exponent_mask) return s;  // exact, or inf / NaN
-  if ((bits & 1u) != 0) return s;
-  const bool away = (err > 0.0) == ((bits & sign_bit) == 0);
-  return std::bit_cast<double>(away ? bits + 1 : bits - 1);
-}
+// x + y rounded to binary64 by round-to-odd (emulation/round_to_odd.hpp): the
+// weight update w + u and the GEMM's acc + a*b round this way, then once more
+// to their format, with no double rounding.
+using mpsim::add_round_to_odd;
 
 // A nonzero update that leaves the weight unchanged was swallowed: the
 // weight's spacing is more than twice the update (Micikevicius et al. 2018,

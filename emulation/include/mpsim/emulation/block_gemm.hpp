@@ -1,0 +1,35 @@
+// GEMMs of block-scaled operands, the way block-scaled tensor cores compute
+// them: the element products of each block along k summed exactly (no
+// dequantization first), the block's partial times both blocks' scales, and
+// the partials accumulated across blocks in binary32. Or DeepSeek-V3's
+// recipe on H100 (arXiv 2412.19437 §3.3): each block's partial accumulated in
+// the tensor core's limited-precision accumulator (a TensorCoreModel: for FP8
+// on H100 about 14 bits, truncating), then promoted every `promotion_interval`
+// products: multiplied by the scales and added in binary32 on the CUDA cores
+// (one fused multiply-add, as DeepGEMM's `acc += scale * partial` compiles).
+#pragma once
+
+#include "mpsim/emulation/accumulation.hpp"
+#include "mpsim/emulation/block_format.hpp"
+
+namespace mpsim {
+
+struct BlockGemmModel {
+  int promotion_interval = 0;  // 0: exact block partials; else the products per promotion (= the block size)
+  TensorCoreModel tensor_core;  // the partials' accumulator when promoting
+};
+
+// C[m x n] = A[m x k] B[k x n] (+ C), from `a` (m x k, blocks along k) and
+// `bt` (B transposed, n x k, blocks along k: both operands k-major, as the
+// hardware wants), each quantized by quantize_blocks with the same block
+// length along k. NVFP4's tensor scales apply once at the end (cuBLASLt's
+// alpha = s_a s_b, one binary32 multiplication); C, when accumulated, is added
+// last with one rounding. A NaN block (scale NaN) makes its outputs NaN.
+// Throws std::invalid_argument for sizes that differ, a block sum that would
+// not be exact in binary64 (MXFP8 E5M2: not supported yet), or binary32 scales
+// without promotion.
+void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockQuantized& a,
+                const BlockFormat& b_format, const BlockQuantized& bt, float* c, int m, int n, int k,
+                bool accumulate_c = false);
+
+}  // namespace mpsim

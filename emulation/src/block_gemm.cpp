@@ -1,0 +1,147 @@
+#include "mpsim/emulation/block_gemm.hpp"
+
+#include <Eigen/Core>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mpsim/emulation/round_to_odd.hpp"
+
+namespace mpsim {
+namespace {
+
+using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The exponent of an element format's smallest positive value.
+int smallest_exponent(const ElementFormat& e) {
+  if (e.floating) return e.floating->emin() - e.floating->mantissa_bits;
+  return -e.fraction_bits;
+}
+
+// The value of every element code (element formats have at most 16 bits).
+std::vector<double> code_values(const ElementFormat& e) {
+  const int bits = e.floating ? e.floating->total_bits() : e.integer_bits;
+  std::vector<double> values(std::size_t{1} << bits);
+  for (std::uint32_t code = 0; code < values.size(); ++code) {
+    if (e.floating) {
+      values[code] = to_double(*e.floating, Bits{code});
+    } else {  // two's complement of integer_bits
+      const auto raw = static_cast<std::int32_t>(code << (32 - bits)) >> (32 - bits);
+      values[code] = std::ldexp(static_cast<double>(raw), -e.fraction_bits);
+    }
+  }
+  return values;
+}
+
+// The element values of a quantized operand (rows x k), NaN in NaN blocks.
+Matrix element_values(const BlockFormat& f, const BlockQuantized& q, int rows, int k) {
+  Matrix v(rows, k);
+  const std::vector<double> table = code_values(f.element);
+  const int grid_cols = (k + f.block_cols - 1) / f.block_cols;
+  for (int r = 0; r < rows; ++r) {
+    for (int j = 0; j < k; ++j) {
+      double value = table[q.elements[static_cast<std::size_t>(r) * k + j]];
+      const std::size_t block = static_cast<std::size_t>(r / f.block_rows * grid_cols + j / f.block_cols);
+      if (std::isnan(q.scales[block])) value = std::numeric_limits<double>::quiet_NaN();
+      v(r, j) = value;
+    }
+  }
+  return v;
+}
+
+// Each row's scale of each block along k: rows x blocks.
+Matrix row_scales(const BlockFormat& f, const BlockQuantized& q, int rows, int k) {
+  const int grid_cols = (k + f.block_cols - 1) / f.block_cols;
+  Matrix s(rows, grid_cols);
+  for (int r = 0; r < rows; ++r)
+    for (int kb = 0; kb < grid_cols; ++kb) s(r, kb) = q.scales[static_cast<std::size_t>(r / f.block_rows * grid_cols + kb)];
+  return s;
+}
+
+}  // namespace
+
+void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQuantized& a, const BlockFormat& fb,
+                const BlockQuantized& bt, float* c, int m, int n, int k, bool accumulate_c) {
+  if (m < 0 || n < 0 || k < 0 || a.values.size() != static_cast<std::size_t>(m) * k ||
+      bt.values.size() != static_cast<std::size_t>(n) * k)
+    throw std::invalid_argument("block_gemm: A must be " + std::to_string(m) + " x " + std::to_string(k) + " and B^T " +
+                                std::to_string(n) + " x " + std::to_string(k));
+  if (fa.block_cols != fb.block_cols)
+    throw std::invalid_argument("block_gemm: the operands' blocks along k differ (" + std::to_string(fa.block_cols) +
+                                " and " + std::to_string(fb.block_cols) + ")");
+  const int block = fa.block_cols;
+  const bool binary32_scales = fa.scale == ScaleFormat::binary32 || fb.scale == ScaleFormat::binary32;
+  if (model.promotion_interval != 0 && model.promotion_interval != block)
+    throw std::invalid_argument("block_gemm: the promotion interval must be the block length along k (" +
+                                std::to_string(block) + "), got " + std::to_string(model.promotion_interval));
+  if (model.promotion_interval == 0) {
+    if (binary32_scales)
+      throw std::invalid_argument("block_gemm: binary32 block scales take DeepSeek-V3's promotion "
+                                  "(promotion_interval = the block length and a tensor-core model)");
+    // Exact block sums in binary64: the products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and
+    // `block` of them add at most log2(block) bits.
+    const int span = (fa.element.emax() + 1 - smallest_exponent(fa.element)) +
+                     (fb.element.emax() + 1 - smallest_exponent(fb.element)) + static_cast<int>(std::ceil(std::log2(block)));
+    if (span > 53)
+      throw std::invalid_argument("block_gemm: block sums of " + fa.element.name() + " and " + fb.element.name() +
+                                  " need " + std::to_string(span) + " bits, more than binary64 holds exactly: not "
+                                  "supported yet");
+  }
+  const Matrix ea = element_values(fa, a, m, k), eb = element_values(fb, bt, n, k);
+  const Matrix sa_all = row_scales(fa, a, m, k), sb_all = row_scales(fb, bt, n, k);
+  std::vector<float> acc(static_cast<std::size_t>(m) * n, 0.0f);
+  const int blocks = (k + block - 1) / block;
+  Matrix partial(m, n);
+  for (int kb = 0; kb < blocks; ++kb) {
+    const int k0 = kb * block, width = std::min(block, k - k0);
+    if (model.promotion_interval == 0) {
+      // Every partial sum is on the products' grid and within 53 bits (checked above): exact in any order.
+      partial.noalias() = ea.middleCols(k0, width) * eb.middleCols(k0, width).transpose();
+      for (int i = 0; i < m; ++i) {
+        const double sa = sa_all(i, kb);
+        float* row = acc.data() + static_cast<std::size_t>(i) * n;
+        for (int j = 0; j < n; ++j) {
+          // P sa sb is exact (power-of-two or 4-bit scales); acc + it rounded once to binary32.
+          // + 0.0: a zero partial is +0, as an accumulator that starts from +0 makes it (the product
+          // order of Eigen's kernel could otherwise leave -0 from all-negative-zero products).
+          const double t = (partial(i, j) + 0.0) * sa * sb_all(j, kb);
+          row[j] = static_cast<float>(add_round_to_odd(row[j], t));
+        }
+      }
+    } else {
+      // The partials of this block through the tensor-core GEMM (accumulation.hpp; its vector kernel).
+      std::vector<float> x(static_cast<std::size_t>(m) * width), y(static_cast<std::size_t>(width) * n);
+      std::vector<float> p(static_cast<std::size_t>(m) * n);
+      for (int i = 0; i < m; ++i)
+        for (int t = 0; t < width; ++t) x[static_cast<std::size_t>(i) * width + t] = static_cast<float>(ea(i, k0 + t));
+      for (int t = 0; t < width; ++t)
+        for (int j = 0; j < n; ++j) y[static_cast<std::size_t>(t) * n + j] = static_cast<float>(eb(j, k0 + t));
+      AccumulationModel tc;
+      tc.kind = AccumulationKind::tensor_core;
+      tc.tensor_core = model.tensor_core;
+      tc.format = model.tensor_core.output;
+      tc.mode = model.tensor_core.rounding;
+      gemm(tc, x.data(), y.data(), p.data(), m, n, width, false, 1);
+      for (int i = 0; i < m; ++i) {
+        const auto sa = static_cast<float>(sa_all(i, kb));
+        float* row = acc.data() + static_cast<std::size_t>(i) * n;
+        const float* partials = p.data() + static_cast<std::size_t>(i) * n;
+        for (int j = 0; j < n; ++j) {
+          const float scale = sa * static_cast<float>(sb_all(j, kb));
+          row[j] = std::fma(partials[j], scale, row[j]);  // DeepGEMM's acc += scale * partial: one FFMA
+        }
+      }
+    }
+  }
+  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    float d = acc[i];
+    if (alpha != 1.0f) d = d * alpha;
+    c[i] = accumulate_c ? c[i] + d : d;
+  }
+}
+
+}  // namespace mpsim
