@@ -24,6 +24,7 @@
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
+#include "mpsim/emulation/hadamard.hpp"
 #include "mpsim/emulation/scale_format.hpp"
 
 namespace mpsim {
@@ -791,6 +792,74 @@ TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 pr
   // The H100's truncating FP8 accumulator shows: some outputs differ from exact partials.
   CHECK(different_from_exact > 0);
   UNSCOPED_INFO("outputs where H100 partials differ from exact ones: " << different_from_exact << " of " << m * n);
+}
+
+}  // namespace mpsim
+
+namespace mpsim {
+
+TEST_CASE("Random Hadamard transform: x D H / 4 against exact rationals, its inverse, and GEMMs it leaves", "[block][hadamard]") {
+  const auto signs = hadamard_signs(7);
+  int negative = 0;
+  for (float d : signs) {
+    CHECK((d == 1.0f || d == -1.0f));
+    negative += d < 0;
+  }
+  CHECK((negative > 0 && negative < 16));  // a fixed seed's 16 signs are not all alike
+  CHECK(hadamard_signs(7) == signs);
+  CHECK(hadamard_signs(8) != signs);
+  // Forward against the matrix: y_j = RN32(sum_i x_i d_i H_ij / 4), H_ij = (-1)^popcount(i & j) (Sylvester).
+  std::mt19937_64 rng(20261132);
+  const int rows = 3, cols = 48;
+  std::vector<float> x(static_cast<std::size_t>(rows * cols));
+  for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 12) - 6);
+  std::vector<float> y = x;
+  random_hadamard(y, rows, cols, 7);
+  for (int c0 = 0; c0 < rows * cols; c0 += 16) {
+    for (int j = 0; j < 16; ++j) {
+      Q sum = 0;
+      for (int i = 0; i < 16; ++i) {
+        const int h = (std::popcount(static_cast<unsigned>(i & j)) % 2) ? -1 : 1;
+        sum += exact(x[static_cast<std::size_t>(c0 + i)]) * exact(signs[static_cast<std::size_t>(i)]) * h;
+      }
+      const float want = to_binary32(sum / 4);
+      INFO("chunk at " << c0 << ", output " << j);
+      CHECK(std::bit_cast<std::uint32_t>(y[static_cast<std::size_t>(c0 + j)]) == std::bit_cast<std::uint32_t>(want));
+    }
+  }
+  // The inverse undoes it, up to the two roundings.
+  std::vector<float> back = y;
+  random_hadamard(back, rows, cols, 7, true);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const std::size_t c0 = i / 16 * 16;
+    float chunk_max = 0;
+    for (std::size_t t = c0; t < c0 + 16; ++t) chunk_max = std::max(chunk_max, std::fabs(x[t]));
+    CHECK(std::fabs(back[i] - x[i]) <= std::ldexp(chunk_max, -21));
+  }
+  // Transforming both operands along k keeps A B (to rounding), and spreads an outlier over its chunk.
+  const int m = 4, n = 5, k = 32;
+  std::vector<float> a(static_cast<std::size_t>(m * k)), bt(static_cast<std::size_t>(n * k));
+  for (float& v : a) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  for (float& v : bt) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+  a[5] = 1000.0f;
+  std::vector<float> ta = a, tb = bt;
+  random_hadamard(ta, m, k, 99);
+  random_hadamard(tb, n, k, 99);
+  float chunk_amax = 0;
+  for (int t = 0; t < 16; ++t) chunk_amax = std::max(chunk_amax, std::fabs(ta[static_cast<std::size_t>(t)]));
+  CHECK(chunk_amax < 1000.0f / 4 + 16);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double before = 0, after = 0, scale = 0;
+      for (int t = 0; t < k; ++t) {
+        before += static_cast<double>(a[static_cast<std::size_t>(i * k + t)]) * bt[static_cast<std::size_t>(j * k + t)];
+        after += static_cast<double>(ta[static_cast<std::size_t>(i * k + t)]) * tb[static_cast<std::size_t>(j * k + t)];
+        scale += std::fabs(static_cast<double>(a[static_cast<std::size_t>(i * k + t)]) * bt[static_cast<std::size_t>(j * k + t)]);
+      }
+      CHECK(std::fabs(after - before) <= 1e-5 * scale);
+    }
+  std::vector<float> bad(10);
+  CHECK_THROWS_AS(random_hadamard(bad, 1, 10, 1), std::invalid_argument);
 }
 
 }  // namespace mpsim
