@@ -451,14 +451,7 @@ class FastQuantizer {
         if (any_nan)
           for (std::size_t k = 0; k < static_cast<std::size_t>(b1 - b0); ++k)
             if (nan[k]) std::fill(y_.data() + k * block, y_.data() + std::min(n, (k + 1) * block), 0.0f);
-        QuantizeOptions q;
-        q.rounding = o_.rounding;
-        q.stochastic = {o_.key, o_.first_index + first};
-        q.threads = 1;
-        const QuantizeCounts counts =
-            quantize(*f_.element.floating, std::span<const float>(y_.data(), n), std::span<float>(e_.data(), n), q);
-        summary_.counts.saturated += counts.overflow;
-        summary_.counts.flushed += counts.flushed_to_zero;
+        round_elements(first, n);
         float* out = out_.data() + first;
         detail::dequantize_blocks(e_.data(), n, block, dequant.data(), tensor_scale_, kind_ == BlockKind::nvfp4, out);
         if (any_nan)
@@ -526,16 +519,21 @@ class FastQuantizer {
     summary_.counts.flushed += lost;
   }
 
-  void flush() {
-    if (used_ == 0) return;
+  // e_[0, n) = the elements of y_[0, n), tensor elements [first, first + n): the vector quantizer, counts kept.
+  void round_elements(std::size_t first, std::size_t n) {
     QuantizeOptions q;
     q.rounding = o_.rounding;
-    q.stochastic = {o_.key, o_.first_index + begin_};
+    q.stochastic = {o_.key, o_.first_index + first};
     q.threads = 1;
     const QuantizeCounts counts =
-        quantize(*f_.element.floating, std::span<const float>(y_.data(), used_), std::span<float>(e_.data(), used_), q);
+        quantize(*f_.element.floating, std::span<const float>(y_.data(), n), std::span<float>(e_.data(), n), q);
     summary_.counts.saturated += counts.overflow;
     summary_.counts.flushed += counts.flushed_to_zero;
+  }
+
+  void flush() {
+    if (used_ == 0) return;
+    round_elements(begin_, used_);
     float* out = out_.data() + begin_;
     for (const Segment& s : segments_) {
       float* o = out + s.offset;

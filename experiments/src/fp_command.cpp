@@ -43,6 +43,19 @@ std::vector<Format> formats_from(const std::string& list) {
   return result;
 }
 
+// Prints rows (the first a header) as columns as wide as their widest cell.
+template <std::size_t N>
+void print_table(const std::vector<std::array<std::string, N>>& rows) {
+  std::array<std::size_t, N> width{};
+  for (const auto& row : rows)
+    for (std::size_t c = 0; c < N; ++c) width[c] = std::max(width[c], row[c].size());
+  for (const auto& row : rows) {
+    std::string line;
+    for (std::size_t c = 0; c + 1 < N; ++c) line += fmt::format("{:<{}}  ", row[c], width[c]);
+    fmt::print("{}{}\n", line, row.back());
+  }
+}
+
 RoundingMode mode_from(const std::string& token) {
   if (auto m = parse_rounding_mode(token)) return *m;
   throw UsageError(fmt::format("unknown rounding mode '{}'. Accepted: {}", token, rounding_mode_names()));
@@ -73,7 +86,7 @@ int run_round(const RoundArgs& args) {
              rounding.mode == RoundingMode::stochastic
                  ? fmt::format(" (seed {}, {} random bits; value i draws index i)", args.seed, rounding.random_bits)
                  : "");
-  // Rows first, then columns as wide as their widest cell.
+  // Rows first, then print_table.
   std::vector<std::array<std::string, 7>> rows{{"input", "format", "value (exact)", "hex", "bits", "class", "flags"}};
   for (std::size_t i = 0; i < numbers.size(); ++i) {
     for (const auto& f : formats) {
@@ -86,14 +99,7 @@ int run_round(const RoundArgs& args) {
                       flags_to_string(r.flags) + (note.empty() ? "" : "  (" + note + ")")});
     }
   }
-  std::array<std::size_t, 7> width{};
-  for (const auto& row : rows)
-    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  for (const auto& row : rows) {
-    std::string line;
-    for (std::size_t c = 0; c + 1 < row.size(); ++c) line += fmt::format("{:<{}}  ", row[c], width[c]);
-    fmt::print("{}{}\n", line, row.back());
-  }
+  print_table(rows);
   return 0;
 }
 
@@ -223,14 +229,7 @@ int run_quantize(const QuantizeArgs& args) {
                     fmt::format("0x{:0{}x}", q.elements[i], element_digits), std::to_string(block),
                     fmt::format("{} (0x{:x})", text(q.scales[block]), q.scale_codes[block])});
   }
-  std::array<std::size_t, 6> width{};
-  for (const auto& row : rows)
-    for (std::size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
-  for (const auto& row : rows) {
-    std::string line;
-    for (std::size_t c = 0; c + 1 < row.size(); ++c) line += fmt::format("{:<{}}  ", row[c], width[c]);
-    fmt::print("{}{}\n", line, row.back());
-  }
+  print_table(rows);
   const BlockCounts& c = q.counts;
   fmt::print("{} values in {} blocks: {} saturated, {} flushed to zero inside their block, {} NaN; {} blocks' scales at "
              "their range's limit\n",
