@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     std::vector<double> times;
   };
   std::vector<Row> rows;
-  for (const char* name : {"mxfp8-e4m3", "mxfp6-e2m3", "mxfp4", "nvfp4"})
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e2m3", "mxfp4", "nvfp4"})
     rows.push_back({name, *parse_block_format(name), *parse_block_format(name), {}, {}, {}, {}});
   BlockGemmModel deepseek;
   deepseek.promotion_interval = 128;

@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "mpsim/emulation/round_to_odd.hpp"
+#include "exact_accumulator.hpp"
 
 namespace mpsim {
 namespace {
@@ -61,6 +63,72 @@ Matrix row_scales(const BlockFormat& f, const BlockQuantized& q, int rows, int k
   return s;
 }
 
+// Whether this block's sums are exact in binary64 for the elements it holds
+// (not the formats' worst case): every product lies on the grid 2^(lsb_a +
+// lsb_b) below 2^(top_a + top_b), where 2^top bounds the block's elements (frexp)
+// over all rows and lsb is the lowest last significand bit among them;
+// `width` products add log2(width) bits.
+bool block_sums_fit(const Matrix& ea, const Matrix& eb, int k0, int width) {
+  const auto range = [&](const Matrix& e, int& top, int& lsb) {
+    top = std::numeric_limits<int>::min();
+    lsb = std::numeric_limits<int>::max();
+    for (int r = 0; r < e.rows(); ++r)
+      for (int t = k0; t < k0 + width; ++t) {
+        const double v = e(r, t);
+        if (v == 0 || !std::isfinite(v)) continue;
+        int exponent = 0;
+        const double mantissa = std::frexp(v, &exponent);  // v = mantissa 2^exponent
+        std::uint64_t bits = static_cast<std::uint64_t>(std::fabs(std::ldexp(mantissa, 53)));
+        top = std::max(top, exponent);
+        lsb = std::min(lsb, exponent - 53 + std::countr_zero(bits));
+      }
+  };
+  int top_a = 0, lsb_a = 0, top_b = 0, lsb_b = 0;
+  range(ea, top_a, lsb_a);
+  range(eb, top_b, lsb_b);
+  if (top_a == std::numeric_limits<int>::min() || top_b == std::numeric_limits<int>::min()) return true;  // zeros
+  return (top_a + top_b) - (lsb_a + lsb_b) + static_cast<int>(std::ceil(std::log2(width))) <= 53;
+}
+
+// acc = RN32(acc + sum_k a_k b_k 2^(e_a + e_b)) for block kb, exactly, when the// acc = RN32(acc + sum_k a_k b_k 2^(e_a + e_b)) for block kb, exactly, when the
+// block sum is wider than binary64 (MXFP8 E5M2): every element is an integer
+// times 2^(its format's smallest exponent), every product an integer of at most
+// 64 bits, added with the scale exponents to a 640-bit fixed-point sum.
+void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const Matrix& sb, int min_a, int min_b,
+                     int kb, int k0, int width, std::vector<float>& acc, int m, int n) {
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < n; ++j) {
+      float& s = acc[static_cast<std::size_t>(i) * n + j];
+      const int scale = std::ilogb(sa(i, kb)) + std::ilogb(sb(j, kb));
+      bool nan = std::isnan(s) || std::isnan(sa(i, kb)) || std::isnan(sb(j, kb));
+      detail::ExactAccumulator sum;
+      bool nonzero = false;
+      for (int t = k0; t < k0 + width && !nan; ++t) {
+        const double x = ea(i, t), y = eb(j, t);
+        if (std::isnan(x) || std::isnan(y)) nan = true;
+        if (x == 0 || y == 0) continue;
+        const auto ix = static_cast<std::uint64_t>(std::fabs(std::ldexp(x, -min_a)));  // exact integers
+        const auto iy = static_cast<std::uint64_t>(std::fabs(std::ldexp(y, -min_b)));
+        sum.add((x < 0) != (y < 0), ix * iy, min_a + min_b + scale);
+        nonzero = true;
+      }
+      if (nan) {
+        s = std::numeric_limits<float>::quiet_NaN();
+        continue;
+      }
+      if (!nonzero || std::isinf(s)) continue;  // a zero partial leaves acc; inf stays
+      if (s != 0) {
+        int e = 0;
+        const double mantissa = std::frexp(static_cast<double>(s), &e);  // s = mantissa 2^e, |mantissa| in [0.5, 1)
+        const auto significand = static_cast<std::uint64_t>(std::fabs(std::ldexp(mantissa, 24)));
+        sum.add(s < 0, significand, e - 24);
+      }
+      s = sum.is_zero() ? 0.0f
+                        : to_float(formats::binary32, detail::round_exact(formats::binary32, Rounding{}, sum.value(), 0).bits);
+    }
+  }
+}
+
 }  // namespace
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQuantized& a, const BlockFormat& fb,
@@ -77,6 +145,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQ
   if (model.promotion_interval != 0 && model.promotion_interval != block)
     throw std::invalid_argument("block_gemm: the promotion interval must be the block length along k (" +
                                 std::to_string(block) + "), got " + std::to_string(model.promotion_interval));
+  bool wide = false;  // block sums wider than binary64: exact fixed point (ExactAccumulator), term by term
   if (model.promotion_interval == 0) {
     if (binary32_scales)
       throw std::invalid_argument("block_gemm: binary32 block scales take DeepSeek-V3's promotion "
@@ -85,10 +154,12 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQ
     // `block` of them add at most log2(block) bits.
     const int span = (fa.element.emax() + 1 - smallest_exponent(fa.element)) +
                      (fb.element.emax() + 1 - smallest_exponent(fb.element)) + static_cast<int>(std::ceil(std::log2(block)));
-    if (span > 53)
+    wide = span > 53;
+    const bool power_of_two_scales = fa.scale == ScaleFormat::e8m0 && fb.scale == ScaleFormat::e8m0;
+    if (wide && !power_of_two_scales)
       throw std::invalid_argument("block_gemm: block sums of " + fa.element.name() + " and " + fb.element.name() +
-                                  " need " + std::to_string(span) + " bits, more than binary64 holds exactly: not "
-                                  "supported yet");
+                                  " need " + std::to_string(span) + " bits, more than binary64 holds exactly; the "
+                                  "exact fixed-point path takes only E8M0 (power-of-two) scales");
   }
   const Matrix ea = element_values(fa, a, m, k), eb = element_values(fb, bt, n, k);
   const Matrix sa_all = row_scales(fa, a, m, k), sb_all = row_scales(fb, bt, n, k);
@@ -97,7 +168,10 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQ
   Matrix partial(m, n);
   for (int kb = 0; kb < blocks; ++kb) {
     const int k0 = kb * block, width = std::min(block, k - k0);
-    if (model.promotion_interval == 0) {
+    if (wide && !block_sums_fit(ea, eb, k0, width)) {
+      accumulate_wide(ea, eb, sa_all, sb_all, smallest_exponent(fa.element), smallest_exponent(fb.element), kb, k0,
+                      width, acc, m, n);
+    } else if (model.promotion_interval == 0) {
       // Every partial sum is on the products' grid and within 53 bits (checked above): exact in any order.
       partial.noalias() = ea.middleCols(k0, width) * eb.middleCols(k0, width).transpose();
       for (int i = 0; i < m; ++i) {

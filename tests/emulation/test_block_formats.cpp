@@ -715,7 +715,8 @@ TEST_CASE("Block GEMM: exact block partials, binary32 accumulation, against exac
   const int m = 5, n = 7;
   for (const auto& [na, nb] : std::vector<std::pair<const char*, const char*>>{
            {"mxfp8-e4m3", "mxfp8-e4m3"}, {"mxfp4", "mxfp4"}, {"mxfp6-e2m3", "mxfp8-e4m3"}, {"mxfp6-e3m2", "mxfp4"},
-           {"mxint8", "mxint8"}, {"nvfp4", "nvfp4"}}) {
+           {"mxint8", "mxint8"}, {"nvfp4", "nvfp4"},
+           {"mxfp8-e5m2", "mxfp8-e5m2"}, {"mxfp8-e5m2", "mxfp8-e4m3"}}) {  // the last two: the exact fixed-point path
     for (int k : {96, 70}) {
       const BlockFormat fa = *parse_block_format(na), fb = *parse_block_format(nb);
       // Magnitudes 2^-20..2^20, some zeros and binary32 subnormals: no sum overflows binary32.
@@ -741,12 +742,24 @@ TEST_CASE("Block GEMM: exact block partials, binary32 accumulation, against exac
       }
     }
   }
-  // What is refused, with the reason.
-  const BlockFormat e5m2 = *parse_block_format("mxfp8-e5m2"), tiles = *parse_block_format("fp8-e4m3-1x128");
+  // E5M2 block sums need more than binary64: 2^30 + 2^-32 - 2^30 is 2^-32, which a binary64 sum in this order loses.
+  {
+    const BlockFormat e5m2 = *parse_block_format("mxfp8-e5m2");
+    std::vector<float> ra = {0x1p15f, 0x1p-16f, 0x1p15f}, rb = {0x1p15f, 0x1p-16f, -0x1p15f};
+    const BlockQuantized qa = quantize_blocks(e5m2, ra, 1, 3), qb = quantize_blocks(e5m2, rb, 1, 3);
+    REQUIRE(qa.values == std::vector<double>{0x1p15, 0x1p-16, 0x1p15});  // exact elements at scale 2^0
+    float out = 1;
+    block_gemm({}, e5m2, qa, e5m2, qb, &out, 1, 1, 3);
+    CHECK(out == 0x1p-32f);
+  }
+  // What is refused, with the reason: binary32 scales without DeepSeek's promotion; E5M2 with non-power-of-two scales.
+  const BlockFormat tiles = *parse_block_format("fp8-e4m3-1x128");
+  BlockFormat e5m2_tiles = tiles;
+  e5m2_tiles.element = parse_block_format("mxfp8-e5m2")->element;
   std::vector<float> x(64, 1.0f), c(4);
-  const BlockQuantized q = quantize_blocks(e5m2, x, 2, 32), qt = quantize_blocks(tiles, x, 2, 32);
-  CHECK_THROWS_AS(block_gemm({}, e5m2, q, e5m2, q, c.data(), 2, 2, 32), std::invalid_argument);
+  const BlockQuantized qt = quantize_blocks(tiles, x, 2, 32), q5 = quantize_blocks(e5m2_tiles, x, 2, 32);
   CHECK_THROWS_AS(block_gemm({}, tiles, qt, tiles, qt, c.data(), 2, 2, 32), std::invalid_argument);
+  CHECK_THROWS_AS(block_gemm({}, e5m2_tiles, q5, e5m2_tiles, q5, c.data(), 2, 2, 32), std::invalid_argument);
 }
 
 TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 products", "[block][gemm]") {

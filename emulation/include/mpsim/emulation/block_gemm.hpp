@@ -25,9 +25,10 @@ struct BlockGemmModel {
 // length along k. NVFP4's tensor scales apply once at the end (cuBLASLt's
 // alpha = s_a s_b, one binary32 multiplication); C, when accumulated, is added
 // last with one rounding. A NaN block (scale NaN) makes its outputs NaN.
-// Throws std::invalid_argument for sizes that differ, a block sum that would
-// not be exact in binary64 (MXFP8 E5M2: not supported yet), or binary32 scales
-// without promotion.
+// Block sums too wide for binary64 (MXFP8 E5M2 blocks that span many binades)
+// go term by term through an exact fixed-point sum. Throws
+// std::invalid_argument for sizes that differ, binary32 scales without
+// promotion, or such wide sums with scales that are not powers of two.
 void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockQuantized& a,
                 const BlockFormat& b_format, const BlockQuantized& bt, float* c, int m, int n, int k,
                 bool accumulate_c = false);
