@@ -99,8 +99,8 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
       float& s = acc[static_cast<std::size_t>(i) * n + j];
-      const int scale = std::ilogb(sa(i, kb)) + std::ilogb(sb(j, kb));
       bool nan = std::isnan(s) || std::isnan(sa(i, kb)) || std::isnan(sb(j, kb));
+      const int scale = nan ? 0 : std::ilogb(sa(i, kb)) + std::ilogb(sb(j, kb));  // ilogb(NaN) is INT_MIN
       detail::ExactAccumulator sum;
       bool nonzero = false;
       for (int t = k0; t < k0 + width && !nan; ++t) {
