@@ -11,7 +11,6 @@
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/emulation/random_draw.hpp"
 #include "emulation/src/block_scaling.hpp"
-#include "emulation/src/block_vector.hpp"
 #include "emulation/src/quantize_kernel.hpp"
 
 namespace mpsim {
@@ -302,114 +301,93 @@ class Quantizer {
 };
 
 // --- The fast path -------------------------------------------------------------------
-// Pass 1 finds every block's scale (and NVFP4's tensor scale) with the
-// reference's binary32 operations; pass 2 walks the tensor in memory order,
-// forms each element's y = x op scale in binary32 into a buffer, rounds the
-// buffer with the vector quantizer (one call per few thousand elements, so the
-// stochastic index of element i stays first_index + i), and writes
-// element op' scale. y is the reference's y exactly: for the MX formats
-// x * 2^-e is exact unless it falls below binary32's normal range, where it is
-// far below the element's smallest subnormal (2^-16 at most): nearest-even and
-// stochastic rounding (its 32-bit fraction is then 0) give zero either way.
+// NVFP4's tensor scale first, 2-D tiles' scales next (they span rows), then
+// one fused vector pass over the tensor in memory order (quantize_kernel.hpp),
+// which finds 1 x N blocks' scales itself with block_scaling.hpp's binary32
+// operations, the reference's. y = x op scale is the reference's y exactly:
+// for the MX formats x * 2^-e is exact unless it falls below binary32's normal
+// range, where it is far below the element's smallest subnormal (2^-16 at
+// most): nearest-even and stochastic rounding (its 32-bit fraction is then 0)
+// give zero either way.
 using detail::BlockKind;
-
-
-// Finite and nonzero, on the bits: |x| in (0, inf).
-inline bool finite_nonzero(std::uint32_t bits) { return ((bits & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu; }
 
 class FastQuantizer {
  public:
   FastQuantizer(const BlockFormat& f, std::span<const float> x, std::span<float> out, std::int64_t rows,
                 std::int64_t cols, const BlockQuantizeOptions& o)
       : f_(f), x_(x), out_(out), rows_(rows), cols_(cols), o_(o),
-        kind_(f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te ? BlockKind::nvfp4
-              : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
-                                                                          : BlockKind::power_of_two),
         grid_rows_((rows + f.block_rows - 1) / f.block_rows), grid_cols_((cols + f.block_cols - 1) / f.block_cols),
-        rule_{kind_, f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
+        rule_{f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te ? BlockKind::nvfp4
+              : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
+                                                                          : BlockKind::power_of_two,
+              f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
               static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3)} {}
 
   BlockSummary run() {
-    if (kind_ == BlockKind::nvfp4) tensor_scale();
-    const std::size_t buffer = std::max<std::size_t>(8192, static_cast<std::size_t>(f_.block_cols));
-    y_.resize(buffer + static_cast<std::size_t>(f_.block_cols));
-    e_.resize(y_.size());
+    if (rule_.kind == BlockKind::nvfp4) tensor_scale();
     summary_.scale_codes.reserve(static_cast<std::size_t>(grid_rows_ * grid_cols_));
-    if (f_.block_rows == 1) {
-      fused_rows();
-    } else {
+    if (f_.block_rows > 1) {
+      // 2-D tiles: a tile's scale spans rows, so every scale first; then each row with its tiles' scales.
       params_.reserve(static_cast<std::size_t>(grid_rows_ * grid_cols_));
       for (std::int64_t br = 0; br < grid_rows_; ++br)
-        for (std::int64_t bc = 0; bc < grid_cols_; ++bc) params_.push_back(block_params(br, bc));
-      for (std::int64_t r = 0; r < rows_; ++r)
         for (std::int64_t bc = 0; bc < grid_cols_; ++bc) {
-          segment(r, bc, params_[static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + bc)]);
-          if (used_ >= buffer) flush();
+          params_.push_back(detail::block_params(rule_, tile_amax_bits(br, bc)));
+          summary_.scale_codes.push_back(params_.back().code);
+          summary_.counts.scale_clamped += params_.back().clamped;
         }
     }
-    flush();
+    quantize_rows();
     summary_.counts.elements = x_.size();
     return std::move(summary_);
   }
 
  private:
-  using Params = detail::BlockParams;
-  struct Segment {
-    std::size_t offset, length;
-    Params params;
-  };
-
   void tensor_scale() {
-    std::uint32_t m = 0;
-    if (!x_.empty()) detail::block_amax_bits(x_.data(), x_.size(), x_.size(), &m);
-    tensor_nan_ = m > 0x7F800000u;
+    const std::uint32_t m = x_.empty() ? 0 : detail::amax_bits(x_.data(), x_.size());
+    const bool nan = m > 0x7F800000u;
     const float amax = std::bit_cast<float>(m);
-    encode_ = 1.0f;
+    float encode = 1.0f;
     if (amax > 0 && std::isfinite(amax)) {
-      encode_ = 2688.0f / amax;
-      if (std::isinf(encode_)) encode_ = FLT_MAX;
+      encode = 2688.0f / amax;
+      if (std::isinf(encode)) encode = FLT_MAX;
     }
-    tensor_scale_ = 1.0f / encode_;
-    summary_.tensor_scale = tensor_nan_ ? kNan : tensor_scale_;
-    rule_.encode = encode_;
-    rule_.tensor_scale = tensor_scale_;
-    rule_.tensor_nan = tensor_nan_;
+    rule_.encode = encode;
+    rule_.tensor_scale = 1.0f / encode;
+    rule_.tensor_nan = nan;
+    summary_.tensor_scale = nan ? kNan : rule_.tensor_scale;
   }
 
-  // 1 x N blocks: runs of whole blocks of a row through the fused kernel
-  // (quantize_kernel.hpp), one pass over the data; a run whose stochastic
-  // indices would cross a multiple of 2^32 takes rows_in_vectors instead.
-  void fused_rows() {
+  // A 2-D tile's largest magnitude as binary32 bits, row by row.
+  std::uint32_t tile_amax_bits(std::int64_t br, std::int64_t bc) const {
+    std::uint32_t m = 0;
+    const std::int64_t c0 = bc * f_.block_cols, c1 = std::min(cols_, c0 + f_.block_cols);
+    for (std::int64_t r = br * f_.block_rows; r < std::min(rows_, (br + 1) * f_.block_rows); ++r)
+      m = std::max(m, detail::amax_bits(x_.data() + r * cols_ + c0, static_cast<std::size_t>(c1 - c0)));
+    return m;
+  }
+
+  // Every row through the fused kernel (quantize_kernel.hpp) in runs of whole
+  // blocks, one pass over the data; 1 x N blocks find their own scales, a row
+  // of 2-D tiles takes theirs from params_.
+  void quantize_rows() {
     QuantizeOptions q;
     q.rounding = o_.rounding;
     q.stochastic = {o_.key, 0};
     const detail::KernelFor<float> kernel = detail::make_kernel<float>(*f_.element.floating, q);
     const std::size_t block = static_cast<std::size_t>(f_.block_cols);
-    const std::size_t per_run = std::max<std::size_t>(1, (std::size_t{1} << 20) / block);
+    const std::size_t per_run = std::max<std::size_t>(1, (std::size_t{1} << 20) / block);  // lane counters < 2^28
     std::vector<std::uint32_t> codes(per_run);
     for (std::int64_t r = 0; r < rows_; ++r) {
       for (std::int64_t b0 = 0; b0 < grid_cols_; b0 += static_cast<std::int64_t>(per_run)) {
         const std::int64_t b1 = std::min(grid_cols_, b0 + static_cast<std::int64_t>(per_run));
         const std::size_t first = static_cast<std::size_t>(r * cols_ + b0 * f_.block_cols);
         const std::size_t n = static_cast<std::size_t>(std::min(cols_, b1 * f_.block_cols) - b0 * f_.block_cols);
-        const std::uint64_t index = o_.first_index + first;
-        if (o_.rounding.mode == RoundingMode::stochastic && (index >> 32) != ((index + n - 1) >> 32)) {
-          if (kind_ == BlockKind::tile) {  // through the buffer of segments, in order
-            begin_ = first;
-            for (std::int64_t bc = b0; bc < b1; ++bc) {
-              segment(r, bc, block_params(r, bc));
-              if (used_ >= 8192) flush();
-            }
-            flush();
-          } else {
-            rows_in_vectors(r, b0, b1);
-          }
-          continue;
-        }
+        const Params* given =
+            params_.empty() ? nullptr : params_.data() + static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + b0);
         detail::BlockKernelCounts counts;
-        detail::quantize_blocks_vector(kernel, rule_, x_.data() + first, out_.data() + first, n, block, index,
-                                       codes.data(), counts);
-        summary_.scale_codes.insert(summary_.scale_codes.end(), codes.begin(), codes.begin() + (b1 - b0));
+        detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_.data() + first, n, block,
+                                       o_.first_index + first, codes.data(), counts);
+        if (given == nullptr) summary_.scale_codes.insert(summary_.scale_codes.end(), codes.begin(), codes.begin() + (b1 - b0));
         summary_.counts.nonzero += counts.nonzero;
         summary_.counts.flushed += counts.flushed + counts.lost;
         summary_.counts.saturated += counts.saturated;
@@ -419,156 +397,16 @@ class FastQuantizer {
     }
   }
 
-  // Blocks [b0, b1) of row r with multiplicative scales through the vector
-  // loops (block_vector.hpp) and one quantize call.
-  void rows_in_vectors(std::int64_t r, std::int64_t row_b0, std::int64_t row_b1) {
-    const std::size_t block = static_cast<std::size_t>(f_.block_cols);
-    const std::size_t per_run = std::max<std::size_t>(1, 8192 / block);
-    std::vector<std::uint32_t> amax(per_run);
-    std::vector<float> factor(per_run), dequant(per_run);
-    std::vector<char> nan(per_run);
-    y_.resize(std::max(y_.size(), per_run * block));
-    e_.resize(y_.size());
-    {
-      for (std::int64_t b0 = row_b0; b0 < row_b1; b0 += static_cast<std::int64_t>(per_run)) {
-        const std::int64_t b1 = std::min(row_b1, b0 + static_cast<std::int64_t>(per_run));
-        const std::size_t first = static_cast<std::size_t>(r * cols_ + b0 * f_.block_cols);
-        const std::size_t n = static_cast<std::size_t>(std::min(cols_, b1 * f_.block_cols) - b0 * f_.block_cols);
-        const float* x = x_.data() + first;
-        detail::block_amax_bits(x, n, block, amax.data());
-        bool any_nan = false;
-        for (std::int64_t b = b0; b < b1; ++b) {
-          const std::size_t k = static_cast<std::size_t>(b - b0);
-          const Params p = params_from_amax(amax[k]);
-          factor[k] = p.nan ? 1.0f : p.factor;  // a NaN block's y is replaced by zeros below
-          dequant[k] = p.dequant;
-          nan[k] = p.nan;
-          any_nan |= p.nan;
-        }
-        const detail::ScaleCounts sc = detail::scale_blocks(x, n, block, factor.data(), y_.data());
-        summary_.counts.nonzero += sc.nonzero;
-        summary_.counts.flushed += sc.lost;
-        if (any_nan)
-          for (std::size_t k = 0; k < static_cast<std::size_t>(b1 - b0); ++k)
-            if (nan[k]) std::fill(y_.data() + k * block, y_.data() + std::min(n, (k + 1) * block), 0.0f);
-        round_elements(first, n);
-        float* out = out_.data() + first;
-        detail::dequantize_blocks(e_.data(), n, block, dequant.data(), tensor_scale_, kind_ == BlockKind::nvfp4, out);
-        if (any_nan)
-          for (std::size_t k = 0; k < static_cast<std::size_t>(b1 - b0); ++k)
-            if (nan[k]) {
-              const std::size_t end = std::min(n, (k + 1) * block);
-              std::fill(out + k * block, out + end, std::numeric_limits<float>::quiet_NaN());
-              summary_.counts.nan += end - k * block;
-            }
-      }
-    }
-  }
-
-  // The block's largest magnitude as binary32 bits (above 0x7F800000: a NaN).
-  std::uint32_t amax_bits(std::int64_t br, std::int64_t bc) const {
-    std::uint32_t m = 0;
-    const std::int64_t r1 = std::min(rows_, (br + 1) * f_.block_rows), c0 = bc * f_.block_cols;
-    const std::int64_t c1 = std::min(cols_, c0 + f_.block_cols);
-    for (std::int64_t r = br * f_.block_rows; r < r1; ++r) {
-      const std::uint32_t* row = reinterpret_cast<const std::uint32_t*>(x_.data() + r * cols_);
-      for (std::int64_t c = c0; c < c1; ++c) m = std::max(m, row[c] & 0x7FFFFFFFu);
-    }
-    return m;
-  }
-
-  // The reference's scale of a block, with the same binary32 operations.
-  Params block_params(std::int64_t br, std::int64_t bc) { return params_from_amax(amax_bits(br, bc)); }
-
-  Params params_from_amax(std::uint32_t bits) {
-    const detail::BlockParams p = detail::block_params(rule_, bits);
-    summary_.scale_codes.push_back(p.code);
-    summary_.counts.scale_clamped += p.clamped;
-    return p;
-  }
-
-  // Appends one row's part of a block to the buffer: y, and the counts that
-  // need x (finite nonzero inputs, and those y lost before the element rounding).
-  void segment(std::int64_t r, std::int64_t bc, const Params& p) {
-    const std::int64_t c0 = bc * f_.block_cols, c1 = std::min(cols_, c0 + f_.block_cols);
-    const std::size_t n = static_cast<std::size_t>(c1 - c0);
-    const float* x = x_.data() + r * cols_ + c0;
-    const std::uint32_t* xb = reinterpret_cast<const std::uint32_t*>(x);
-    float* y = y_.data() + used_;
-    std::uint64_t nonzero = 0;
-    for (std::size_t i = 0; i < n; ++i) nonzero += finite_nonzero(xb[i]);
-    summary_.counts.nonzero += nonzero;
-    segments_.push_back({used_, n, p});
-    used_ += n;
-    if (p.nan) {
-      std::fill(y, y + n, 0.0f);  // rounds to nothing; the segment writes NaN
-      return;
-    }
-    if (kind_ == BlockKind::tile) {
-      if (p.zero_tile) {
-        for (std::size_t i = 0; i < n; ++i) y[i] = x[i] == 0 ? x[i] : x[i] / p.factor;  // +-0 kept, else +-inf
-      } else {
-        for (std::size_t i = 0; i < n; ++i) y[i] = x[i] / p.factor;
-      }
-    } else {
-      for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * p.factor;
-    }
-    std::uint64_t lost = 0;
-    const std::uint32_t* yb = reinterpret_cast<const std::uint32_t*>(y);
-    for (std::size_t i = 0; i < n; ++i) lost += finite_nonzero(xb[i]) & ((yb[i] & 0x7FFFFFFFu) == 0);
-    summary_.counts.flushed += lost;
-  }
-
-  // e_[0, n) = the elements of y_[0, n), tensor elements [first, first + n): the vector quantizer, counts kept.
-  void round_elements(std::size_t first, std::size_t n) {
-    QuantizeOptions q;
-    q.rounding = o_.rounding;
-    q.stochastic = {o_.key, o_.first_index + first};
-    q.threads = 1;
-    const QuantizeCounts counts =
-        quantize(*f_.element.floating, std::span<const float>(y_.data(), n), std::span<float>(e_.data(), n), q);
-    summary_.counts.saturated += counts.overflow;
-    summary_.counts.flushed += counts.flushed_to_zero;
-  }
-
-  void flush() {
-    if (used_ == 0) return;
-    round_elements(begin_, used_);
-    float* out = out_.data() + begin_;
-    for (const Segment& s : segments_) {
-      float* o = out + s.offset;
-      const float* e = e_.data() + s.offset;
-      if (s.params.nan) {
-        std::fill(o, o + s.length, std::numeric_limits<float>::quiet_NaN());
-        summary_.counts.nan += s.length;
-      } else if (kind_ == BlockKind::nvfp4) {
-        const float sb = s.params.dequant, ts = tensor_scale_;
-        for (std::size_t i = 0; i < s.length; ++i) o[i] = (e[i] * sb) * ts;  // element * sb is exact
-      } else {
-        const float d = s.params.dequant;
-        for (std::size_t i = 0; i < s.length; ++i) o[i] = e[i] * d;
-      }
-    }
-    begin_ += used_;
-    used_ = 0;
-    segments_.clear();
-  }
-
+  using Params = detail::BlockParams;
   const BlockFormat& f_;
   std::span<const float> x_;
   std::span<float> out_;
   std::int64_t rows_, cols_;
   const BlockQuantizeOptions& o_;
-  BlockKind kind_;
   std::int64_t grid_rows_, grid_cols_;
   detail::BlockRule rule_;
-  std::vector<Params> params_;
-  std::vector<float> y_, e_;
-  std::size_t used_ = 0, begin_ = 0;  // y_[0, used_) are the elements [begin_, begin_ + used_)
-  std::vector<Segment> segments_;
+  std::vector<Params> params_;  // 2-D tiles only
   BlockSummary summary_;
-  bool tensor_nan_ = false;
-  float encode_ = 1, tensor_scale_ = 1;
 };
 
 void check_shape(const BlockFormat& format, std::size_t size, std::int64_t rows, std::int64_t cols) {

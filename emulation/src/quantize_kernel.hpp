@@ -53,13 +53,16 @@ const char* vector_target();
 // largest magnitude, its scale (block_params), y = x op scale, y rounded to the
 // element format (the kernel's), and y's element times the dequantization
 // factor, without leaving registers. Block b's scale code goes to codes[b].
-// Element i draws index first_index + i; [first_index, first_index + n) must not
-// cross a multiple of 2^32, and n must be below 2^28 (lane counters).
+// With `given` (a row of 2-D tiles, whose scales span rows) block b takes
+// given[b] instead, and codes and clamped counts are left to the caller.
+// Element i draws index first_index + i; n must be below 2^28 (lane counters).
 struct BlockKernelCounts {
   std::uint64_t nonzero = 0, lost = 0, saturated = 0, flushed = 0, nan = 0, clamped = 0;
 };
-void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
-                            std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
-                            BlockKernelCounts& counts);
+void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
+                            const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
+                            std::uint32_t* codes, BlockKernelCounts& counts);
+// The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
+std::uint32_t amax_bits(const float* x, std::size_t n);
 
 }  // namespace mpsim::detail

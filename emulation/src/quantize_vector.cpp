@@ -529,10 +529,23 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   return v;
 }
 
+// The draws of the lanes at indices index, index + 1, ...: the vector hash,
+// or lane by lane where the lanes' high words differ (a multiple of 2^32 inside).
+template <class D>
+HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index) {
+  const std::size_t lanes = hn::Lanes(d);
+  if ((index >> 32) == ((index + lanes - 1) >> 32))
+    return Draws(d, key, hn::Iota(d, static_cast<std::uint32_t>(index)),
+                 hn::Set(d, key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u));
+  HWY_ALIGN std::uint32_t draws[HWY_MAX_BYTES / sizeof(std::uint32_t)];
+  for (std::size_t l = 0; l < lanes; ++l) draws[l] = random_draw(key, index + l);
+  return hn::Load(d, draws);
+}
+
 template <RoundingMode kMode>
-void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
-                        std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
-                        BlockKernelCounts& total) {
+void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
+                        const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
+                        std::uint32_t* codes, BlockKernelCounts& total) {
   using U = std::uint32_t;
   const Kernel<U> k = kernel;
   using D = hn::ScalableTag<U>;
@@ -542,7 +555,6 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   using VF = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(d);
   const VectorRounder<kMode, D> round_vector{k};
-  const auto high_term = hn::Set(d, k.key.high + static_cast<std::uint32_t>(first_index >> 32) * 0x9E3779B9u);
   const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
   Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
   std::uint64_t nonzero = 0, lost = 0;
@@ -550,46 +562,50 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
-  {
-    for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += block) {
-      const std::size_t end = std::min(n, begin + block);
-      // The block's largest magnitude (the tail through a zero-padded buffer).
+  for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += block) {
+    const std::size_t end = std::min(n, begin + block);
+    // The block's scale: given (a row's part of a 2-D tile), or from its largest magnitude.
+    std::size_t j = begin;
+    HWY_ALIGN float tail_in[HWY_MAX_BYTES / sizeof(float)];
+    const std::size_t tail = (end - begin) % lanes;
+    if (tail != 0) {  // the tail through a zero-padded buffer
+      std::fill(tail_in, tail_in + lanes, 0.0f);
+      std::memcpy(tail_in, in + end - tail, tail * sizeof(float));
+    }
+    BlockParams p;
+    if (given != nullptr) {
+      p = given[b];
+    } else {
       V m = hn::Zero(d);
-      std::size_t j = begin;
       for (; j + lanes <= end; j += lanes) m = hn::Max(m, hn::And(hn::BitCast(d, hn::LoadU(df, in + j)), magnitude));
-      HWY_ALIGN float tail_in[HWY_MAX_BYTES / sizeof(float)];
-      if (j < end) {
-        std::fill(tail_in, tail_in + lanes, 0.0f);
-        std::memcpy(tail_in, in + j, (end - j) * sizeof(float));
-        m = hn::Max(m, hn::And(hn::BitCast(d, hn::Load(df, tail_in)), magnitude));
-      }
-      const BlockParams p = block_params(rule, hn::GetLane(hn::MaxOfLanes(d, m)));
+      if (tail != 0) m = hn::Max(m, hn::And(hn::BitCast(d, hn::Load(df, tail_in)), magnitude));
+      p = block_params(rule, hn::GetLane(hn::MaxOfLanes(d, m)));
       codes[b] = p.code;
       total.clamped += p.clamped;
-      if (p.nan) {  // count before writing: `out` may be `in`
-        for (std::size_t i = begin; i < end; ++i)
-          nonzero += ((std::bit_cast<U>(in[i]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
-        std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
-        total.nan += end - begin;
-        continue;
-      }
-      const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant), ts = hn::Set(df, rule.tensor_scale);
-      const auto draw_at = [&](std::size_t at) {
-        if constexpr (stochastic) return Draws(d, k.key, hn::Iota(d, static_cast<std::uint32_t>(first_index + at)), high_term);
-        else return hn::Zero(d);
-      };
-      for (j = begin; j + lanes <= end; j += lanes) {
-        hn::StoreU(BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
-                                      p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost),
-                   df, out + j);
-      }
-      if (j < end) {
-        HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
-        hn::Store(BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
-                                     p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost),
-                  df, tail_out);
-        std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
-      }
+    }
+    if (p.nan) {  // count before writing: `out` may be `in`
+      for (std::size_t i = begin; i < end; ++i)
+        nonzero += ((std::bit_cast<U>(in[i]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
+      std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
+      total.nan += end - begin;
+      continue;
+    }
+    const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant), ts = hn::Set(df, rule.tensor_scale);
+    const auto draw_at = [&](std::size_t at) {
+      if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at);
+      else return hn::Zero(d);
+    };
+    for (j = begin; j + lanes <= end; j += lanes) {
+      hn::StoreU(BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
+                                    p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost),
+                 df, out + j);
+    }
+    if (j < end) {
+      HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
+      hn::Store(BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
+                                   p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost),
+                df, tail_out);
+      std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
     }
   }
   HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
@@ -604,13 +620,26 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   total.lost += lost;
 }
 
-void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const float* in, float* out,
-                         std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
-                         BlockKernelCounts& counts) {
+void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const BlockParams* given,
+                         const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
+                         std::uint32_t* codes, BlockKernelCounts& counts) {
   if (k.mode == RoundingMode::stochastic)
-    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, in, out, n, block, first_index, codes, counts);
+    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, given, in, out, n, block, first_index, codes, counts);
   else
-    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, in, out, n, block, first_index, codes, counts);
+    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, given, in, out, n, block, first_index, codes, counts);
+}
+
+// The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
+std::uint32_t AmaxBits(const float* x, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const hn::RebindToUnsigned<decltype(df)> du;
+  const auto magnitude = hn::Set(du, 0x7FFFFFFFu);
+  auto m = hn::Zero(du);
+  std::size_t i = 0;
+  for (; i + hn::Lanes(df) <= n; i += hn::Lanes(df)) m = hn::Max(m, hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), magnitude));
+  std::uint32_t result = hn::GetLane(hn::MaxOfLanes(du, m));
+  for (; i < n; ++i) result = std::max(result, std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
+  return result;
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -625,12 +654,15 @@ HWY_EXPORT(QuantizeFloat);
 HWY_EXPORT(QuantizeDouble);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(QuantizeBlocksFloat);
+HWY_EXPORT(AmaxBits);
 
-void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const float* in, float* out,
-                            std::size_t n, std::size_t block, std::uint64_t first_index, std::uint32_t* codes,
-                            BlockKernelCounts& counts) {
-  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, in, out, n, block, first_index, codes, counts);
+void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
+                            const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
+                            std::uint32_t* codes, BlockKernelCounts& counts) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, given, in, out, n, block, first_index, codes, counts);
 }
+
+std::uint32_t amax_bits(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(AmaxBits)(x, n); }
 
 QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,
                                std::uint64_t first_index) {
