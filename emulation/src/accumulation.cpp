@@ -187,9 +187,146 @@ float fused_block(const TensorCoreModel& m, const float* a, const float* b, cons
   return to_float(m.output, detail::round_exact(m.output, Rounding{m.rounding}, value, 0).bits);
 }
 
+// AMD "prd_limit" (MATLAB-tensor-core, MI210MC.m, MI300MC.m): a product at or
+// beyond 2^(emax + 1) of the output is an infinity before anything is summed.
+std::optional<float> product_overflow(const TensorCoreModel& m, const float* a, const float* b, int n) {
+  const double limit = std::ldexp(1.0, m.output.emax() + 1);
+  bool positive = false, negative = false;
+  for (int j = 0; j < n; ++j) {
+    const double p = double{a[j]} * double{b[j]};  // exact: two significands of <= 24 bits
+    if (std::fabs(p) >= limit) (p < 0 ? negative : positive) = true;
+  }
+  if (!positive && !negative) return std::nullopt;
+  if (positive && negative) return canonical_nan(m.output);
+  return to_float(m.output, infinity_or_nan(m.output, negative));
+}
+
+// CDNA1 (MI100MC.m, "correct_rounding"): the products and c summed exactly, rounded once.
+float exact_block(const TensorCoreModel& m, const float* a, const float* b, int n, float c) {
+  ExactAccumulator sum;
+  bool all_negative = true, any_negative = false, only_zeros = true;
+  auto add_term = [&](bool negative, std::uint64_t significand, int lsb) {
+    if (significand == 0) {
+      all_negative = all_negative && negative;
+      any_negative = any_negative || negative;
+      return;
+    }
+    only_zeros = false;
+    sum.add(negative, significand, lsb);
+  };
+  for (int j = 0; j < n; ++j) {
+    const Operand x = decode_finite(a[j], m.input.emin()), y = decode_finite(b[j], m.input.emin());
+    add_term(x.negative != y.negative, x.significand * y.significand, x.lsb + y.lsb);
+  }
+  const Operand z = decode_finite(c, m.output.emin());
+  add_term(z.negative, z.significand, z.lsb);
+  if (only_zeros || sum.is_zero()) return zero_result(m.rounding, all_negative, any_negative, only_zeros);
+  return to_float(m.output, detail::round_exact(m.output, Rounding{m.rounding}, sum.value(), 0).bits);
+}
+
+// CDNA2 (MI210MC.m, "pair_wise_sum"): products rounded to the output format
+// (nearest-even, as MATLAB's single()), the block summed by halving (a missing
+// product is +0), each sum rounded in the output format, then c + sum.
+float pairwise_block(const TensorCoreModel& m, const float* a, const float* b, int n, float c) {
+  std::array<Bits, 64> p;
+  for (int j = 0; j < m.block_size; ++j)
+    p[j] = round_to_format(m.output, Rounding{RoundingMode::nearest_even}, j < n ? double{a[j]} * double{b[j]} : 0.0)
+               .bits;
+  const Rounding r{m.rounding};
+  auto halve = [&](auto&& self, int lo, int count) -> Bits {
+    if (count == 1) return p[lo];
+    const int half = count / 2;
+    return add(m.output, r, self(self, lo, half), self(self, lo + half, count - half)).bits;
+  };
+  const Bits sum = add(m.output, r, format_bits(m.output, c), halve(halve, 0, m.block_size)).bits;
+  if (classify(m.output, sum) == FloatClass::nan) return canonical_nan(m.output);
+  return to_float(m.output, sum);
+}
+
+// x / 2^shift rounded toward -inf (shift > 0), or x * 2^-shift (shift <= 0, exact here).
+i128 floor_shift(i128 x, int shift) {
+  if (shift <= 0) return x << -shift;
+  if (shift >= 127) return x < 0 ? -1 : 0;
+  return x >> shift;  // arithmetic: toward -inf
+}
+
+// CDNA3 (MI300MC.m, "late_partial_sum"; last in commit b4bf135 of
+// MATLAB-tensor-core): the products fused and truncated like `fused`, kept
+// unnormalised; c (exponent emin of the output when it is 0) then joins: the
+// smaller addend is rounded toward -inf onto the larger's grid, fraction_bits
+// below its exponent (7 more for the products' sum when c is larger).
+float late_c_block(const TensorCoreModel& m, const float* a, const float* b, int n, float c) {
+  struct Term {
+    bool negative;
+    std::uint64_t significand;
+    int lsb, exponent;
+  };
+  std::array<Term, 64> terms;
+  int count = 0;
+  bool all_negative = true, any_negative = false;
+  for (int j = 0; j < n; ++j) {
+    const Operand x = decode_finite(a[j], m.input.emin()), y = decode_finite(b[j], m.input.emin());
+    const bool negative = x.negative != y.negative;
+    if (x.significand == 0 || y.significand == 0) {
+      all_negative = all_negative && negative;
+      any_negative = any_negative || negative;
+      continue;
+    }
+    terms[count++] = {negative, x.significand * y.significand, x.lsb + y.lsb, x.exponent + y.exponent};
+  }
+  const Operand z = decode_finite(c, m.output.emin());
+  if (count == 0) {
+    if (z.significand != 0) return c;
+    return zero_result(m.rounding, all_negative && z.negative, any_negative || z.negative, true);
+  }
+  const int F = m.fraction_bits;
+  int product_exponent = terms[0].exponent;
+  for (int j = 1; j < count; ++j) product_exponent = std::max(product_exponent, terms[j].exponent);
+  auto truncated = [](std::uint64_t significand, int lsb, int unit) -> u128 {
+    if (lsb >= unit) return static_cast<u128>(significand) << (lsb - unit);
+    return unit - lsb < 64 ? significand >> (unit - lsb) : 0;
+  };
+  i128 products = 0;
+  for (int j = 0; j < count; ++j) {
+    const i128 v = static_cast<i128>(truncated(terms[j].significand, terms[j].lsb, product_exponent - F));
+    products += terms[j].negative ? -v : v;
+  }
+  const i128 magnitude_c = static_cast<i128>(truncated(z.significand, z.lsb, z.exponent - F));
+  i128 addend = z.negative ? -magnitude_c : magnitude_c;
+  int unit = product_exponent - F;
+  if (z.exponent > product_exponent) {  // MI300MC.m: the products' sum gets 7 more bits (eab_1 = 7)
+    unit = z.exponent - F - 7;
+    products = floor_shift(products, z.exponent - product_exponent - 7);
+    addend <<= 7;
+  } else {
+    addend = floor_shift(addend, product_exponent - z.exponent);
+  }
+  const i128 sum = products + addend;
+  if (sum == 0) return zero_result(m.rounding, false, false, false);
+  const detail::Exact value{sum < 0, unit, static_cast<u128>(sum < 0 ? -sum : sum), false};
+  return to_float(m.output, detail::round_exact(m.output, Rounding{m.rounding}, value, 0).bits);
+}
+
 // One instruction: a block of up to block_size products (a missing product is 0).
 float tensor_core_block(const TensorCoreModel& m, const float* a, const float* b, int n, float c) {
   std::array<int, 64> index;
+  if (m.sum != TensorCoreSum::fused) {
+    for (int j = 0; j < n; ++j) index[j] = j;
+    if (auto special = special_result(a, b, index.data(), n, c, m.output)) return *special;
+    if (m.products_overflow)
+      if (auto overflow = product_overflow(m, a, b, n)) return *overflow;
+    switch (m.sum) {
+      case TensorCoreSum::exact: return exact_block(m, a, b, n, c);
+      case TensorCoreSum::pairwise: return pairwise_block(m, a, b, n, c);
+      case TensorCoreSum::late_c: return late_c_block(m, a, b, n, c);
+      case TensorCoreSum::fused: break;
+    }
+  }
+  if (m.products_overflow) {
+    for (int j = 0; j < n; ++j) index[j] = j;
+    if (!special_result(a, b, index.data(), n, c, m.output))
+      if (auto overflow = product_overflow(m, a, b, n)) return *overflow;
+  }
   if (m.groups <= 1 && !m.c_added_last) {
     for (int j = 0; j < n; ++j) index[j] = j;
     return fused_block(m, a, b, index.data(), n, c);
@@ -208,16 +345,43 @@ float tensor_core_block(const TensorCoreModel& m, const float* a, const float* b
   return to_float(m.output, sum.bits);
 }
 
-void check_model(const TensorCoreModel& m) {
+std::string_view sum_name(TensorCoreSum sum) {
+  switch (sum) {
+    case TensorCoreSum::fused: return "fused";
+    case TensorCoreSum::exact: return "exact";
+    case TensorCoreSum::pairwise: return "pairwise";
+    case TensorCoreSum::late_c: return "late-c";
+  }
+  return "fused";
+}
+
+// Why a model cannot run, or nothing when it can.
+std::optional<std::string> invalid_reason(const TensorCoreModel& m) {
   auto shaped_like = [&](const Format& f) {  // binary32 or binary16, with either subnormal handling
     return m.output.exponent_bits == f.exponent_bits && m.output.mantissa_bits == f.mantissa_bits &&
            m.output.specials == Specials::ieee;
   };
-  const bool output_ok = shaped_like(formats::binary32) || shaped_like(formats::binary16);
-  if (!output_ok || !fits_in_float(m.input) || m.input.invalid_reason() || m.block_size < 1 || m.block_size > 64 ||
-      m.fraction_bits < 1 || m.fraction_bits > 100 || m.result_precision < 0 || m.groups < 1 ||
-      m.groups > m.block_size || m.group_run < 1 || m.rounding == RoundingMode::stochastic)
-    throw std::invalid_argument("unsupported tensor-core model: " + to_string(m));
+  if (!shaped_like(formats::binary32) && !shaped_like(formats::binary16))
+    return "output " + m.output.name() + " is not binary32 or binary16";
+  if (auto why = m.input.invalid_reason()) return "input " + m.input.name() + ": " + *why;
+  if (!fits_in_float(m.input)) return "input " + m.input.name() + " does not fit in binary32";
+  if (m.block_size < 1 || m.block_size > 64) return "block " + std::to_string(m.block_size) + " is not in 1..64";
+  if (m.fraction_bits < 1 || m.fraction_bits > 100)
+    return "bits " + std::to_string(m.fraction_bits) + " is not in 1..100";
+  if (m.result_precision < 0 || m.result_precision > 100)
+    return "precision " + std::to_string(m.result_precision) + " is not in 0..100";
+  if (m.groups < 1 || m.groups > m.block_size)
+    return "groups " + std::to_string(m.groups) + " is not in 1..block";
+  if (m.group_run < 1) return "run " + std::to_string(m.group_run) + " is below 1";
+  if (m.rounding == RoundingMode::stochastic) return "rounding must be deterministic, not stochastic";
+  if (m.sum != TensorCoreSum::fused && (m.groups != 1 || m.result_precision != 0 || m.c_added_last))
+    return "sum=" + std::string(sum_name(m.sum)) + " takes no groups, precision or c=last";
+  if (m.sum == TensorCoreSum::late_c && m.fraction_bits > 90) return "sum=late-c takes bits up to 90";
+  return std::nullopt;
+}
+
+void check_model(const TensorCoreModel& m) {
+  if (auto why = invalid_reason(m)) throw std::invalid_argument("unsupported tensor-core model " + to_string(m) + ": " + *why);
 }
 
 // --- Summation in a format ----------------------------------------------------
@@ -331,9 +495,128 @@ float exact_dot(const Format& f, RoundingMode mode, std::span<const float> a, st
   return to_float(f, detail::round_exact(f, Rounding{mode}, sum.value(), 0).bits);
 }
 
-// --- Names ----------------------------------------------------------------------
+// --- Presets ----------------------------------------------------------------------
 
-constexpr std::string_view kGpus[] = {"v100", "a100", "h100"};
+// Every GPU's tensor core, one row per architecture, input and output format.
+// Parameters from Khattak and Mikaitis's MATLAB-tensor-core models (BSD-2,
+// models/*.m; MI300 from models/MI300MC.m at commit b4bf135): block = "fma",
+// bits = 23 + "neab", rounding = "frmode" (rz: toward zero, rne: nearest-even);
+// "neab" -10 (FP8 on H100 and Ada) is bits 13 with the sum truncated to 14
+// bits (GEMM.m narrows the output significand by 10). docs/tensor_cores.md
+// has the table with its sources; the H100 FP8 -> binary16 row and the
+// binary16 outputs were fitted to the measured vectors (shared/).
+enum class Basis : std::uint8_t {
+  measured,   // reproduces every measured case in shared/tensor-core-vectors/
+  published,  // the published model; no measured vectors here
+  nvidia_doc, // no published model: built from NVIDIA's PTX ISA (kind::f8f6f4 takes FP8, FP6, FP4 alike)
+};
+
+struct PresetRow {
+  std::string_view arch;
+  Format input;
+  bool out16;  // binary16 output, else binary32
+  int block, bits, precision;
+  RoundingMode rounding;
+  int groups = 1, run = 1;
+  bool c_last = false;
+  TensorCoreSum sum = TensorCoreSum::fused;
+  bool overflow = false, flush = false;  // AMD prd_limit; subnormals flushed on input and output
+  Basis basis = Basis::published;
+};
+
+constexpr RoundingMode rz = RoundingMode::toward_zero, rne = RoundingMode::nearest_even;
+constexpr TensorCoreSum sum_exact = TensorCoreSum::exact, sum_pairwise = TensorCoreSum::pairwise,
+                        sum_late_c = TensorCoreSum::late_c, sum_fused = TensorCoreSum::fused;
+using formats::binary16, formats::bfloat16, formats::tf32, formats::e4m3, formats::e5m2, formats::e2m1,
+    formats::e2m3, formats::e3m2;
+constexpr Basis measured = Basis::measured, nvidia_doc = Basis::nvidia_doc, published = Basis::published;
+
+constexpr PresetRow kPresets[] = {
+    // arch   input    out16  block bits prec rounding groups run c_last sum overflow flush basis
+    {"v100", binary16, false, 4, 23, 0, rz, 1, 1, false, sum_fused, false, false, measured},  // V100TC.m
+    {"v100", binary16, true, 4, 23, 0, rne, 1, 1, false, sum_fused, false, false, measured},
+    {"a100", binary16, false, 8, 24, 0, rz, 1, 1, false, sum_fused, false, false, measured},  // A100TC.m
+    {"a100", binary16, true, 8, 24, 0, rne, 1, 1, false, sum_fused, false, false, measured},
+    {"a100", bfloat16, false, 8, 24, 0, rz, 1, 1, false, sum_fused, false, false, measured},
+    {"a100", tf32, false, 4, 24, 0, rz, 1, 1, false, sum_fused, false, false, measured},
+    {"h100", binary16, false, 16, 25, 0, rz, 1, 1, false, sum_fused, false, false, measured},  // H100TC.m
+    {"h100", binary16, true, 16, 25, 0, rne, 1, 1, false, sum_fused, false, false, measured},
+    {"h100", bfloat16, false, 16, 25, 0, rz, 1, 1, false, sum_fused, false, false, measured},
+    {"h100", tf32, false, 8, 25, 0, rz, 1, 1, false, sum_fused, false, false, measured},
+    {"h100", e4m3, false, 32, 13, 14, rz, 1, 1, false, sum_fused, false, false, measured},  // wgmma
+    {"h100", e5m2, false, 32, 13, 14, rz, 1, 1, false, sum_fused, false, false, measured},
+    // mma.sync, f16 accumulator: two blocks of alternating pairs from +0, then c (fitted to shared/).
+    {"h100", e4m3, true, 32, 25, 0, rne, 2, 2, true, sum_fused, false, false, measured},
+    {"h100", e5m2, true, 32, 25, 0, rne, 2, 2, true, sum_fused, false, false, measured},
+    {"ada", binary16, false, 8, 24, 0, rz, 1, 1, false, sum_fused, false, false, published},  // AdaTC.m, L40STC.m
+    {"ada", binary16, true, 8, 24, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"ada", bfloat16, false, 8, 24, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"ada", tf32, false, 4, 24, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"ada", e4m3, false, 16, 13, 14, rz, 1, 1, false, sum_fused, false, false, published},
+    {"ada", e5m2, false, 16, 13, 14, rz, 1, 1, false, sum_fused, false, false, published},
+    {"b200", binary16, false, 16, 25, 0, rz, 1, 1, false, sum_fused, false, false, published},  // B200TC.m
+    {"b200", binary16, true, 16, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200", bfloat16, false, 16, 25, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"b200", tf32, false, 8, 25, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"b200", e4m3, false, 32, 25, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"b200", e5m2, false, 32, 25, 0, rz, 1, 1, false, sum_fused, false, false, published},
+    {"b200", e3m2, false, 32, 25, 0, rz, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"b200", e2m3, false, 32, 25, 0, rz, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"b200", e2m1, false, 32, 25, 0, rz, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"b200rn", binary16, false, 16, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},  // B200TCRN.m
+    {"b200rn", binary16, true, 16, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200rn", bfloat16, false, 16, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200rn", tf32, false, 8, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200rn", e4m3, false, 32, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200rn", e5m2, false, 32, 25, 0, rne, 1, 1, false, sum_fused, false, false, published},
+    {"b200rn", e3m2, false, 32, 25, 0, rne, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"b200rn", e2m3, false, 32, 25, 0, rne, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"b200rn", e2m1, false, 32, 25, 0, rne, 1, 1, false, sum_fused, false, false, nvidia_doc},
+    {"cdna1", binary16, false, 4, 25, 0, rne, 1, 1, false, sum_exact, false, false, published},  // MI100MC.m
+    {"cdna1", bfloat16, false, 2, 25, 0, rne, 1, 1, false, sum_exact, false, false, published},
+    {"cdna2", binary16, false, 4, 25, 0, rne, 1, 1, false, sum_pairwise, true, true, published},  // MI210MC.m
+    {"cdna2", bfloat16, false, 4, 25, 0, rne, 1, 1, false, sum_pairwise, true, true, published},
+    {"cdna3", binary16, false, 8, 24, 0, rne, 1, 1, false, sum_late_c, true, false, published},  // MI300MC.m
+    {"cdna3", bfloat16, false, 8, 24, 0, rne, 1, 1, false, sum_late_c, true, false, published},
+    {"cdna3", tf32, false, 4, 24, 0, rne, 1, 1, false, sum_late_c, true, false, published},
+};
+
+// GPU names (lower case) and the architecture whose rows they use; the
+// published models make A30 and A2 A100 (A30TC.m, A2TC.m), H200 H100
+// (H200TC.m), L40S Ada (L40STC.m: the same parameters as AdaTC.m), RTX PRO
+// 6000 B200 (RTXPRO6000TC.m), MI250 MI210 and MI300A/X MI300 (their *MC.m).
+// RTX 6000 Ada is the Ada architecture (sm_89) too; no model names it.
+struct GpuName {
+  std::string_view gpu, arch;
+};
+constexpr GpuName kGpuArch[] = {
+    {"v100", "v100"},   {"a100", "a100"},  {"a30", "a100"},        {"a2", "a100"},          {"h100", "h100"},
+    {"h200", "h100"},   {"ada", "ada"},    {"l40s", "ada"},        {"rtx6000ada", "ada"},   {"b200", "b200"},
+    {"b200rn", "b200rn"}, {"rtxpro6000", "b200"}, {"mi100", "cdna1"}, {"mi210", "cdna2"}, {"mi250", "cdna2"},
+    {"mi300a", "cdna3"}, {"mi300x", "cdna3"},
+};
+constexpr auto kGpus = [] {
+  std::array<std::string_view, std::size(kGpuArch)> names{};
+  for (std::size_t i = 0; i < names.size(); ++i) names[i] = kGpuArch[i].gpu;
+  return names;
+}();
+
+// Formats match by shape; the GPU decides subnormal handling and saturation.
+bool same_shape(const Format& a, const Format& b) {
+  return a.exponent_bits == b.exponent_bits && a.mantissa_bits == b.mantissa_bits && a.specials == b.specials;
+}
+
+const PresetRow* find_preset(std::string_view gpu_name, const Format& input, const Format& output) {
+  const std::string gpu = lower(gpu_name);
+  const bool out16 = same_shape(output, formats::binary16);
+  if (!out16 && !same_shape(output, formats::binary32)) return nullptr;
+  for (const GpuName& g : kGpuArch) {
+    if (g.gpu != gpu) continue;
+    for (const PresetRow& row : kPresets)
+      if (row.arch == g.arch && row.out16 == out16 && same_shape(row.input, input)) return &row;
+  }
+  return nullptr;
+}
 
 std::optional<int> parse_int(std::string_view text) {
   int value = 0;
@@ -344,68 +627,124 @@ std::optional<int> parse_int(std::string_view text) {
 
 }  // namespace
 
-// --- Presets ----------------------------------------------------------------------
-
 std::span<const std::string_view> tensor_core_gpus() { return kGpus; }
 
-std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu_name, const Format& input,
-                                                  const Format& output) {
-  const std::string gpu = lower(gpu_name);
-  const bool fp16_in = input == formats::binary16, bf16_in = input == formats::bfloat16,
-             tf32_in = input == formats::tf32;
-  const bool fp8_in = input == formats::e4m3 || input == formats::e5m2;
-  const bool out32 = output == formats::binary32, out16 = output == formats::binary16;
-  if (!out32 && !out16) return std::nullopt;
+std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu, const Format& input, const Format& output) {
+  const PresetRow* row = find_preset(gpu, input, output);
+  if (!row) return std::nullopt;
+  const Subnormals subnormals = row->flush ? Subnormals::flush_to_zero : Subnormals::gradual;
   TensorCoreModel m;
-  m.input = input;
-  m.output = output;
-  // binary32 results are truncated, binary16 results rounded to nearest-even
-  // (Fasi et al. 2021, section 4; Khattak and Mikaitis).
-  m.rounding = out32 ? RoundingMode::toward_zero : RoundingMode::nearest_even;
-  if (gpu == "v100") {  // Volta: 4 products, no extra alignment bit; fp16 inputs only
-    if (!fp16_in) return std::nullopt;
-    m.block_size = 4;
-    m.fraction_bits = 23;
-    return m;
-  }
-  if (gpu == "a100") {  // Ampere: 8 products (tf32: 4), 1 extra bit; binary16 output for fp16 inputs only
-    if (!(fp16_in || ((bf16_in || tf32_in) && out32))) return std::nullopt;
-    m.block_size = tf32_in ? 4 : 8;
-    m.fraction_bits = 24;
-    return m;
-  }
-  if (gpu == "h100") {  // Hopper: 16 products (tf32: 8), 2 extra bits
-    if (fp16_in || ((bf16_in || tf32_in) && out32)) {
-      m.block_size = tf32_in ? 8 : 16;
-      m.fraction_bits = 25;
-      return m;
-    }
-    if (!fp8_in) return std::nullopt;
-    m.block_size = 32;
-    if (out32) {  // wgmma: one block of 32, an accumulator 10 bits narrower, a 14-bit normalised sum
-      m.fraction_bits = 13;
-      m.result_precision = 14;
-      return m;
-    }
-    // mma.sync with binary16 accumulation: two fp16 blocks of 16 (pairs of
-    // products alternate between them), from +0, then c added in binary16.
-    m.fraction_bits = 25;
-    m.groups = 2;
-    m.group_run = 2;
-    m.c_added_last = true;
-    return m;
-  }
-  return std::nullopt;
+  m.input = row->input;
+  m.input.subnormals = row->flush ? subnormals : row->input.subnormals;
+  m.output = row->out16 ? formats::binary16 : formats::binary32;
+  m.output.subnormals = subnormals;
+  m.block_size = row->block;
+  m.fraction_bits = row->bits;
+  m.result_precision = row->precision;
+  m.rounding = row->rounding;
+  m.groups = row->groups;
+  m.group_run = row->run;
+  m.c_added_last = row->c_last;
+  m.sum = row->sum;
+  m.products_overflow = row->overflow;
+  return m;
+}
+
+bool tensor_core_preset_validated(std::string_view gpu, const Format& input, const Format& output) {
+  const PresetRow* row = find_preset(gpu, input, output);
+  const std::string g = lower(gpu);
+  return row && row->basis == Basis::measured && (g == "v100" || g == "a100" || g == "h100");
 }
 
 std::string to_string(const TensorCoreModel& m) {
-  std::string s = "tensor-core(input " + m.input.name() + ", output " + m.output.name() + ", block " +
-                  std::to_string(m.block_size) + ", fraction bits " + std::to_string(m.fraction_bits);
-  if (m.result_precision > 0) s += ", result precision " + std::to_string(m.result_precision);
-  s += ", rounding " + std::string(to_string(m.rounding));
-  if (m.groups > 1) s += ", " + std::to_string(m.groups) + " groups of runs of " + std::to_string(m.group_run);
-  if (m.c_added_last) s += ", c added last";
-  return s + ")";
+  std::string s = "tc:input=" + m.input.name() + ",output=" + m.output.name() + ",block=" +
+                  std::to_string(m.block_size) + ",bits=" + std::to_string(m.fraction_bits);
+  if (m.result_precision > 0) s += ",precision=" + std::to_string(m.result_precision);
+  s += ",rounding=" + std::string(to_string(m.rounding));
+  if (m.groups > 1 || m.group_run > 1) s += ",groups=" + std::to_string(m.groups) + ",run=" + std::to_string(m.group_run);
+  if (m.c_added_last) s += ",c=last";
+  if (m.sum != TensorCoreSum::fused) s += ",sum=" + std::string(sum_name(m.sum));
+  if (m.products_overflow) s += ",overflow=products";
+  return s;
+}
+
+TensorCoreModel parse_tensor_core_model(std::string_view text) {
+  std::string body = lower(text);
+  if (body.rfind("tc:", 0) == 0) body.erase(0, 3);
+  TensorCoreModel m;
+  bool has_bits = false, has_extra = false;
+  std::vector<std::string> seen;
+  std::size_t start = 0;
+  while (start <= body.size()) {
+    const std::size_t comma = body.find(',', start);
+    const std::string item = body.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    start = comma == std::string::npos ? body.size() + 1 : comma + 1;
+    const std::size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw std::invalid_argument("tensor-core model: '" + item + "' is not KEY=VALUE");
+    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end())
+      throw std::invalid_argument("tensor-core model: key '" + key + "' is given twice");
+    seen.push_back(key);
+    auto number = [&] {
+      const auto v = parse_int(value);
+      if (!v) throw std::invalid_argument("tensor-core model: " + key + "=" + value + " is not an integer");
+      return *v;
+    };
+    auto format = [&] {
+      const auto f = parse_format(value);
+      if (!f) throw std::invalid_argument("tensor-core model: " + key + "=" + value + " is not a format");
+      return *f;
+    };
+    if (key == "input") {
+      m.input = format();
+    } else if (key == "output") {
+      m.output = format();
+    } else if (key == "block") {
+      m.block_size = number();
+    } else if (key == "bits") {
+      m.fraction_bits = number();
+      has_bits = true;
+    } else if (key == "extra") {
+      m.fraction_bits = 23 + number();
+      has_extra = true;
+    } else if (key == "precision") {
+      m.result_precision = number();
+    } else if (key == "rounding") {
+      const auto mode = parse_rounding_mode(value);
+      if (!mode) throw std::invalid_argument("tensor-core model: rounding=" + value + " is not a rounding mode");
+      m.rounding = *mode;
+    } else if (key == "groups") {
+      m.groups = number();
+    } else if (key == "run") {
+      m.group_run = number();
+    } else if (key == "c") {
+      if (value != "block" && value != "last")
+        throw std::invalid_argument("tensor-core model: c=" + value + " is neither 'block' nor 'last'");
+      m.c_added_last = value == "last";
+    } else if (key == "sum") {
+      bool found = false;
+      for (TensorCoreSum kind :
+           {TensorCoreSum::fused, TensorCoreSum::exact, TensorCoreSum::pairwise, TensorCoreSum::late_c})
+        if (value == sum_name(kind)) {
+          m.sum = kind;
+          found = true;
+        }
+      if (!found)
+        throw std::invalid_argument("tensor-core model: sum=" + value + " is not fused, exact, pairwise or late-c");
+    } else if (key == "overflow") {
+      if (value != "ieee" && value != "products")
+        throw std::invalid_argument("tensor-core model: overflow=" + value + " is neither 'ieee' nor 'products'");
+      m.products_overflow = value == "products";
+    } else {
+      throw std::invalid_argument("tensor-core model: unknown key '" + key +
+                                  "' (keys: input, output, block, bits, extra, precision, rounding, groups, run, c, "
+                                  "sum, overflow)");
+    }
+  }
+  if (has_bits && has_extra) throw std::invalid_argument("tensor-core model: give bits or extra, not both");
+  if (auto why = invalid_reason(m)) throw std::invalid_argument("tensor-core model: " + *why);
+  return m;
 }
 
 float tensor_core_dot(const TensorCoreModel& m, std::span<const float> a, std::span<const float> b, float c) {
@@ -444,8 +783,10 @@ float dot(const AccumulationModel& model, std::span<const float> a, std::span<co
 std::string to_string(const AccumulationModel& m) {
   if (m.kind == AccumulationKind::tensor_core) {
     for (std::string_view gpu : kGpus) {
-      if (tensor_core_preset(gpu, m.tensor_core.input, m.tensor_core.output) == m.tensor_core)
-        return std::string(gpu) + ":" + m.tensor_core.input.name() + ":" + m.tensor_core.output.name();
+      if (tensor_core_preset(gpu, m.tensor_core.input, m.tensor_core.output) != m.tensor_core) continue;
+      Format in = m.tensor_core.input, out = m.tensor_core.output;  // the preset sets subnormal handling
+      in.subnormals = out.subnormals = Subnormals::gradual;
+      return std::string(gpu) + ":" + in.name() + ":" + out.name();
     }
     return to_string(m.tensor_core);
   }
@@ -464,6 +805,17 @@ std::string to_string(const AccumulationModel& m) {
 std::optional<AccumulationModel> parse_accumulation_model(std::string_view text, const Format& tensor_core_input) {
   const std::string name = lower(text);
   AccumulationModel m;
+  if (name.rfind("tc:", 0) == 0) {
+    try {
+      m.tensor_core = parse_tensor_core_model(name);
+    } catch (const std::invalid_argument&) {
+      return std::nullopt;  // parse_tensor_core_model says why
+    }
+    m.kind = AccumulationKind::tensor_core;
+    m.format = m.tensor_core.output;
+    m.mode = m.tensor_core.rounding;
+    return m;
+  }
   // Tensor cores: GPU[:INPUT[:OUTPUT]].
   for (std::string_view gpu : kGpus) {
     if (name.rfind(gpu, 0) != 0 || (name.size() > gpu.size() && name[gpu.size()] != ':')) continue;
@@ -528,7 +880,10 @@ std::optional<AccumulationModel> parse_accumulation_model(std::string_view text,
 
 std::string_view accumulation_model_names() {
   return "FORMAT (recursive, e.g. fp32, fp16), pairwise-FORMAT, blocked-FORMAT-B, exact, exact-FORMAT, each with "
-         "an optional :MODE; v100, a100, h100, or GPU:INPUT[:OUTPUT] (e.g. h100:e4m3:fp16)";
+         "an optional :MODE; a GPU (v100, a100, a30, a2, h100, h200, ada, l40s, rtx6000ada, b200, b200rn, rtxpro6000, "
+         "mi100, mi210, mi250, mi300a, mi300x), or GPU:INPUT[:OUTPUT] (e.g. h100:e4m3:fp16); a custom tensor core "
+         "tc:input=fp16,output=fp32,block=16,bits=25,rounding=rtz[,precision=P,groups=G,run=R,c=last,sum=exact|"
+         "pairwise|late-c,overflow=products]";
 }
 
 }  // namespace mpsim

@@ -77,6 +77,7 @@ std::optional<Plan> fast_plan(const AccumulationModel& model) {
   const int f = m.fraction_bits;
   const double half_block_sum = ((m.block_size + 1) / 2) * std::ldexp(1.0, f + 2) + std::ldexp(1.0, f + 1);
   if (m.output != formats::binary32 || m.rounding != RoundingMode::toward_zero || m.groups != 1 || m.c_added_last ||
+      m.sum != TensorCoreSum::fused || m.products_overflow ||
       m.result_precision < 0 || m.result_precision > 24 || !products_exact || f < 1 || m.block_size < 1 ||
       m.block_size > 64 || half_block_sum >= std::ldexp(1.0, 31))
     return std::nullopt;

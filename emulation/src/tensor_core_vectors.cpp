@@ -88,6 +88,28 @@ float parse_binary_line(const std::string& text, const fs::path& path, std::size
   return std::bit_cast<float>(bits);
 }
 
+// DIR's folder for this GPU: its name in any case (shared/ spells V100,
+// Khattak and Mikaitis's repository also Ada, L40S); empty when there is none.
+std::string gpu_folder(const fs::path& dir, std::string_view gpu) {
+  auto upper = [](std::string_view text) {
+    std::string s(text);
+    for (char& ch : s) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    return s;
+  };
+  std::error_code error;
+  if (fs::is_directory(dir / std::string(gpu), error)) return std::string(gpu);
+  for (const auto& entry : fs::directory_iterator(dir, error))
+    if (entry.is_directory(error) && upper(entry.path().filename().string()) == upper(gpu))
+      return entry.path().filename().string();
+  return "";
+}
+
+// NAME.txt.gz, or NAME.txt where only the plain file is there.
+fs::path data_file(const fs::path& folder, const std::string& name) {
+  const fs::path gz = folder / (name + ".txt.gz"), plain = folder / (name + ".txt");
+  return !fs::exists(gz) && fs::exists(plain) ? plain : gz;
+}
+
 std::string hex(float x) {
   char text[16];
   std::snprintf(text, sizeof text, "%08x", std::bit_cast<std::uint32_t>(x));
@@ -95,6 +117,8 @@ std::string hex(float x) {
 }
 
 }  // namespace
+
+std::string tensor_core_vector_folder(const fs::path& dir, std::string_view gpu) { return gpu_folder(dir, gpu); }
 
 std::string tensor_core_vector_name(const Format& f, bool output) {
   if (output) {
@@ -124,18 +148,18 @@ VectorCheck validate_tensor_core_vectors(const fs::path& dir, std::string_view g
   const std::string in = tensor_core_vector_name(input, false), out = tensor_core_vector_name(output, true);
   if (in.empty() || out.empty())
     throw std::invalid_argument("no tensor-core vectors for " + input.name() + " -> " + output.name());
-  std::string g(gpu);
-  for (char& ch : g) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  const std::string g = tensor_core_vector_folder(dir, gpu);
+  if (g.empty()) throw std::runtime_error("no folder for " + std::string(gpu) + " in " + dir.string());
   const fs::path folder = dir / g / in;
-  const fs::path a_path = folder / ("a_" + g + "_" + in + ".txt.gz"),
-                 b_path = folder / ("b_" + g + "_" + in + ".txt.gz"), c_path = folder / ("c_" + g + "_fp32.txt.gz"),
-                 d_path = folder / ("d_" + g + "_" + out + ".txt.gz");
+  const fs::path a_path = data_file(folder, "a_" + g + "_" + in), b_path = data_file(folder, "b_" + g + "_" + in),
+                 c_path = data_file(folder, "c_" + g + "_fp32"), d_path = data_file(folder, "d_" + g + "_" + out);
   const auto a = read_lines(a_path), b = read_lines(b_path), c = read_lines(c_path), d = read_lines(d_path);
   if (a.size() != b.size() || a.size() != c.size() || a.size() != d.size())
     throw std::runtime_error(folder.string() + ": the files hold different numbers of cases");
-  // wgmma with FP8 inputs and binary32 output was measured with c = 0.
-  const bool c_is_zero =
-      g == "H100" && (input == formats::e4m3 || input == formats::e5m2) && output == formats::binary32;
+  // wgmma with FP8 inputs and binary32 output was measured with c = 0 (H100,
+  // and H200, whose model is H100's: H200TC.m).
+  const bool c_is_zero = (input == formats::e4m3 || input == formats::e5m2) && output == formats::binary32 &&
+                         tensor_core_preset(gpu, input, output) == tensor_core_preset("h100", input, output);
 
   VectorCheck check;
   for (std::size_t i = 0; i < a.size(); ++i) {

@@ -44,18 +44,28 @@ int run_validate(const ValidateArgs& args) {
     throw UsageError(fmt::format("'{}' is not a folder; give the folder that holds V100/, A100/, H100/ "
                                  "(../shared/tensor-core-vectors)",
                                  args.dir));
-  std::vector<std::string> gpus;
-  std::string known;
-  const auto upper = [](std::string text) {
-    for (char& c : text) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  // GPU names in any case; each GPU's folder in DIR in any case too (V100, Ada).
+  const auto lower = [](std::string text) {
+    for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     return text;
   };
-  for (std::string_view model : tensor_core_gpus()) {
-    const std::string folder = upper(std::string(model));  // any case names a GPU; the folders are upper case
-    known += (known.empty() ? "" : ", ") + folder;
-    if (args.gpu.empty() || upper(args.gpu) == folder) gpus.push_back(folder);
+  std::vector<std::string> gpus;  // the folders' spellings
+  std::string known;
+  for (std::string_view model : tensor_core_gpus()) known += (known.empty() ? "" : ", ") + std::string(model);
+  if (!args.gpu.empty()) {
+    const auto& names = tensor_core_gpus();
+    if (std::find(names.begin(), names.end(), lower(args.gpu)) == names.end())
+      throw UsageError(fmt::format("no model for GPU '{}' (models, any case: {})", args.gpu, known));
+    const std::string folder = tensor_core_vector_folder(dir, args.gpu);
+    if (folder.empty())
+      throw UsageError(fmt::format("no measured vectors for {} in {}: it has no {}/ folder (nothing validated; "
+                                   "shared/tensor-core-vectors holds V100, A100 and H100 only)",
+                                   args.gpu, dir.string(), args.gpu));
+    gpus.push_back(folder);
+  } else {
+    for (std::string_view model : tensor_core_gpus())
+      if (const std::string folder = tensor_core_vector_folder(dir, model); !folder.empty()) gpus.push_back(folder);
   }
-  if (gpus.empty()) throw UsageError(fmt::format("no model for GPU '{}' (models: {})", args.gpu, known));
   std::vector<Format> inputs, outputs;
   if (args.input.empty())
     inputs = {formats::binary16, formats::bfloat16, formats::tf32, formats::e4m3, formats::e5m2};
@@ -77,7 +87,8 @@ int run_validate(const ValidateArgs& args) {
                                        "e5m2; outputs: fp32, fp16",
                                        input.name(), output.name()));
         const fs::path folder = dir / gpu / in_name;
-        const fs::path d_file = folder / fmt::format("d_{}_{}.txt.gz", gpu, out_name);
+        fs::path d_file = folder / fmt::format("d_{}_{}.txt.gz", gpu, out_name);
+        if (!fs::exists(d_file)) d_file.replace_extension();  // d_GPU_OUT.txt, uncompressed
         const bool asked = !args.gpu.empty() && !args.input.empty() && !args.output.empty();
         if (!fs::exists(d_file)) {
           if (asked) throw UsageError(fmt::format("no measured vectors at {}", d_file.string()));
@@ -137,14 +148,31 @@ int run_dot(const DotArgs& args) {
   const std::vector<float> a = values_in(input, args.a, "a"), b = values_in(input, args.b, "b");
   const std::vector<float> c = values_in(output, {args.c}, "c");
   fmt::print("K = {}, inputs {}, c = {}\n", a.size(), input.name(), exact_scientific(c[0]));
-  std::size_t start = 0;
-  while (start <= args.models.size()) {
+  // Models are comma-separated; a piece with '=' continues a custom "tc:KEY=VALUE,..." model.
+  std::vector<std::string> names;
+  for (std::size_t start = 0; start <= args.models.size();) {
     const std::size_t comma = args.models.find(',', start);
-    const std::string name = args.models.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string piece = args.models.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!names.empty() && piece.find('=') != std::string::npos && piece.rfind("tc:", 0) != 0 &&
+        names.back().rfind("tc:", 0) == 0)
+      names.back() += "," + piece;
+    else
+      names.push_back(std::move(piece));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const std::string& name : names) {
     auto model = parse_accumulation_model(name, input);
     // A bare GPU name takes --input and --output.
     if (model && model->kind == AccumulationKind::tensor_core && name.find(':') == std::string::npos)
       model = parse_accumulation_model(fmt::format("{}:{}:{}", name, input.name(), output.name()));
+    if (!model && name.rfind("tc:", 0) == 0) {
+      try {
+        parse_tensor_core_model(name);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(fmt::format("'{}': {}", name, e.what()));
+      }
+    }
     if (!model)
       throw UsageError(fmt::format("unknown accumulation model '{}' for {} -> {}. Accepted: {}", name,
                                    input.name(), output.name(), accumulation_model_names()));
@@ -155,8 +183,6 @@ int run_dot(const DotArgs& args) {
       throw UsageError(fmt::format("{}: {}", name, e.what()));
     }
     fmt::print("{:<18} {:>28}  {}\n", name, exact_scientific(d), hex_float(d));
-    if (comma == std::string::npos) break;
-    start = comma + 1;
   }
   return 0;
 }
@@ -170,10 +196,13 @@ void add_tc_command(CLI::App& app, std::function<int()>& run) {
   auto v = std::make_shared<ValidateArgs>();
   auto* validate = tc->add_subcommand(
       "validate", "Check the tensor-core models bit for bit against vectors measured on GPUs; ends with 'N passed, M failed'");
-  validate->add_option("--gpu", v->gpu, "V100, A100 or H100 (default: every one in DIR)");
+  validate->add_option("--gpu", v->gpu,
+                       "Any case: V100, A100, A30, A2, H100, H200, Ada, L40S, RTX6000Ada, B200, B200RN, RTXPRO6000, "
+                       "MI100, MI210, MI250, MI300A, MI300X (default: every one with a folder in DIR; only V100, "
+                       "A100 and H100 have measured vectors in shared/)");
   validate->add_option("--input", v->input, "Input format: fp16, bf16, tf32, e4m3, e5m2 (default: every one)");
   validate->add_option("--output", v->output, "Output format: fp32 or fp16 (default: both)");
-  validate->add_option("dir", v->dir, "Folder of the measured vectors (GPU/FORMAT/*.txt.gz), e.g. ../shared/tensor-core-vectors")
+  validate->add_option("dir", v->dir, "Folder of the measured vectors (GPU/FORMAT/*.txt.gz or *.txt), e.g. ../shared/tensor-core-vectors")
       ->required();
   validate->add_flag("-v,--verbose", v->verbose, "Show up to 10 failing cases a folder instead of 3");
   validate->callback([&run, v] { run = [v] { return run_validate(*v); }; });

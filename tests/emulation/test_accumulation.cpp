@@ -289,7 +289,7 @@ TEST_CASE("tensor-core presets", "[accumulation]") {
   CHECK_FALSE(tensor_core_preset("A100", e4m3, binary32));
   CHECK_FALSE(tensor_core_preset("A100", bfloat16, binary16));
   CHECK_FALSE(tensor_core_preset("H100", binary16, bfloat16));
-  CHECK_FALSE(tensor_core_preset("B200", binary16, binary32));
+  CHECK_FALSE(tensor_core_preset("B300", binary16, binary32));
 }
 
 // --- The exact reference against MPFR ------------------------------------------------

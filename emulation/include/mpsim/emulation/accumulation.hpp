@@ -1,19 +1,23 @@
 // How a dot product or a GEMM accumulates: recursive, pairwise and blocked
 // summation in a chosen format and rounding mode, the exact (correctly
-// rounded) reference, and bit-accurate models of NVIDIA tensor cores, all
-// behind one value type. docs/tensor_cores.md describes the models, the
+// rounded) reference, and bit-accurate models of GPU tensor / matrix cores,
+// all behind one value type. docs/tensor_cores.md describes the models, the
 // measured vectors they reproduce bit for bit, and the GEMM's speed.
 //
 // Tensor cores (Fasi, Higham, Mikaitis, Pranesh, "Numerical behavior of NVIDIA
 // tensor cores", PeerJ Computer Science 7:e330, 2021; Khattak and Mikaitis,
-// "Accurate models of NVIDIA tensor cores" and "Generalized methodology for
-// determining numerical features of hardware floating-point matrix
-// multipliers", IEEE HPEC 2025): each product of a block is exact; the
+// "Accurate models of NVIDIA tensor cores", ACM TACO, and "Generalized
+// methodology for determining numerical features of hardware floating-point
+// matrix multipliers", IEEE HPEC 2025): each product of a block is exact; the
 // products and c are aligned to the largest exponent in the block and
 // truncated toward zero (no sticky bit) to a fixed-point accumulator with
 // `fraction_bits` bits below that exponent; the exact sum of the truncated
 // terms is normalised once and rounded to the output format. A longer inner
 // product is a chain of blocks, each result being the next block's c.
+// AMD matrix cores (the same authors' MATLAB-tensor-core models, BSD-2) sum a
+// block exactly (CDNA1), pairwise in binary32 (CDNA2), or add c late (CDNA3):
+// TensorCoreSum. One table in accumulation.cpp holds every GPU's parameters;
+// only V100, A100 and H100 are validated here against measured vectors.
 #pragma once
 
 #include <optional>
@@ -25,6 +29,17 @@
 #include "mpsim/emulation/rounding.hpp"
 
 namespace mpsim {
+
+// How a block's products and c are summed (TensorCoreModel::sum).
+enum class TensorCoreSum : std::uint8_t {
+  fused,     // NVIDIA: products and c aligned, truncated to fraction_bits, summed, normalised, rounded once
+  exact,     // AMD CDNA1 (MI100): products and c summed exactly, rounded once
+  pairwise,  // AMD CDNA2 (MI210, MI250): products rounded to the output format, summed by halving the
+             // block (each sum rounded), then c added by one rounded addition
+  late_c,    // AMD CDNA3 (MI300): products fused as `fused` but unnormalised; then c joins: the smaller of the
+             // two is rounded toward -inf onto the larger's grid (fraction_bits below its exponent, 7 more
+             // bits for the products when c is larger), and the exact sum is rounded once
+};
 
 // One tensor-core instruction, parameterised. The presets hold the measured
 // values. Subnormal handling follows the formats: an input format with
@@ -46,17 +61,33 @@ struct TensorCoreModel {
   int groups = 1;
   int group_run = 1;
   bool c_added_last = false;  // the products start from +0; c is added by one rounded addition at the end
+  TensorCoreSum sum = TensorCoreSum::fused;  // exact, pairwise, late_c: groups 1, result_precision 0, c in the block
+  // A product of magnitude >= 2^(emax + 1) of the output makes the block an
+  // infinity (NaN for both signs), whatever else it holds (AMD, "prd_limit").
+  bool products_overflow = false;
   friend bool operator==(const TensorCoreModel&, const TensorCoreModel&) = default;
 };
 
-// The GPUs that tensor_core_preset knows, in lower case ("v100", ...); the
-// measured vectors' folders spell them in upper case (tensor-core-vectors/V100).
+// The GPUs that tensor_core_preset knows, in lower case ("v100", "a100",
+// "a30", "a2", "h100", "h200", "ada", "l40s", "rtx6000ada", "b200",
+// "b200rn", "rtxpro6000", "mi100", "mi210", "mi250", "mi300a", "mi300x");
+// measured vectors' folders spell them in any case (tensor-core-vectors/V100).
 std::span<const std::string_view> tensor_core_gpus();
 
-// The model of `gpu` ("V100", "A100", "H100"; any case) for these formats, or
-// nothing where the GPU has no such instruction or no model is known.
+// The model of `gpu` (any case) for these formats, or nothing where the GPU
+// has no such instruction or no model is known. Formats are matched by shape
+// (exponent and mantissa bits, specials); the model's formats carry the GPU's
+// own subnormal handling (the CDNA2 presets flush).
 std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu, const Format& input, const Format& output);
+// Whether the preset was checked here against measured vectors (V100, A100,
+// H100 and the GPUs the published models say are identical to one of them).
+bool tensor_core_preset_validated(std::string_view gpu, const Format& input, const Format& output);
+// The custom spelling "tc:input=..,output=..,block=..,bits=..,rounding=..[,..]"
+// that parse_tensor_core_model reads back (docs/tensor_cores.md).
 std::string to_string(const TensorCoreModel& model);
+// Reads that spelling (keys in any order; "tc:" optional). Throws
+// std::invalid_argument naming the key or value at fault.
+TensorCoreModel parse_tensor_core_model(std::string_view text);
 
 // d = a·b + c through chained blocks, in order of k. a and b hold values of
 // the model's input format (others are rounded to it first), c a value of any
@@ -84,10 +115,11 @@ struct AccumulationModel {
 
 // Names: "fp32", "fp16", "bf16" (any format name: recursive), "pairwise-fp32",
 // "blocked-fp32-32", "exact" (binary32), "exact-fp16", each with an optional
-// ":MODE" suffix ("fp16:rtz"); "v100", "a100", "h100" with the input format
-// given here, or "h100:INPUT[:OUTPUT]" ("h100:e4m3:binary16"); binary32 output
-// by default. to_string() prints a name this parses back, except for a
-// tensor-core model that is no preset (printed as a description).
+// ":MODE" suffix ("fp16:rtz"); a GPU of tensor_core_gpus() with the input
+// format given here, or "h100:INPUT[:OUTPUT]" ("h100:e4m3:binary16"); binary32
+// output by default; a custom tensor core "tc:KEY=VALUE,..." (nothing when it
+// is invalid: parse_tensor_core_model says why). to_string() prints a name
+// this parses back.
 std::optional<AccumulationModel> parse_accumulation_model(std::string_view text,
                                                           const Format& tensor_core_input = formats::binary16);
 std::string to_string(const AccumulationModel& model);

@@ -24,8 +24,13 @@ struct VectorCheck {
 // for inputs, "fp32", "fp16" for outputs; empty for other formats.
 std::string tensor_core_vector_name(const Format& format, bool output);
 
+// DIR's folder for a GPU, its name matched in any case ("V100", "Ada");
+// empty when DIR has none.
+std::string tensor_core_vector_folder(const std::filesystem::path& dir, std::string_view gpu);
+
 // Runs tensor_core_preset(gpu, input, output) on every case of
-// DIR/GPU/FORMAT/ and compares the bits of d. H100 FP8 inputs with binary32
+// DIR/GPU/FORMAT/ (the GPU folder in any case; .txt.gz files, or plain .txt)
+// and compares the bits of d. H100 (and H200) FP8 inputs with binary32
 // output were measured with c = 0 (wgmma), so c is 0 there. Throws
 // std::invalid_argument when there is no preset, and std::runtime_error when a
 // file is missing, unreadable or malformed, or the files disagree in length.
