@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # experiments/studies.sh [--smoke] [--runs DIR] [--figures DIR] [STUDY ...]
 #
-# Runs the studies of issue #6 and draws their figures: for each study S
+# Runs the studies of issues #6 and #19 and draws their figures: for each study S
 # (parity_cnn is parity on the CNN, drawn by parity.py),
 #   mpsim run experiments/configs/S.toml -o RUNS/S.h5 --force [--smoke]
 #   /usr/bin/python3 notebooks/S.py RUNS/S.h5 --out FIGURES
@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mpsim=${MPSIM:-$root/build/default/experiments/mpsim}
 py=/usr/bin/python3
-all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu)
+all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu block_formats)
 
 smoke=()
 runs=runs

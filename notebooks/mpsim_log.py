@@ -232,6 +232,56 @@ def counters(path: PathOrFile, arm: str, layer, kind) -> dict[str, np.ndarray]:
         return result
 
 
+def has_block_stats(path: PathOrFile, arm: str) -> bool:
+    """Whether the arm logged block-scaled GEMM operands (its policy has block points)."""
+    with _log(path) as f:
+        return "block_stats" in _arm(f, arm)
+
+
+def block_stats(path: PathOrFile, arm: str, operand=None, layer=None, per_step: bool = False,
+                per_layer: bool = False) -> dict:
+    """What block quantization did to the arm's GEMM operands, in one line:
+
+        b = ml.block_stats("run.h5", "nvfp4", operand="wgrad_gradients")
+        b["flushed"] / b["nonzero"], b["scale_binades"], b["error"]
+
+    Summed over the instrumented steps, the layers (or one layer, by name or index) and the operands
+    (or one, by name or index: fprop_activations, fprop_weights, dgrad_gradients, dgrad_weights,
+    wgrad_gradients, wgrad_activations). per_step keeps the step axis (first), per_layer the layer axis.
+    Returns the counters (elements, nonzero, saturated, flushed, nan, blocks, scale_clamped) as ints or
+    int64 arrays, "scale_binades" (bins as `bins`), "scale_codes" (256: E8M0 code = exponent + 127, or
+    the UE4M3 encoding), "error" (blocks by relative error in units of the element's epsilon, by quarter
+    binade; each bin's lower edge as log2 in "error_log2", then the exact and the NaN blocks), and "step"
+    with per_step."""
+    with _log(path) as f:
+        g = _arm(f, arm)
+        if "block_stats" not in g:
+            raise KeyError(f"arm {arm!r} has no block_stats: its policy has no block points")
+        b = g["block_stats"]
+        oi = slice(None) if operand is None else _index(_names(b["operand"]), operand, "operand")
+        li = slice(None) if layer is None else _index(_names(g["layer"]), layer, "layer")
+
+        def read(name):
+            values = b[name][()].astype(np.int64)  # [steps, layers, operands, bins]
+            values = values[:, li] if layer is not None else values
+            if layer is not None:
+                values = values[:, np.newaxis]
+            values = values[:, :, oi] if operand is not None else values.sum(axis=2)
+            if not per_layer:
+                values = values.sum(axis=1)
+            return values if per_step else values.sum(axis=0)
+
+        counters = read("counters")
+        result = {"step": b["step"][()]} if per_step else {}
+        for i, name in enumerate(_names(b["counter"])):
+            v = counters[..., i]
+            result[name] = int(v) if v.ndim == 0 else v
+        for name in ("scale_binades", "scale_codes", "error"):
+            result[name] = read(name)
+        result["error_log2"] = b["error_log2"][()]
+        return result
+
+
 def agreement(path: PathOrFile) -> dict[str, dict]:
     """The /agreement group: {compared arm: {reference, max_loss_relative_difference,
     test_accuracy_difference, layers, kinds, histogram_distance[layer, kind]}}; {} when the

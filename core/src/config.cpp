@@ -173,6 +173,7 @@ constexpr std::string_view type_name() {
   else if constexpr (std::is_floating_point_v<T>) return "number";
   else if constexpr (std::is_same_v<T, std::string>) return "string";
   else if constexpr (std::is_same_v<T, RoundingPoint>) return "rounding point";
+  else if constexpr (std::is_same_v<T, BlockPoint>) return "block point";
   else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "array of strings";
   else return "array of integers";
 }
@@ -249,6 +250,11 @@ void read_member(Section& s, const ConfigField<typename MemberTraits<M>::Struct>
     const auto point = parse_rounding_point(read_value<S, std::string>(s, f, *node, false), &error);
     if (!point) throw ConfigError(s.key_path(f.name) + ": " + error);
     out.*M = *point;
+  } else if constexpr (std::is_same_v<T, BlockPoint>) {
+    std::string error;
+    const auto point = parse_block_point(read_value<S, std::string>(s, f, *node, false), &error);
+    if (!point) throw ConfigError(s.key_path(f.name) + ": " + error);
+    out.*M = *point;
   } else if constexpr (IsVector<T>::value) {
     using E = typename T::value_type;
     T values;
@@ -275,7 +281,7 @@ void write_member(toml::table& t, const ConfigField<typename MemberTraits<M>::St
   const T& v = in.*M;
   if constexpr (std::is_enum_v<T>) {
     t.insert(f.name, std::string((*Names)(v)));
-  } else if constexpr (std::is_same_v<T, RoundingPoint>) {
+  } else if constexpr (std::is_same_v<T, RoundingPoint> || std::is_same_v<T, BlockPoint>) {
     t.insert(f.name, to_string(v));
   } else if constexpr (IsVector<T>::value) {
     toml::array a;
@@ -430,10 +436,17 @@ template <std::size_t I>
 constexpr ConfigField<Policy> point_key() {
   return key<rounding_points[I].point>(rounding_points[I].name, "", rounding_points[I].doc);
 }
-template <std::size_t... I>
-constexpr auto policy_fields_of(std::index_sequence<I...>) {
+template <std::size_t I>
+constexpr ConfigField<Policy> block_key() {
+  return key<block_points[I].point>(block_points[I].name, "", block_points[I].doc);
+}
+template <std::size_t... I, std::size_t... J>
+constexpr auto policy_fields_of(std::index_sequence<I...>, std::index_sequence<J...>) {
   return std::to_array<ConfigField<Policy>>({
       point_key<I>()...,
+      block_key<J>()...,
+      key<&Policy::high_precision_last>("high_precision_last", "layers",
+                                        "the last N layers with GEMMs ignore the block points (NVFP4's recipe: 1)"),
       key<&Policy::master_weights>("master_weights", "", "false: the weights live only in `weight_storage`"),
       key<&Policy::gemm>("gemm", "",
                          "how GEMMs sum: `ieee` (as `accumulation` says) or an accumulation model (`h100`, "
@@ -442,7 +455,8 @@ constexpr auto policy_fields_of(std::index_sequence<I...>) {
                                 "ops that compute and output binary32 whatever the points say"),
   });
 }
-constexpr auto policy_fields = policy_fields_of(std::make_index_sequence<rounding_points.size()>());
+constexpr auto policy_fields = policy_fields_of(std::make_index_sequence<rounding_points.size()>(),
+                                                std::make_index_sequence<block_points.size()>());
 
 constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
     enum_key<&LossScaling::mode, loss_scale_mode_names>("mode", "`none`, `static` or `dynamic`"),
@@ -513,6 +527,7 @@ Policy read_policy(const std::string& name, const toml::table* table) {
     gemm_model(p, p.activations, p.weights);
     gemm_model(p, p.gradient_operands, p.activations);
     gemm_model(p, p.gradient_operands, p.weights);
+    check_block_points(p);
   } catch (const std::invalid_argument& e) {
     throw ConfigError("policies." + name + ": " + e.what());
   }

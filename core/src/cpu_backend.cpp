@@ -21,6 +21,7 @@
 #include "mpsim/core/ordered_gemm.hpp"
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "block_operands.hpp"
 
 namespace mpsim::core {
 namespace {
@@ -179,6 +180,11 @@ class CpuBackend final : public Backend {
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
     MatrixMap cm = matrix(c);
+    if (numerics.a_block || numerics.b_block) {
+      require(numerics.a_block && numerics.b_block, "gemm: a block-scaled GEMM takes two block-scaled operands");
+      block_scaled_gemm(data(a), ta, a.rows(), a.cols(), data(b), tb, b.rows(), b.cols(), cm.data(), numerics);
+      return;
+    }
     if (numerics.model) {
       // The model's GEMM takes row-major op(a) [m x k] and op(b) [k x n]: a
       // transposed operand is copied, the other read in place.

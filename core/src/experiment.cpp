@@ -120,6 +120,16 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data) {
     if (std::find(c.arms.begin() + static_cast<std::ptrdiff_t>(i) + 1, c.arms.end(), c.arms[i]) != c.arms.end())
       throw SetupError(fmt::format("arms names '{}' twice; name each policy once (seeds = [...] repeats an arm)",
                                    c.arms[i]));
+  // Block-scaled GEMM operands run on the CPU backend only (the CUDA kernels are not written yet).
+  for (const std::string& arm : c.arms) {
+    const auto policy = c.policies.find(arm);
+    if (policy == c.policies.end() || !uses_block_formats(policy->second)) continue;
+    for (const std::string& backend : c.backends)
+      if (backend != "cpu")
+        throw SetupError(fmt::format("arm '{}' uses block-scaled GEMM operands (its block points), which the {} "
+                                     "backend does not implement yet; set backends = [\"cpu\"] for it",
+                                     arm, backend));
+  }
   if (c.model.kind != ModelKind::mlp) return;  // the CNN's sizes are fixed (LeNet-5)
   double parameters = 0, activations = 0;
   double width = static_cast<double>(data.train.sample_size());

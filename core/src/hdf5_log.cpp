@@ -183,6 +183,7 @@ class Hdf5Arm final : public ArmLog {
 
   void step(const StepRecord& record) override;
   void stats(std::int64_t step, const LayerStats& stats) override;
+  void block_stats(std::int64_t step, const LayerBlockStats& stats) override;
   void eval(const EvalRecord& record) override;
   void finish(const std::string& status) override;
 
@@ -191,7 +192,9 @@ class Hdf5Arm final : public ArmLog {
   std::int64_t last_step() const { return last_step_; }  // -1 before the first step
   std::int64_t flushed_step() const { return flushed_step_; }  // the last step in the file on disk; -1: none
   void mark_flushed() { flushed_step_ = last_step_; }
-  bool pending() const { return !steps_.empty() || !stat_steps_.empty() || !evals_.empty(); }
+  bool pending() const {
+    return !steps_.empty() || !stat_steps_.empty() || !evals_.empty() || !blocks_.steps.empty();
+  }
   // An upper bound of what the next flush adds to the file: the buffered
   // records uncompressed, plus one whole chunk of every dataset, since a flush
   // rewrites each dataset's last, partly filled chunk (deflated: at most its
@@ -200,7 +203,7 @@ class Hdf5Arm final : public ArmLog {
     if (!pending()) return 0;
     return steps_.size() * sizeof(StepRecord) + stat_steps_.size() * sizeof(std::int64_t) +
            histograms_.size() * sizeof(std::uint32_t) + counters_.size() * sizeof(std::uint64_t) +
-           evals_.size() * sizeof(EvalRecord) + chunk_bytes_;
+           evals_.size() * sizeof(EvalRecord) + blocks_.buffered_bytes() + chunk_bytes_;
   }
   // Closes nothing: after a failed write (Hdf5Log::~Hdf5Log).
   void abandon() noexcept {
@@ -209,6 +212,7 @@ class Hdf5Arm final : public ArmLog {
     stats_ds_.step.abandon();
     stats_ds_.histogram.abandon();
     stats_ds_.counters.abandon();
+    for (auto& h : blocks_.datasets) h.abandon();
     group_.abandon();
   }
   // Appends the buffered records; the caller holds the log's locks.
@@ -227,6 +231,18 @@ class Hdf5Arm final : public ArmLog {
     h5::Handle step, histogram, counters;
   } stats_ds_;
   std::array<h5::Handle, eval_record_fields.size()> eval_ds_;
+  // /arms/<arm>/block_stats/, for policies with block points: step, then
+  // scale_binades, scale_codes, counters, error ([n][layers][operands][bins]).
+  struct BlockData {
+    std::array<h5::Handle, 5> datasets;
+    std::vector<std::int64_t> steps;
+    std::array<std::vector<std::uint64_t>, 4> values;
+    std::uint64_t buffered_bytes() const {
+      std::uint64_t n = steps.size() * 8;
+      for (const auto& v : values) n += v.size() * 8;
+      return n;
+    }
+  } blocks_;
 
   std::vector<StepRecord> steps_;
   std::vector<std::int64_t> stat_steps_;
@@ -397,8 +413,49 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     h5::Handle eval = h5::create_group(g, "eval");
     create_record_datasets(eval.get(), eval_record_fields, eval_chunk, eval_ds_);
   }
+  if (uses_block_formats(info.resolved_policy)) {
+    h5::Handle group = h5::create_group(g, "block_stats");
+    const hid_t s = group.get();
+    std::vector<std::string> operands;
+    for (const auto& b : block_points) operands.emplace_back(b.name);
+    h5::Handle operand = h5::create_string_array(s, "operand", operands);
+    h5::make_scale(operand.get(), "operand");
+    std::vector<std::string> counters;
+    for (const auto name : block_counter_names.names) counters.emplace_back(name);
+    h5::Handle counter = h5::create_string_array(s, "counter", counters);
+    h5::make_scale(counter.get(), "counter");
+    std::vector<std::int32_t> codes(256);
+    std::vector<double> errors(BlockStats::error_bins, 0.0);  // each bin's lower edge, log2; 0 for the last two
+    for (int i = 0; i < 256; ++i) codes[static_cast<std::size_t>(i)] = i;
+    for (int i = 0; i < BlockStats::error_finite_bins; ++i)
+      errors[static_cast<std::size_t>(i)] =
+          BlockStats::error_min_exponent + static_cast<double>(i) / BlockStats::error_bins_per_binade;
+    h5::Handle code = h5::create_array(s, "scale_code", H5T_STD_I32LE, H5T_NATIVE_INT32, {codes.size()}, codes.data());
+    h5::make_scale(code.get(), "scale_code");
+    h5::Handle error = h5::create_array(s, "error_log2", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, {errors.size()},
+                                        errors.data());
+    h5::make_scale(error.get(), "error_log2");
+    auto& d = blocks_.datasets;
+    d[0] = h5::create_extendible(s, "step", H5T_STD_I64LE, {}, {step_chunk});
+    h5::make_scale(d[0].get(), "step");
+    const std::size_t ops = gemm_operand_count;
+    const std::array<std::size_t, 4> widths{bins, 256, static_cast<std::size_t>(block_counter_count),
+                                            static_cast<std::size_t>(BlockStats::error_bins)};
+    const std::array<const char*, 4> names{"scale_binades", "scale_codes", "counters", "error"};
+    const std::array<hid_t, 4> last_scales{binade.get(), code.get(), counter.get(), error.get()};
+    for (std::size_t i = 0; i < 4; ++i) {
+      d[i + 1] = h5::create_extendible(s, names[i], H5T_STD_U64LE, {layers_, ops, widths[i]},
+                                       {stats_chunk, 1, ops, widths[i]});
+      h5::attach_scale(d[i + 1].get(), d[0].get(), 0);
+      h5::attach_scale(d[i + 1].get(), layer.get(), 1);
+      h5::attach_scale(d[i + 1].get(), operand.get(), 2);
+      h5::attach_scale(d[i + 1].get(), last_scales[i], 3);
+      chunk_bytes_ += layers_ * stats_chunk * ops * widths[i] * 8;
+    }
+    chunk_bytes_ += step_chunk * 8;
+  }
   // Every record field is at most 8 bytes; one histogram chunk per layer, one counters chunk per 64 layers.
-  chunk_bytes_ = (step_record_fields.size() + 1) * step_chunk * 8 + eval_record_fields.size() * eval_chunk * 8 +
+  chunk_bytes_ += (step_record_fields.size() + 1) * step_chunk * 8 + eval_record_fields.size() * eval_chunk * 8 +
                  layers_ * stats_chunk * kinds * bins * 4 +
                  (layers_ + 63) / 64 * stats_chunk * 64 * kinds * counters_per_kind * 8;
 }
@@ -443,6 +500,24 @@ void Hdf5Arm::stats(std::int64_t step, const LayerStats& stats) {
   stat_steps_.push_back(step);
 }
 
+void Hdf5Arm::block_stats(std::int64_t step, const LayerBlockStats& stats) {
+  auto guard = log_.lock();
+  if (!blocks_.datasets[0]) return;  // the policy has no block points
+  if (stats.size() != layers_)
+    throw std::invalid_argument("HDF5 log: arm '" + name_ + "' has " + std::to_string(layers_) +
+                                " layers, but block stats for step " + std::to_string(step) + " have " +
+                                std::to_string(stats.size()));
+  auto& v = blocks_.values;
+  for (std::size_t l = 0; l < layers_; ++l)
+    for (const BlockStats& b : stats[l]) {
+      v[0].insert(v[0].end(), b.scale_binades.begin(), b.scale_binades.end());
+      v[1].insert(v[1].end(), b.scale_codes.begin(), b.scale_codes.end());
+      v[2].insert(v[2].end(), b.counters.begin(), b.counters.end());
+      v[3].insert(v[3].end(), b.error.begin(), b.error.end());
+    }
+  blocks_.steps.push_back(step);
+}
+
 void Hdf5Arm::eval(const EvalRecord& record) {
   auto guard = log_.lock();
   evals_.push_back(record);
@@ -477,6 +552,15 @@ void Hdf5Arm::append_pending() {
   if (!evals_.empty()) {
     append_records(evals_, eval_record_fields, eval_ds_);
     evals_.clear();
+  }
+  if (!blocks_.steps.empty()) {
+    const std::size_t n = blocks_.steps.size();
+    h5::append_rows(blocks_.datasets[0].get(), H5T_NATIVE_INT64, n, blocks_.steps.data());
+    for (std::size_t i = 0; i < 4; ++i) {
+      h5::append_rows(blocks_.datasets[i + 1].get(), H5T_NATIVE_UINT64, n, blocks_.values[i].data());
+      blocks_.values[i].clear();
+    }
+    blocks_.steps.clear();
   }
 }
 

@@ -12,11 +12,6 @@ namespace {
 
 Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
 
-// A GEMM of operands rounded at points a and b, as the policy sums it.
-GemmNumerics numerics(const Policy& p, const RoundingPoint& a, const RoundingPoint& b) {
-  return {a.format, b.format, p.accumulation, gemm_model(p, a, b)};
-}
-
 // A GEMM operand: a copy of x rounded at `point` (policy.activations or
 // policy.gradient_operands), or x itself when that rounding would change no
 // value: at the identity, or when x already passed the same format unscaled.
@@ -49,7 +44,7 @@ class Linear final : public Layer {
     input_shape_ = x.shape();
     input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
     Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
-    ctx.backend.gemm(input_, false, weight_.working, true, y, numerics(p, p.activations, p.weights),
+    ctx.backend.gemm(input_, false, weight_.working, true, y, ctx.gemm_numerics(GemmRole::fprop, p.activations, p.weights),
                      ctx.stream(Site::output_sum));
     ctx.backend.add_row_vector(y, bias_.working);
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
@@ -60,7 +55,7 @@ class Linear final : public Layer {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
     const Tensor dyq = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
-    b.gemm(dyq, true, input_, false, weight_.grad, numerics(p, p.gradient_operands, p.activations),
+    b.gemm(dyq, true, input_, false, weight_.grad, ctx.gemm_numerics(GemmRole::wgrad, p.gradient_operands, p.activations),
            ctx.stream(Site::weight_grad_sum));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     b.column_sums(dy, bias_.grad);
@@ -68,7 +63,7 @@ class Linear final : public Layer {
     Tensor dx;
     if (need_input_grad) {
       dx = b.empty(input_.shape());
-      b.gemm(dyq, false, weight_.working, false, dx, numerics(p, p.gradient_operands, p.weights),
+      b.gemm(dyq, false, weight_.working, false, dx, ctx.gemm_numerics(GemmRole::dgrad, p.gradient_operands, p.weights),
              ctx.stream(Site::input_grad_sum));
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
       dx = dx.reshaped(input_shape_);
@@ -122,7 +117,7 @@ class Conv2d final : public Layer {
     b.im2col(xq, geometry_, columns_);
     Tensor rows = b.empty(with_rows(patches, cout_));
     b.gemm(columns_, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), true, rows,
-           numerics(p, p.activations, p.weights), ctx.stream(Site::output_sum));
+           ctx.gemm_numerics(GemmRole::fprop, p.activations, p.weights), ctx.stream(Site::output_sum));
     b.add_row_vector(rows, bias_.working);
     Tensor y = b.empty(output_shape(x.shape()));
     b.rows_to_nchw(rows, geometry_.batch, geometry_.out_height(), geometry_.out_width(), y);
@@ -140,14 +135,14 @@ class Conv2d final : public Layer {
     ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
     const Tensor dyq = operand(ctx, dy_rows, p.gradient_operands, Site::output_grad_operand);
     Tensor dw = weight_.grad.reshaped(with_rows(cout_, columns_.cols()));
-    b.gemm(dyq, true, columns_, false, dw, numerics(p, p.gradient_operands, p.activations),
+    b.gemm(dyq, true, columns_, false, dw, ctx.gemm_numerics(GemmRole::wgrad, p.gradient_operands, p.activations),
            ctx.stream(Site::weight_grad_sum));
     ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     Tensor dx;
     if (need_input_grad) {
       Tensor dcols = b.empty(columns_.shape());
       b.gemm(dyq, false, weight_.working.reshaped(with_rows(cout_, columns_.cols())), false, dcols,
-             numerics(p, p.gradient_operands, p.weights), ctx.stream(Site::input_grad_sum));
+             ctx.gemm_numerics(GemmRole::dgrad, p.gradient_operands, p.weights), ctx.stream(Site::input_grad_sum));
       dx = b.zeros({geometry_.batch, cin_, geometry_.height, geometry_.width});
       b.col2im(dcols, geometry_, dx);  // overlapping patches add in binary32
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);

@@ -31,7 +31,9 @@ namespace {
 constexpr std::array<std::string_view, site_count> site_names{
     "input_operand", "weight_operand", "bias_operand", "output", "output_grad_operand", "weight_grad", "bias_grad",
     "input_grad",    "",               "weight_storage", "bias_storage", "weight_state1", "weight_state2",
-    "bias_state1",   "bias_state2",    "output_sum",     "weight_grad_sum", "input_grad_sum"};
+    "bias_state1",   "bias_state2",    "output_sum",     "weight_grad_sum", "input_grad_sum",
+    "fprop_activation_blocks", "fprop_weight_blocks", "dgrad_gradient_blocks", "dgrad_weight_blocks",
+    "wgrad_gradient_blocks", "wgrad_activation_blocks", "wgrad_hadamard"};
 }  // namespace
 
 std::string_view to_string(Site site) { return site_names.at(static_cast<std::size_t>(site)); }
@@ -63,6 +65,33 @@ StochasticStream StepContext::stream(Site site, std::int64_t at_step) const {
 
 TensorStats* StepContext::stats_for(TensorKind kind) const {
   return stats ? &(*stats)[static_cast<std::size_t>(layer)][static_cast<int>(kind)] : nullptr;
+}
+
+GemmNumerics StepContext::gemm_numerics(GemmRole role, const RoundingPoint& a, const RoundingPoint& b) const {
+  GemmNumerics n;
+  n.a_format = a.format;
+  n.b_format = b.format;
+  n.accumulation = policy.accumulation;
+  const BlockPoint& block_a = policy.*(block_points[block_point_index(role, 0)].point);
+  const BlockPoint& block_b = policy.*(block_points[block_point_index(role, 1)].point);
+  if (!block_a.enabled() || layer >= block_points_end) {
+    n.model = gemm_model(policy, a, b);
+    return n;
+  }
+  const auto operand = [&](const BlockPoint& point, int index) {
+    const std::size_t slot = block_point_index(role, index);
+    GemmNumerics::BlockOperand o;
+    o.point = point;
+    o.stream = stream(static_cast<Site>(static_cast<int>(Site::fprop_activation_blocks) + static_cast<int>(slot)));
+    o.stats = block_stats ? &(*block_stats)[static_cast<std::size_t>(layer)][slot] : nullptr;
+    return o;
+  };
+  n.a_block = operand(block_a, 0);
+  n.b_block = operand(block_b, 1);
+  n.block_promotion = block_promotion(policy, block_a.format);
+  const StochasticStream signs = stream(Site::wgrad_hadamard);
+  n.hadamard_seed = signs.key.seed ^ (signs.key.stream * 0x9E3779B97F4A7C15ull) ^ signs.first_index;
+  return n;
 }
 
 Tensor* StepContext::history(const RoundingPoint& point, Site site) {

@@ -57,6 +57,12 @@ class Arm {
         parameters_.push_back({i, params[j], j, Tensor()});
       earlier_has_parameters = earlier_has_parameters || !params.empty();
     }
+    // The last high_precision_last layers with parameters ignore the block points.
+    for (int i = static_cast<int>(layers.size()) - 1, kept = 0; i >= 0 && kept < policy_.high_precision_last; --i)
+      if (!layers[i]->parameters().empty()) {
+        ctx_.block_points_end = i;
+        ++kept;
+      }
     storage_ = policy_.master_weights ? RoundingPoint{} : policy_.weight_storage;
     shares_working_ = policy_.master_weights ? policy_.weights.is_identity() : policy_.weights == storage_;
     for (auto& lp : parameters_) {
@@ -89,6 +95,8 @@ class Arm {
     ArmResult result;
     std::vector<float> images, labels;
     LayerStats stats;
+    LayerBlockStats block_stats;
+    const bool blocks = uses_block_formats(policy_);
     Progress shown{0, total, std::numeric_limits<double>::quiet_NaN(), scaler_.scale(),
                    std::numeric_limits<double>::quiet_NaN()};
 
@@ -98,6 +106,8 @@ class Arm {
       const bool instrument = t.stats_interval > 0 && step % t.stats_interval == 0;
       if (instrument) stats.assign(layer_count, {});
       ctx_.stats = instrument ? &stats : nullptr;
+      if (instrument && blocks) block_stats.assign(layer_count, {});
+      ctx_.block_stats = instrument && blocks ? &block_stats : nullptr;
       ctx_.step = step;
       ctx_.training = true;
 
@@ -119,7 +129,10 @@ class Arm {
       // the last step, and often enough to bound what the backend holds.
       if (instrument || eval_now || step == total - 1 || pending_.size() >= max_pending_steps) {
         if (const auto stopped = read_steps(result, log)) {  // the arm ends at a step read now
-          if (*stopped == step && instrument && log) log->stats(step, stats);
+          if (*stopped == step && instrument && log) {
+            log->stats(step, stats);
+            if (blocks) log->block_stats(step, block_stats);
+          }
           break;
         }
         shown.loss = result.losses.back();
@@ -127,6 +140,7 @@ class Arm {
       }
       if (instrument) {
         if (log) log->stats(step, stats);
+        if (log && blocks) log->block_stats(step, block_stats);
         result.stat_totals.resize(stats.size());
         for (std::size_t l = 0; l < stats.size(); ++l)
           for (int k = 0; k < tensor_kind_count; ++k) result.stat_totals[l][k] += stats[l][k];
@@ -245,6 +259,7 @@ class Arm {
 
   std::pair<double, double> evaluate(const Dataset& test) {
     LayerStats* const counted = std::exchange(ctx_.stats, nullptr);
+    LayerBlockStats* const block_counted = std::exchange(ctx_.block_stats, nullptr);
     ctx_.training = false;
     refresh_working_copies();
     Batcher batcher(test, setup_.train.eval_batch, 0, false);
@@ -264,6 +279,7 @@ class Arm {
       correct += r.correct;
     }
     ctx_.stats = counted;
+    ctx_.block_stats = block_counted;
     ctx_.training = true;
     const double count = static_cast<double>(std::max<std::int64_t>(1, test.count));
     return {loss_sum / count, static_cast<double>(correct) / count};

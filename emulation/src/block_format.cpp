@@ -37,8 +37,16 @@ const Preset kPresets[] = {
     {"mxfp4", {floating(formats::e2m1), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
     {"mxint8", {integer(8, 6), 1, 32, ScaleFormat::e8m0, ScaleRule::ocp_floor}},
     {"nvfp4", {floating(formats::e2m1), 1, 16, ScaleFormat::ue4m3, ScaleRule::nvfp4}},
+    // The NVFP4 recipe's weights: 16 x 16 tiles, so that a weight's forward and
+    // data-gradient GEMMs (k along its columns, then its rows) read the same
+    // values (arXiv 2509.25149, §4.3).
+    {"nvfp4-16x16", {floating(formats::e2m1), 16, 16, ScaleFormat::ue4m3, ScaleRule::nvfp4}},
     {"fp8-e4m3-1x128", {floating(formats::e4m3), 1, 128, ScaleFormat::binary32, ScaleRule::amax_over_max}},
     {"fp8-e4m3-128x128", {floating(formats::e4m3), 128, 128, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+    // One binary32 scale amax / largest for the whole tensor (block 0 x 0):
+    // Transformer Engine's per-tensor current scaling, E4M3 and E5M2.
+    {"fp8-e4m3-tensor", {floating(formats::e4m3), 0, 0, ScaleFormat::binary32, ScaleRule::amax_over_max}},
+    {"fp8-e5m2-tensor", {floating(kE5m2Saturating), 0, 0, ScaleFormat::binary32, ScaleRule::amax_over_max}},
     {"int8", {integer(8, 0), 1, 32, ScaleFormat::binary32, ScaleRule::amax_over_max}},
     {"int4", {integer(4, 0), 1, 32, ScaleFormat::binary32, ScaleRule::amax_over_max}},
 };
@@ -413,9 +421,9 @@ void check_shape(const BlockFormat& format, std::size_t size, std::int64_t rows,
   if (rows < 0 || cols < 0 || static_cast<std::uint64_t>(rows * cols) != size)
     throw std::invalid_argument("quantize_blocks: a " + std::to_string(rows) + " x " + std::to_string(cols) +
                                 " tensor needs " + std::to_string(rows * cols) + " values, got " + std::to_string(size));
-  if (format.block_rows < 1 || format.block_cols < 1)
+  if ((format.block_rows < 1 || format.block_cols < 1) && (format.block_rows != 0 || format.block_cols != 0))
     throw std::invalid_argument("quantize_blocks: block shape " + std::to_string(format.block_rows) + "x" +
-                                std::to_string(format.block_cols) + " must be at least 1x1");
+                                std::to_string(format.block_cols) + " must be at least 1x1, or 0x0 for the whole tensor");
   if (!format.element.floating && (format.element.integer_bits < 2 || format.element.integer_bits > 16))
     throw std::invalid_argument("quantize_blocks: integer elements need 2..16 bits");
   if (format.element.floating && !fits_in_float(*format.element.floating))
@@ -465,8 +473,9 @@ std::optional<BlockFormat> parse_block_format(std::string_view name) {
 
 std::string_view block_format_names() {
   return "mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8 (OCP MX v1.0: blocks of 32, E8M0 scales), "
-         "nvfp4 (E2M1, blocks of 16, UE4M3 scales, binary32 tensor scale), fp8-e4m3-1x128, fp8-e4m3-128x128 "
-         "(DeepSeek-V3 tiles, binary32 scale amax/448), int8, int4 (symmetric, blocks of 32, binary32 scale amax/127 "
+         "nvfp4 (E2M1, blocks of 16, UE4M3 scales, binary32 tensor scale), nvfp4-16x16 (the same in 16 x 16 tiles), "
+         "fp8-e4m3-1x128, fp8-e4m3-128x128 (DeepSeek-V3 tiles, binary32 scale amax/448), fp8-e4m3-tensor, "
+         "fp8-e5m2-tensor (one binary32 scale amax/largest per tensor), int8, int4 (symmetric, blocks of 32, binary32 scale amax/127 "
          "or amax/7)";
 }
 
@@ -480,15 +489,26 @@ BlockCounts& BlockCounts::operator+=(const BlockCounts& o) {
   return *this;
 }
 
-BlockQuantized quantize_blocks(const BlockFormat& format, std::span<const float> values, std::int64_t rows,
+BlockFormat BlockFormat::for_shape(std::int64_t rows, std::int64_t cols) const {
+  BlockFormat f = *this;
+  if (f.block_rows == 0 && f.block_cols == 0) {
+    f.block_rows = static_cast<int>(std::clamp<std::int64_t>(rows, 1, std::numeric_limits<int>::max()));
+    f.block_cols = static_cast<int>(std::clamp<std::int64_t>(cols, 1, std::numeric_limits<int>::max()));
+  }
+  return f;
+}
+
+BlockQuantized quantize_blocks(const BlockFormat& format_in, std::span<const float> values, std::int64_t rows,
                                std::int64_t cols, const BlockQuantizeOptions& options) {
-  check_shape(format, values.size(), rows, cols);
+  check_shape(format_in, values.size(), rows, cols);
+  const BlockFormat format = format_in.for_shape(rows, cols);
   return Quantizer(format, values, rows, cols, options).run();
 }
 
-BlockSummary quantize_blocks(const BlockFormat& format, std::span<const float> in, std::span<float> out,
+BlockSummary quantize_blocks(const BlockFormat& format_in, std::span<const float> in, std::span<float> out,
                              std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options) {
-  check_shape(format, in.size(), rows, cols);
+  check_shape(format_in, in.size(), rows, cols);
+  const BlockFormat format = format_in.for_shape(rows, cols);
   if (out.size() != in.size())
     throw std::invalid_argument("quantize_blocks: input has " + std::to_string(in.size()) + " values but output has " +
                                 std::to_string(out.size()));

@@ -131,8 +131,9 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
 
 }  // namespace
 
-void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQuantized& a, const BlockFormat& fb,
-                const BlockQuantized& bt, float* c, int m, int n, int k, bool accumulate_c) {
+void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,
+                const BlockFormat& fb_in, const BlockQuantized& bt, float* c, int m, int n, int k, bool accumulate_c) {
+  const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
   if (m < 0 || n < 0 || k < 0 || a.values.size() != static_cast<std::size_t>(m) * k ||
       bt.values.size() != static_cast<std::size_t>(n) * k)
     throw std::invalid_argument("block_gemm: A must be " + std::to_string(m) + " x " + std::to_string(k) + " and B^T " +
@@ -147,16 +148,17 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQ
                                 std::to_string(block) + "), got " + std::to_string(model.promotion_interval));
   bool wide = false;  // block sums wider than binary64: exact fixed point (ExactAccumulator), term by term
   if (model.promotion_interval == 0) {
-    if (binary32_scales)
+    if (binary32_scales && block < k)
       throw std::invalid_argument("block_gemm: binary32 block scales take DeepSeek-V3's promotion "
-                                  "(promotion_interval = the block length and a tensor-core model)");
+                                  "(promotion_interval = the block length and a tensor-core model), unless one "
+                                  "block spans k (per-tensor scales)");
     // Exact block sums in binary64: the products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and
     // `block` of them add at most log2(block) bits.
     const int span = (fa.element.emax() + 1 - smallest_exponent(fa.element)) +
                      (fb.element.emax() + 1 - smallest_exponent(fb.element)) + static_cast<int>(std::ceil(std::log2(block)));
     wide = span > 53;
     const bool power_of_two_scales = fa.scale == ScaleFormat::e8m0 && fb.scale == ScaleFormat::e8m0;
-    if (wide && !power_of_two_scales)
+    if (wide && !power_of_two_scales && !binary32_scales)
       throw std::invalid_argument("block_gemm: block sums of " + fa.element.name() + " and " + fb.element.name() +
                                   " need " + std::to_string(span) + " bits, more than binary64 holds exactly; the "
                                   "exact fixed-point path takes only E8M0 (power-of-two) scales");
@@ -168,7 +170,25 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa, const BlockQ
   Matrix partial(m, n);
   for (int kb = 0; kb < blocks; ++kb) {
     const int k0 = kb * block, width = std::min(block, k - k0);
-    if (wide && !block_sums_fit(ea, eb, k0, width)) {
+    if (binary32_scales && model.promotion_interval == 0) {
+      // One block spans k, scaled per tensor (or per row tile) in binary32, as
+      // cuBLAS's FP8 GEMMs take scale_a and scale_b: the exact sum rounded
+      // once to binary32, then times alpha = sa * sb (one binary32 product
+      // each).
+      if (wide && !block_sums_fit(ea, eb, k0, width)) {
+        accumulate_wide(ea, eb, Matrix::Ones(m, 1), Matrix::Ones(n, 1), smallest_exponent(fa.element),
+                        smallest_exponent(fb.element), 0, k0, width, acc, m, n);
+      } else {
+        partial.noalias() = ea.middleCols(k0, width) * eb.middleCols(k0, width).transpose();
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) acc[static_cast<std::size_t>(i) * n + j] = static_cast<float>(partial(i, j) + 0.0);
+      }
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          const float alpha = static_cast<float>(sa_all(i, kb)) * static_cast<float>(sb_all(j, kb));
+          acc[static_cast<std::size_t>(i) * n + j] *= alpha;
+        }
+    } else if (wide && !block_sums_fit(ea, eb, k0, width)) {
       accumulate_wide(ea, eb, sa_all, sb_all, smallest_exponent(fa.element), smallest_exponent(fb.element), kb, k0,
                       width, acc, m, n);
     } else if (model.promotion_interval == 0) {

@@ -206,6 +206,8 @@ int run_quantize(const QuantizeArgs& args) {
   options.rounding = Rounding{mode};
   options.key = {args.seed, 0};
   const BlockQuantized q = quantize_blocks(*format, x, 1, static_cast<std::int64_t>(x.size()), options);
+  const std::string name = format->name();
+  *format = format->for_shape(1, static_cast<std::int64_t>(x.size()));  // a whole-tensor block: its shape here
   const auto text = [](double v) { return std::isnan(v) ? std::string("nan") : hex_float(v); };
   const bool two_level = format->rule == ScaleRule::nvfp4 || format->rule == ScaleRule::nvfp4_te;
   if (args.values_only) {
@@ -217,7 +219,7 @@ int run_quantize(const QuantizeArgs& args) {
     for (double s : q.scales) fmt::print("{}\n", text(s));
     return 0;
   }
-  fmt::print("format: {} ({}, {}x{} blocks, {} scales, rule {}); elements rounded {}{}\n", format->name(),
+  fmt::print("format: {} ({}, {}x{} blocks, {} scales, rule {}); elements rounded {}{}\n", name,
              format->element.name(), format->block_rows, format->block_cols, to_string(format->scale),
              to_string(format->rule), to_string(mode), mode == RoundingMode::stochastic ? fmt::format(", seed {}", args.seed) : "");
   if (two_level) fmt::print("tensor scale: {}\n", text(q.tensor_scale));

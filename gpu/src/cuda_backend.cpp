@@ -458,6 +458,10 @@ class CudaBackend final : public core::Backend {
     const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
+    // Block-scaled operands run on the CPU backend only so far (experiment.cpp refuses such arms on cuda first).
+    require(!numerics.a_block && !numerics.b_block,
+            "gemm: block-scaled GEMM operands (policy block points) are not implemented on the cuda backend; run "
+            "the arm on cpu");
     if (m == 0 || n == 0) return;
     // numerics.model (Policy::gemm) is ignored: on the device the hardware is the model (backend.hpp). A policy
     // with a model keeps accumulation at binary32 (core's gemm_model checks), so such GEMMs go to cuBLAS.

@@ -31,4 +31,10 @@ check "mx NaN block" $'nan\nnan\n0x1p+0' -- --format mxfp8-e4m3 --block 2 --valu
 check "mx NaN scale" $'nan\n0x1p-8' -- --format mxfp8-e4m3 --block 2 --scales 1 inf 1
 # NVFP4: amax 6: S_enc = 448, tensor scale 1/448 (0x1.24924ap-9 in binary32, 8/7 = 0x1.249249249...); the block scale 448.
 check "nvfp4 scales" $'tensor_scale 0x1.24924ap-9\n0x1.cp+8' -- --format nvfp4 --scales 6 1 -0.2
+# Per-tensor FP8 (one block, the whole tensor): s = 896 / 448 = 2 exactly; 896 / 2 = 448, 3 / 2 = 1.5 (E4M3).
+check "fp8 per-tensor scale" $'0x1p+1' -- --format fp8-e4m3-tensor --scales 3 896 1
+check "fp8 per-tensor values" $'0x1.8p+1\n0x1.cp+9\n0x1p+0' -- --format fp8-e4m3-tensor --values-only 3 896 1
+got=$("$mpsim" fp quantize --format fp8-e4m3-tensor 3 896 1 2>&1)
+grep -q "^format: fp8-e4m3-tensor (e4m3, 1x3 blocks" <<<"$got" && echo "ok   per-tensor table" \
+  || { echo "FAIL per-tensor table: $got"; status=1; }
 exit $status

@@ -55,6 +55,7 @@ std::string other_value(const ConfigKey& k) {
     return std::to_string(v == 0 ? 0.5 : v * 0.75);
   }
   if (k.type == "rounding point") return "\"bfloat16/stochastic\"";
+  if (k.type == "block point") return "\"mxfp8-e4m3/stochastic\"";
   if (k.type == "array of integers") return "[3, 7]";
   const auto names = choices(k);
   if (k.type == "array of strings") return "[\"" + names.back() + "\"]";
@@ -95,6 +96,9 @@ TEST_CASE("config fields: every key round-trips through the resolved TOML", "[co
     INFO(k.key);
     std::vector<std::string> overrides{override_key(k) + "=" + other_value(k)};
     if (k.key == "policies.NAME.weight_storage") overrides.push_back("policies.p.master_weights=false");
+    if (k.type == "block point")  // a role's two operands are block-scaled together
+      for (const auto& b : block_points)
+        overrides.insert(overrides.begin(), "policies.p." + std::string(b.name) + "=\"mxfp8-e4m3\"");
     const ExperimentConfig changed = parse_with(overrides);
     const std::string written = changed.to_toml();
     CHECK(written != defaults);

@@ -775,14 +775,58 @@ TEST_CASE("Block GEMM: exact block partials, binary32 accumulation, against exac
     block_gemm({}, e5m2, qa, e5m2, qb, &out, 1, 1, 3);
     CHECK(out == 0x1p-32f);
   }
-  // What is refused, with the reason: binary32 scales without DeepSeek's promotion; E5M2 with non-power-of-two scales.
+  // What is refused, with the reason: binary32 scales of several blocks along k without DeepSeek's promotion.
   const BlockFormat tiles = *parse_block_format("fp8-e4m3-1x128");
   BlockFormat e5m2_tiles = tiles;
   e5m2_tiles.element = parse_block_format("mxfp8-e5m2")->element;
-  std::vector<float> x(64, 1.0f), c(4);
-  const BlockQuantized qt = quantize_blocks(tiles, x, 2, 32), q5 = quantize_blocks(e5m2_tiles, x, 2, 32);
-  CHECK_THROWS_AS(block_gemm({}, tiles, qt, tiles, qt, c.data(), 2, 2, 32), std::invalid_argument);
-  CHECK_THROWS_AS(block_gemm({}, e5m2_tiles, q5, e5m2_tiles, q5, c.data(), 2, 2, 32), std::invalid_argument);
+  std::vector<float> x(2 * 160, 1.0f), c(4);
+  const BlockQuantized qt = quantize_blocks(tiles, x, 2, 160), q5 = quantize_blocks(e5m2_tiles, x, 2, 160);
+  CHECK_THROWS_AS(block_gemm({}, tiles, qt, tiles, qt, c.data(), 2, 2, 160), std::invalid_argument);
+  CHECK_THROWS_AS(block_gemm({}, e5m2_tiles, q5, e5m2_tiles, q5, c.data(), 2, 2, 160), std::invalid_argument);
+}
+
+TEST_CASE("Per-tensor FP8 (one block, the whole tensor): quantization and GEMM against exact rationals",
+          "[block][gemm][tensor]") {
+  std::mt19937_64 rng(20261201);
+  const BlockFormat e4m3 = *parse_block_format("fp8-e4m3-tensor"), e5m2 = *parse_block_format("fp8-e5m2-tensor");
+  CHECK(e4m3.for_shape(3, 70).block_rows == 3);
+  CHECK(e4m3.for_shape(3, 70).block_cols == 70);
+  for (int round = 0; round < 8; ++round) {
+    const std::vector<float> x = random_blocks(rng, 96, 2, kE4m3, round % 4 == 3);
+    // As one 1 x 192 tile, and as a 2 x 96 tensor: the same single scale and values.
+    const Expected want = reference_tiles(static_cast<int>(x.size()), x);
+    compare("per tensor, round " + std::to_string(round), want, quantize_blocks(e4m3, x, 1, 192));
+    const BlockQuantized two_rows = quantize_blocks(e4m3, x, 2, 96);
+    REQUIRE(two_rows.scales.size() == 1);
+    CHECK(same(two_rows.scales[0], want.scales[0]));
+  }
+  // The GEMM: the exact sum of element products rounded once to binary32, times alpha = sa * sb in binary32
+  // (cuBLAS's scale_a, scale_b). E5M2 x E4M3 sums can exceed binary64 (the fixed-point path).
+  const int m = 4, n = 5;
+  for (int k : {64, 200}) {
+    for (const bool wide : {false, true}) {
+      std::vector<float> a(static_cast<std::size_t>(m) * k), b(static_cast<std::size_t>(n) * k);
+      for (float& v : a) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 24) - 12);
+      for (float& v : b) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 8) - 4);
+      const BlockFormat& fa = wide ? e5m2 : e4m3;
+      const BlockQuantized qa = quantize_blocks(fa, a, m, k), qb = quantize_blocks(e4m3, b, n, k);
+      std::vector<float> c(static_cast<std::size_t>(m) * n);
+      block_gemm({}, fa, qa, e4m3, qb, c.data(), m, n, k);
+      const Q sa = exact(qa.scales[0]), sb = exact(qb.scales[0]);
+      const float alpha = to_binary32(sa * sb);
+      for (int i = 0; i < m; ++i) {
+        for (int j = 0; j < n; ++j) {
+          Q sum = 0;
+          for (int t = 0; t < k; ++t)
+            sum += (exact(qa.values[static_cast<std::size_t>(i) * k + t]) / sa) *
+                   (exact(qb.values[static_cast<std::size_t>(j) * k + t]) / sb);
+          const float want = to_binary32(exact(to_binary32(sum)) * exact(alpha));
+          INFO("k " << k << (wide ? " E5M2 x E4M3" : " E4M3") << ", element " << i << "," << j);
+          CHECK(same_float(c[static_cast<std::size_t>(i) * n + j], want));
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 products", "[block][gemm]") {

@@ -55,6 +55,19 @@ struct GemmNumerics {
   // when present. An emulating backend follows it; on a GPU the hardware is
   // the model, so the GPU backend ignores it.
   std::optional<AccumulationModel> model;
+  // Block-scaled operands (both or neither): each operand, as op(a) and
+  // op(b) present it, quantized along k to its block point (after the
+  // Hadamard transform when the points ask, seeded by hadamard_seed), then
+  // multiplied as block_gemm.hpp's block-scaled tensor cores do, promoting
+  // through `block_promotion` when set. Statistics go to each `stats`.
+  struct BlockOperand {
+    BlockPoint point;
+    StochasticStream stream;
+    BlockStats* stats = nullptr;
+  };
+  std::optional<BlockOperand> a_block, b_block;
+  std::optional<TensorCoreModel> block_promotion;
+  std::uint64_t hadamard_seed = 0;
 };
 
 struct RoundResult {

@@ -4,6 +4,7 @@
 // StepContext::round, which also routes the instrumentation.
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <memory>
@@ -44,8 +45,12 @@ enum class Site : std::uint8_t {
   // The running sums of a GEMM whose accumulation rounds (stochastically, say)
   // after every addition, apart from the rounding of the result itself.
   output_sum, weight_grad_sum, input_grad_sum,
+  // Block-scaled GEMM operands (policy.hpp's block_points, in that order),
+  // and the signs of a weight-gradient GEMM's Hadamard transform.
+  fprop_activation_blocks, fprop_weight_blocks, dgrad_gradient_blocks, dgrad_weight_blocks,
+  wgrad_gradient_blocks, wgrad_activation_blocks, wgrad_hadamard,
 };
-inline constexpr int site_count = 18;
+inline constexpr int site_count = 25;
 // The sites' names, for messages and logs ("" for the unused value).
 std::string_view to_string(Site site);
 
@@ -71,6 +76,11 @@ class StepContext {
   // last (forward: its input; backward: its output gradient), when the loop
   // knows it. A GEMM operand rounding that keeps those values is skipped.
   std::optional<RoundingPoint> incoming;
+  // Block statistics of the GEMM operands (null: no instrumentation this
+  // step), and the first layer that ignores the block points
+  // (Policy::high_precision_last; the trainer sets it).
+  LayerBlockStats* block_stats = nullptr;
+  int block_points_end = std::numeric_limits<int>::max();
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
   // counting into stats[layer][kind]; nothing is counted without a kind
@@ -87,6 +97,10 @@ class StepContext {
   // initial weights draw as step 0).
   StochasticStream stream(Site site, std::int64_t at_step) const;
   TensorStats* stats_for(TensorKind kind) const;
+  // How the current layer's GEMM in `role` computes, with operands rounded
+  // at the per-tensor points a and b: its accumulation model, or its
+  // block-scaled operands with their streams and statistics.
+  GemmNumerics gemm_numerics(GemmRole role, const RoundingPoint& a, const RoundingPoint& b) const;
 
  private:
   // The amax ring of each delayed-scaled (layer, site), a backend tensor

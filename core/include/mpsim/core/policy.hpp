@@ -14,6 +14,7 @@
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/emulation/accumulation.hpp"
+#include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"
 
@@ -36,6 +37,30 @@ struct RoundingPoint {
            a.rounding.random_bits == b.rounding.random_bits && a.delayed_scaling == b.delayed_scaling;
   }
 };
+
+// A GEMM operand quantized to a block-scaled format (OCP MX, NVFP4,
+// DeepSeek-V3's tiles, per-tensor FP8) along the GEMM's k, inside the GEMM,
+// after its per-tensor point (activations, weights, gradient_operands) has
+// rounded it: each GEMM role (forward, data gradient, weight gradient) has
+// its own, because k runs along a different dimension of the same tensor in
+// each (Transformer Engine's rowwise and columnwise copies). docs/policies.md.
+struct BlockPoint {
+  std::string preset;                 // the block format's name ("mxfp8-e4m3"); empty: not block-scaled
+  std::string scale_rule;             // "", or "floor", "ceil" (power-of-two E8M0 scales), "nvfp4-te"
+  BlockFormat format;                 // the preset with scale_rule applied
+  Rounding rounding{};                // of the elements: nearest-even or stochastic
+  bool hadamard = false;              // random Hadamard transform along k first (hadamard.hpp)
+
+  bool enabled() const { return !preset.empty(); }
+  friend bool operator==(const BlockPoint& a, const BlockPoint& b) {
+    return a.preset == b.preset && a.scale_rule == b.scale_rule && a.rounding.mode == b.rounding.mode &&
+           a.rounding.random_bits == b.rounding.random_bits && a.hadamard == b.hadamard;
+  }
+};
+
+// "none", or PRESET[/stochastic][/rht][/floor|/ceil|/nvfp4-te]: "nvfp4/stochastic/rht", "mxfp8-e4m3/ceil".
+std::optional<BlockPoint> parse_block_point(std::string_view text, std::string* error);
+std::string to_string(const BlockPoint& point);  // "none" when not enabled
 
 // "binary16", "bfloat16/stochastic", "e4m3/nearest_even/scaled": format[/mode][/scaled].
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error);
@@ -72,6 +97,13 @@ struct Policy {
   // Ops that always compute and output binary32 whatever the points say, as
   // autocast's FP32 op list: "layer_norm", "gelu", "softmax_cross_entropy".
   std::vector<std::string> fp32_ops;
+  // Block-scaled GEMM operands per role (block_points below); none by default.
+  BlockPoint fprop_activations, fprop_weights;    // forward: activations x weights^T, k = in_features
+  BlockPoint dgrad_gradients, dgrad_weights;      // data gradient: output gradient x weights, k = out_features
+  BlockPoint wgrad_gradients, wgrad_activations;  // weight gradient: output gradient^T x activations, k = batch
+  // The last N layers with GEMMs ignore the block points (the NVFP4 recipe
+  // keeps the final layers in higher precision, arXiv 2509.25149 §4.1).
+  int high_precision_last = 0;
   LossScaling loss_scaling;
   DelayedScaling delayed_scaling;
 
@@ -97,12 +129,53 @@ inline constexpr std::array<NamedPoint, 10> rounding_points{{
     {"optimizer_state", &Policy::optimizer_state, "momentum and Adam moments"},
 }};
 
+// The GEMM roles and their block-scaled operand points, with config keys.
+enum class GemmRole : std::uint8_t { fprop, dgrad, wgrad };
+inline constexpr EnumNames<GemmRole, 3> gemm_role_names{{"fprop", "dgrad", "wgrad"}};
+struct NamedBlockPoint {
+  std::string_view name;
+  BlockPoint Policy::*point;
+  GemmRole role;
+  int operand;  // 0: the GEMM's left operand (a), 1: its right (b)
+  std::string_view doc;
+};
+inline constexpr std::array<NamedBlockPoint, 6> block_points{{
+    {"fprop_activations", &Policy::fprop_activations, GemmRole::fprop, 0,
+     "forward GEMM's activations, blocks along in_features"},
+    {"fprop_weights", &Policy::fprop_weights, GemmRole::fprop, 1, "forward GEMM's weights, blocks along in_features"},
+    {"dgrad_gradients", &Policy::dgrad_gradients, GemmRole::dgrad, 0,
+     "data-gradient GEMM's output gradient, blocks along out_features"},
+    {"dgrad_weights", &Policy::dgrad_weights, GemmRole::dgrad, 1,
+     "data-gradient GEMM's weights, blocks along out_features"},
+    {"wgrad_gradients", &Policy::wgrad_gradients, GemmRole::wgrad, 0,
+     "weight-gradient GEMM's output gradient, blocks along the batch (rows)"},
+    {"wgrad_activations", &Policy::wgrad_activations, GemmRole::wgrad, 1,
+     "weight-gradient GEMM's activations, blocks along the batch (rows)"},
+}};
+// The index into block_points of a role's operand.
+constexpr std::size_t block_point_index(GemmRole role, int operand) {
+  return static_cast<std::size_t>(role) * 2 + static_cast<std::size_t>(operand);
+}
+bool uses_block_formats(const Policy& p);
+// Throws std::invalid_argument naming the problem when a role's block points
+// cannot form a block-scaled GEMM: one operand block-scaled and not the
+// other, blocks of different lengths along k, the transform on one side, a
+// rounding other than nearest-even or stochastic, or a gemm model that does
+// not sum block-scaled operands ("ieee": exact block sums accumulated in
+// binary32; "h100": DeepSeek-V3's promotion, FP8 elements only).
+void check_block_points(const Policy& p);
+// How a role's block-scaled GEMM sums under p.gemm: nothing for "ieee"
+// (exact block sums, binary32 across blocks), else the tensor-core model
+// whose partials are promoted to binary32 once per block (block_gemm.hpp).
+std::optional<TensorCoreModel> block_promotion(const Policy& p, const BlockFormat& a);
+
 // The model a GEMM with operands in formats a and b uses under p.gemm:
 // nothing for "ieee". Throws std::invalid_argument, naming the problem, when
 // the name is unknown or the model cannot take these operands.
 std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint& a, const RoundingPoint& b);
 
-// The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8, tf32.
+// The presets: fp32, fp16-mixed, bf16-mixed, fp16-naive, fp8 (= fp8-delayed),
+// fp8-delayed, fp8-current, mxfp8, nvfp4, deepseek-fp8, tf32 (docs/policies.md).
 std::optional<Policy> preset_policy(std::string_view name);
 std::vector<std::string> preset_policy_names();
 // A human-readable table of every point of a policy (logged with each arm).

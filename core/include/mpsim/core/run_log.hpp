@@ -91,6 +91,8 @@ std::string eval_fields_markdown();
 
 // Per layer, per TensorKind.
 using LayerStats = std::vector<std::array<TensorStats, tensor_kind_count>>;
+// Per layer, per block-scaled GEMM operand (policy.hpp's block_points).
+using LayerBlockStats = std::vector<std::array<BlockStats, gemm_operand_count>>;
 
 struct ArmInfo {
   std::string name;
@@ -166,6 +168,8 @@ class ArmLog {
   virtual ~ArmLog() = default;
   virtual void step(const StepRecord& record) = 0;
   virtual void stats(std::int64_t step, const LayerStats& stats) = 0;
+  // Arms whose policy uses block formats (uses_block_formats), at the same steps.
+  virtual void block_stats(std::int64_t /*step*/, const LayerBlockStats& /*stats*/) {}
   virtual void eval(const EvalRecord& record) = 0;
   // How the arm ended: "completed", or "stopped: <reason>".
   virtual void finish(const std::string& status) = 0;

@@ -9,6 +9,7 @@
 #include <span>
 #include <string_view>
 
+#include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/core/names.hpp"
 
@@ -92,6 +93,53 @@ struct TensorStats {
   // Adds the counters that the emulator's rounding reports.
   void add_rounding(const QuantizeCounts& counts);
 };
+
+// What block-scaled quantization did to one GEMM operand (policy.hpp's
+// BlockPoint), summed over the steps' uses at a logging interval.
+enum class BlockCounter : std::uint8_t {
+  elements,       // elements quantized
+  nonzero,        // finite nonzero inputs
+  saturated,      // elements clipped to the element format's largest value
+  flushed,        // finite nonzero inputs that became zero inside their block (its scale too large for them)
+  nan,            // NaN outputs (blocks, or NVFP4 tensors, holding NaN or infinity)
+  blocks,         // blocks (tiles)
+  scale_clamped,  // blocks whose scale hit its format's range
+};
+inline constexpr int block_counter_count = 7;
+inline constexpr EnumNames<BlockCounter, block_counter_count> block_counter_names{
+    {"elements", "nonzero", "saturated", "flushed", "nan", "blocks", "scale_clamped"}};
+
+struct BlockStats {
+  // Each block's decoded scale by binade (Binades' bins; a NaN scale in nan_bin).
+  Histogram scale_binades{};
+  // Each block's scale code: the E8M0 code (exponent + 127) or the UE4M3
+  // encoding; nothing for binary32 scales (those have only binades).
+  std::array<std::uint64_t, 256> scale_codes{};
+  std::array<std::uint64_t, block_counter_count> counters{};
+  // Each block's quantization error sqrt(sum (q - x)^2 / sum x^2) in units of
+  // the element format's epsilon (2^-mantissa_bits; MXINT8: 2^-6), by quarter
+  // binade from 2^-30 to 2^10 (bin i: 2^(-30 + i/4) <= error < 2^(-30 + (i+1)/4);
+  // values beyond go to the end bins), then exact blocks (all-zero ones too),
+  // then NaN blocks.
+  static constexpr int error_min_exponent = -30, error_max_exponent = 9, error_bins_per_binade = 4;
+  static constexpr int error_finite_bins = (error_max_exponent - error_min_exponent + 1) * error_bins_per_binade;
+  static constexpr int error_zero_bin = error_finite_bins, error_nan_bin = error_finite_bins + 1;
+  static constexpr int error_bins = error_finite_bins + 2;
+  std::array<std::uint64_t, error_bins> error{};
+
+  std::uint64_t& operator[](BlockCounter c) { return counters[static_cast<int>(c)]; }
+  std::uint64_t operator[](BlockCounter c) const { return counters[static_cast<int>(c)]; }
+  BlockStats& operator+=(const BlockStats& other);
+  friend bool operator==(const BlockStats&, const BlockStats&) = default;
+};
+
+// The six block-scaled GEMM operands of a layer, in policy.hpp's block_points order.
+inline constexpr int gemm_operand_count = 6;
+
+// Adds what quantize_blocks did to x (rows x cols, row-major) into stats:
+// `format` as quantized (block_format.hpp), `q` its result.
+void add_block_quantization(BlockStats& stats, const BlockFormat& format, std::span<const float> x,
+                            const BlockQuantized& q, std::int64_t rows, std::int64_t cols);
 
 // How exponent fields are counted (add_values picks the fastest for this CPU's
 // SIMD target; tests run each one on every target and compare them).

@@ -48,17 +48,20 @@ std::optional<ScaleRule> parse_scale_rule(std::string_view text);
 
 struct BlockFormat {
   ElementFormat element;
-  int block_rows = 1;   // 1 x block_cols blocks along a row, or block_rows x block_cols tiles
-  int block_cols = 32;
+  int block_rows = 1;   // 1 x block_cols blocks along a row, or block_rows x block_cols tiles;
+  int block_cols = 32;  // 0 x 0: one block, the whole tensor (per-tensor scaling)
   ScaleFormat scale = ScaleFormat::e8m0;
   ScaleRule rule = ScaleRule::ocp_floor;
 
   std::string name() const;  // the preset's name, or a description
+  // The format with a 0 x 0 block made the whole rows x cols tensor.
+  BlockFormat for_shape(std::int64_t rows, std::int64_t cols) const;
   friend bool operator==(const BlockFormat&, const BlockFormat&) = default;
 };
 
 // Presets: mxfp8-e4m3, mxfp8-e5m2, mxfp6-e3m2, mxfp6-e2m3, mxfp4, mxint8,
-// nvfp4, fp8-e4m3-1x128, fp8-e4m3-128x128.
+// nvfp4, nvfp4-16x16, fp8-e4m3-1x128, fp8-e4m3-128x128, fp8-e4m3-tensor,
+// fp8-e5m2-tensor, int8, int4.
 std::optional<BlockFormat> parse_block_format(std::string_view name);
 std::string_view block_format_names();
 

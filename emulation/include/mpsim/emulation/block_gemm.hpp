@@ -26,9 +26,12 @@ struct BlockGemmModel {
 // alpha = s_a s_b, one binary32 multiplication); C, when accumulated, is added
 // last with one rounding. A NaN block (scale NaN) makes its outputs NaN.
 // Block sums too wide for binary64 (MXFP8 E5M2 blocks that span many binades)
-// go term by term through an exact fixed-point sum. Throws
-// std::invalid_argument for sizes that differ, binary32 scales without
-// promotion, or such wide sums with scales that are not powers of two.
+// go term by term through an exact fixed-point sum. Binary32 scales without
+// promotion need one block along k (per-tensor scaling, `fp8-e4m3-tensor`):
+// the exact sum rounded once to binary32, times alpha = sa * sb, as cuBLAS's
+// FP8 GEMMs apply scale_a and scale_b. Throws std::invalid_argument for sizes
+// that differ, binary32 scales of several blocks along k without promotion,
+// or wide sums with scales that are not powers of two.
 void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockQuantized& a,
                 const BlockFormat& b_format, const BlockQuantized& bt, float* c, int m, int n, int k,
                 bool accumulate_c = false);
