@@ -53,7 +53,7 @@ TEST_CASE("gemm = \"h100\" is accepted only where the model can take the operand
   CHECK_THAT(config_error({"policies.mine.base=fp16-mixed", "policies.mine.gemm=h100",
                            "policies.mine.accumulation=binary16"}),
              Catch::Matchers::Contains("set accumulation = \"binary32\""));
-  CHECK_THAT(config_error({"policies.mine.base=fp16-mixed", "policies.mine.gemm=h200"}),
+  CHECK_THAT(config_error({"policies.mine.base=fp16-mixed", "policies.mine.gemm=b300"}),
              Catch::Matchers::Contains("is not an accumulation model"));
   // The resolved config keeps the key.
   const ExperimentConfig c =
