@@ -77,10 +77,11 @@ TEST_CASE("the H100 model GEMM truncates: positive sums come out low, binary32 a
   const auto run = [&](const std::string& gemm) {
     policy.gemm = gemm;
     Tensor tc = backend->empty({m, n});
-    backend->gemm(ta, false, tb, false, tc,
-                  {.a_format = formats::binary16, .b_format = formats::binary16, .accumulation = policy.accumulation,
-                   .model = gemm_model(policy, policy.activations, policy.weights)},
-                  {});
+    GemmNumerics numerics;
+    numerics.a_format = numerics.b_format = formats::binary16;
+    numerics.accumulation = policy.accumulation;
+    numerics.model = gemm_model(policy, policy.activations, policy.weights);
+    backend->gemm(ta, false, tb, false, tc, numerics, {});
     std::vector<float> c(m * n);
     backend->to_host(tc, c);
     return c;
