@@ -10,7 +10,7 @@
 #include "mpsim/emulation/pattern_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/emulation/random_draw.hpp"
-#include "emulation/src/block_scaling.hpp"
+#include "mpsim/emulation/block_scaling.hpp"
 #include "emulation/src/quantize_kernel.hpp"
 
 namespace mpsim {
@@ -325,14 +325,10 @@ class FastQuantizer {
                 std::int64_t cols, const BlockQuantizeOptions& o)
       : f_(f), x_(x), out_(out), rows_(rows), cols_(cols), o_(o),
         grid_rows_((rows + f.block_rows - 1) / f.block_rows), grid_cols_((cols + f.block_cols - 1) / f.block_cols),
-        rule_{f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te ? BlockKind::nvfp4
-              : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
-                                                                          : BlockKind::power_of_two,
-              f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
-              static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3)} {}
+        rule_(detail::block_rule(f, x)) {}
 
   BlockSummary run() {
-    if (rule_.kind == BlockKind::nvfp4) tensor_scale();
+    if (rule_.kind == BlockKind::nvfp4) summary_.tensor_scale = rule_.tensor_nan ? kNan : rule_.tensor_scale;
     summary_.scale_codes.reserve(static_cast<std::size_t>(grid_rows_ * grid_cols_));
     if (f_.block_rows > 1) {
       // 2-D tiles: a tile's scale spans rows, so every scale first; then each row with its tiles' scales.
@@ -350,21 +346,6 @@ class FastQuantizer {
   }
 
  private:
-  void tensor_scale() {
-    const std::uint32_t m = x_.empty() ? 0 : detail::amax_bits(x_.data(), x_.size());
-    const bool nan = m > 0x7F800000u;
-    const float amax = std::bit_cast<float>(m);
-    float encode = 1.0f;
-    if (amax > 0 && std::isfinite(amax)) {
-      encode = 2688.0f / amax;
-      if (std::isinf(encode)) encode = FLT_MAX;
-    }
-    rule_.encode = encode;
-    rule_.tensor_scale = 1.0f / encode;
-    rule_.tensor_nan = nan;
-    summary_.tensor_scale = nan ? kNan : rule_.tensor_scale;
-  }
-
   // A 2-D tile's largest magnitude as binary32 bits, row by row.
   std::uint32_t tile_amax_bits(std::int64_t br, std::int64_t bc) const {
     std::uint32_t m = 0;
@@ -488,6 +469,32 @@ BlockCounts& BlockCounts::operator+=(const BlockCounts& o) {
   scale_clamped += o.scale_clamped;
   return *this;
 }
+
+namespace detail {
+
+BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
+  BlockRule rule{f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te ? BlockKind::nvfp4
+                 : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
+                                                                             : BlockKind::power_of_two,
+                 f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
+                 static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3)};
+  if (rule.kind != BlockKind::nvfp4) return rule;
+  // NVFP4's tensor scale (arXiv 2509.25149): S_enc = 2688 / amax, at most
+  // FLT_MAX, 1 when amax is 0 or infinite; any NaN makes the tensor NaN.
+  const std::uint32_t m = tensor.empty() ? 0 : amax_bits(tensor.data(), tensor.size());
+  const float amax = std::bit_cast<float>(m);
+  float encode = 1.0f;
+  if (amax > 0 && std::isfinite(amax)) {
+    encode = 2688.0f / amax;
+    if (std::isinf(encode)) encode = FLT_MAX;
+  }
+  rule.encode = encode;
+  rule.tensor_scale = 1.0f / encode;
+  rule.tensor_nan = m > 0x7F800000u;
+  return rule;
+}
+
+}  // namespace detail
 
 BlockFormat BlockFormat::for_shape(std::int64_t rows, std::int64_t cols) const {
   BlockFormat f = *this;

@@ -9,7 +9,7 @@
 
 #include "mpsim/emulation/pattern_rounding.hpp"
 #include "mpsim/emulation/quantize.hpp"
-#include "emulation/src/block_scaling.hpp"
+#include "mpsim/emulation/block_scaling.hpp"
 
 namespace mpsim::detail {
 

@@ -24,6 +24,8 @@
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
+#include "mpsim/emulation/block_scaling.hpp"
+#include "mpsim/emulation/pattern_format.hpp"
 #include "mpsim/emulation/hadamard.hpp"
 #include "mpsim/emulation/scale_format.hpp"
 
@@ -783,6 +785,62 @@ TEST_CASE("Block GEMM: exact block partials, binary32 accumulation, against exac
   const BlockQuantized qt = quantize_blocks(tiles, x, 2, 160), q5 = quantize_blocks(e5m2_tiles, x, 2, 160);
   CHECK_THROWS_AS(block_gemm({}, tiles, qt, tiles, qt, c.data(), 2, 2, 160), std::invalid_argument);
   CHECK_THROWS_AS(block_gemm({}, e5m2_tiles, q5, e5m2_tiles, q5, c.data(), 2, 2, 160), std::invalid_argument);
+}
+
+TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) gives the fast path's bits and counts",
+          "[block][fast][device]") {
+  // Written once for host and device (block_scaling.hpp); here on the host against quantize_blocks' fast path,
+  // itself equal to the exact reference (above). Rows of 1 x N blocks with a partial last block.
+  std::mt19937_64 rng(20261202);
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "nvfp4", "nvfp4-te",
+                           "fp8-e4m3-1x128", "mxfp4-ceil"}) {
+    const std::string text(name);
+    BlockFormat f = *parse_block_format(text == "nvfp4-te" ? "nvfp4" : text == "mxfp4-ceil" ? "mxfp4" : text);
+    if (text == "nvfp4-te") f.rule = ScaleRule::nvfp4_te;
+    if (text == "mxfp4-ceil") f.rule = ScaleRule::ceil;
+    for (const RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
+      for (int round = 0; round < 6; ++round) {
+        const int block = f.block_cols, rows = 3, cols = 3 * block + block / 2 + 1;
+        std::vector<float> x = random_blocks(rng, cols * rows, 1, kE4m3, round % 3 == 2);
+        BlockQuantizeOptions options;
+        options.rounding = Rounding{mode};
+        options.key = {7, static_cast<std::uint64_t>(round)};
+        options.first_index = (std::uint64_t{5} << 32) - 40;  // the draws cross a multiple of 2^32
+        std::vector<float> fast(x.size());
+        const BlockSummary want = quantize_blocks(f, x, fast, rows, cols, options);
+
+        const detail::BlockRule rule = detail::block_rule(f, x);
+        const PatternFormat<std::uint32_t> element = binary32_pattern_format(*f.element.floating);
+        const PatternRounding rounding = pattern_rounding(options.rounding);
+        const DrawKey key = make_draw_key(options.key);
+        std::vector<float> got(x.size());
+        detail::BlockRowCounts counts;
+        std::uint64_t clamped = 0;
+        std::vector<std::uint32_t> codes;
+        for (int r = 0; r < rows; ++r)
+          for (int c0 = 0; c0 < cols; c0 += block) {
+            const int n = std::min(block, cols - c0);
+            const std::size_t at = static_cast<std::size_t>(r) * cols + c0;
+            const detail::BlockParams p = detail::quantize_block_row(rule, nullptr, element, rounding, key,
+                                                                     options.first_index + at, x.data() + at,
+                                                                     got.data() + at, n, counts);
+            codes.push_back(p.code);
+            clamped += p.clamped;
+          }
+        INFO(name << " " << to_string(mode) << " round " << round);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          INFO("element " << i << ": x " << x[i] << ", fast " << fast[i] << ", row " << got[i]);
+          REQUIRE(same(static_cast<double>(got[i]), static_cast<double>(fast[i])));
+        }
+        CHECK(codes == want.scale_codes);
+        CHECK(counts.nonzero == want.counts.nonzero);
+        CHECK(counts.flushed == want.counts.flushed);
+        CHECK(counts.saturated == want.counts.saturated);
+        CHECK(counts.nan == want.counts.nan);
+        CHECK(clamped == want.counts.scale_clamped);
+      }
+    }
+  }
 }
 
 TEST_CASE("Per-tensor FP8 (one block, the whole tensor): quantization and GEMM against exact rationals",

@@ -10,6 +10,8 @@
 #include <random>
 #include <vector>
 
+#include "mpsim/emulation/block_format.hpp"
+#include "mpsim/gpu/block_quantize.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "require_device.hpp"
 #include "support/test_support.hpp"
@@ -132,6 +134,33 @@ TEST_CASE("cuBLAS GEMMs: exact on small integers, within the binary32 accumulati
         }
       INFO((integers ? "small integers" : "normal inputs"));
       CHECK(bad == 0);
+    }
+  }
+}
+
+TEST_CASE("block quantization on the device gives quantize_blocks' bits, scale codes and counts", "[gpu][block]") {
+  // One thread per 1 x N block running the host/device quantize_block_row,
+  // against the CPU's fast path (itself equal to the exact reference).
+  require_device();
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128"}) {
+    const BlockFormat f = *parse_block_format(name);
+    for (const RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
+      const std::int64_t rows = 37, cols = 3 * f.block_cols + 5;
+      const std::vector<float> x = mixed_values(static_cast<std::size_t>(rows * cols), 42);
+      BlockQuantizeOptions options;
+      options.rounding = Rounding{mode};
+      options.key = {11, 3};
+      options.first_index = (std::uint64_t{2} << 32) - 100;
+      std::vector<float> cpu(x.size()), gpu_out(x.size());
+      const BlockSummary want = quantize_blocks(f, x, cpu, rows, cols, options);
+      const BlockSummary got = gpu::quantize_blocks_on_device(f, x, gpu_out, rows, cols, options);
+      INFO(name << " " << to_string(mode));
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        INFO("element " << i);
+        REQUIRE((std::isnan(cpu[i]) ? std::isnan(gpu_out[i]) : bits_of(cpu[i]) == bits_of(gpu_out[i])));
+      }
+      CHECK(got.scale_codes == want.scale_codes);
+      CHECK(got.counts == want.counts);
     }
   }
 }

@@ -1,18 +1,24 @@
-// Internal: a block's scale from its largest magnitude, written once for the
-// fast path's host loop and its vector kernel (quantize_vector.cpp). Every
+// A block's scale from its largest magnitude, and one 1 x n block quantized,
+// written once for the fast path's host loop, its vector kernel
+// (quantize_vector.cpp) and CUDA kernels (MPSIM_HOST_DEVICE; nvcc's
+// --expt-relaxed-constexpr for std::bit_cast and std::countl_zero). Every
 // step is the reference's (block_format.cpp, Quantizer): the same binary32
-// operations in the same order, E4M3 rounding on the pattern
-// (pattern_rounding.hpp), which tests/emulation/test_paths.cpp proves equal to
-// round_to_format.
+// operations in the same order, rounding on the pattern (pattern_rounding.hpp),
+// which tests/emulation/test_paths.cpp proves equal to round_to_format;
+// tests/emulation/test_block_formats.cpp proves quantize_block_row equal to
+// quantize_blocks on the host.
 #pragma once
 
-#include <algorithm>
 #include <bit>
 #include <cfloat>
 #include <cstdint>
 #include <limits>
+#include <span>
 
+#include "mpsim/emulation/block_format.hpp"
+#include "mpsim/emulation/host_device.hpp"
 #include "mpsim/emulation/pattern_rounding.hpp"
+#include "mpsim/emulation/random_draw.hpp"
 
 namespace mpsim::detail {
 
@@ -31,6 +37,10 @@ struct BlockRule {
   PatternFormat<std::uint32_t> ue4m3{};  // nvfp4: E4M3 on binary32 patterns (saturating)
 };
 
+// A format's rule for one tensor (host only): NVFP4's tensor scale comes from
+// the whole tensor's largest magnitude.
+BlockRule block_rule(const BlockFormat& format, std::span<const float> tensor);
+
 struct BlockParams {
   bool nan = false;        // every value of the block is NaN
   bool zero_tile = false;  // tile: s = 0
@@ -41,12 +51,12 @@ struct BlockParams {
 };
 
 // 2^k for k in [-149, 127], a binary32 value (subnormal below 2^-126).
-inline float power_of_two(int k) {
+MPSIM_HOST_DEVICE inline float power_of_two(int k) {
   return std::bit_cast<float>(k >= -126 ? static_cast<std::uint32_t>(k + 127) << 23 : std::uint32_t{1} << (k + 149));
 }
 
 // UE4M3's code of one of its values (a binary32 s >= 0 E4M3 rounding made).
-inline std::uint32_t ue4m3_code(float value) {
+MPSIM_HOST_DEVICE inline std::uint32_t ue4m3_code(float value) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
   if (bits == 0) return 0;
   const int exponent = static_cast<int>(bits >> 23) - 127;
@@ -56,7 +66,7 @@ inline std::uint32_t ue4m3_code(float value) {
 }
 
 // amax_bits: the block's largest |x| as binary32 bits (above 0x7F800000 a NaN).
-[[gnu::always_inline]] inline BlockParams block_params(const BlockRule& rule, std::uint32_t amax_bits) {
+MPSIM_HOST_DEVICE inline BlockParams block_params(const BlockRule& rule, std::uint32_t amax_bits) {
   BlockParams p;
   const float amax = std::bit_cast<float>(amax_bits);
   switch (rule.kind) {
@@ -75,7 +85,7 @@ inline std::uint32_t ue4m3_code(float value) {
         // ceil: amax / 2^e <= largest, exactly (amax 2^-e lies in [1, 2^(emax+1)): exact in binary32).
         if (rule.ceil && amax * power_of_two(-e) > rule.largest) ++e;
         if (e < -127 || e > 127) {
-          e = std::clamp(e, -127, 127);
+          e = e < -127 ? -127 : 127;
           p.clamped = true;
         }
       }
@@ -129,6 +139,55 @@ inline std::uint32_t ue4m3_code(float value) {
       p.dequant = s;
       return p;
     }
+  }
+  return p;
+}
+
+// What quantize_block_row counted: finite nonzero inputs, those whose element
+// became zero (the scale too large for them), elements that saturated, and
+// NaN outputs (BlockCounts' meanings).
+struct BlockRowCounts {
+  std::uint64_t nonzero = 0, flushed = 0, saturated = 0, nan = 0;
+};
+
+// One block of n consecutive values: its scale from its largest magnitude (or
+// `given`, a 2-D tile's), each element y = x * factor (tiles: x / s) rounded
+// on the pattern into `element` (the element format, saturating) with draw
+// random_draw(key, first_index + i), and out[i] = element * dequant (NVFP4:
+// then * the tensor scale), each product one binary32 rounding: the fast
+// path's arithmetic, value for value. `out` may be `in`. Returns the block's
+// parameters (its scale code).
+MPSIM_HOST_DEVICE inline BlockParams quantize_block_row(const BlockRule& rule, const BlockParams* given,
+                                                        const PatternFormat<std::uint32_t>& element,
+                                                        PatternRounding rounding, DrawKey key,
+                                                        std::uint64_t first_index, const float* in, float* out, int n,
+                                                        BlockRowCounts& counts) {
+  std::uint32_t amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(in[i]) & 0x7FFFFFFFu;
+    amax = a > amax ? a : amax;
+  }
+  const BlockParams p = given != nullptr ? *given : block_params(rule, amax);
+  const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
+  for (int i = 0; i < n; ++i) {
+    const float x = in[i];
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+    const bool finite_nonzero = a - 1u < 0x7F7FFFFFu;
+    counts.nonzero += finite_nonzero;
+    if (p.nan) {
+      out[i] = std::numeric_limits<float>::quiet_NaN();
+      ++counts.nan;
+      continue;
+    }
+    const float y = tile ? (p.zero_tile && x == 0.0f ? x : x / p.factor) : x * p.factor;
+    const std::uint32_t draw = rounding.mode == pattern_mode::stochastic ? random_draw(key, first_index + i) : 0;
+    const RoundedValue<std::uint32_t> r = round_pattern<std::uint32_t>(std::bit_cast<std::uint32_t>(y), element,
+                                                                      rounding, draw);
+    counts.saturated += r.overflow;
+    float v = std::bit_cast<float>(r.value) * p.dequant;
+    if (two_step) v = v * rule.tensor_scale;  // element * sb is exact; one rounding here
+    counts.flushed += finite_nonzero && (r.value & 0x7FFFFFFFu) == 0;  // the element (NVFP4's zero scale: not here)
+    out[i] = v;
   }
   return p;
 }
