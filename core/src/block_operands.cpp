@@ -34,6 +34,7 @@ std::vector<float> k_major(const float* x, std::int64_t rows, std::int64_t cols,
 void hadamard_along_k(std::vector<float>& x, std::int64_t rows, std::int64_t k, std::uint64_t seed) {
   const std::int64_t whole = k / kHadamardSize * kHadamardSize;
   if (whole == 0) return;
+  if (whole == k) return random_hadamard(x, rows, k, seed);  // no tail: in place
   std::vector<float> head(static_cast<std::size_t>(rows * whole));
   for (std::int64_t r = 0; r < rows; ++r)
     std::copy(x.begin() + r * k, x.begin() + r * k + whole, head.begin() + r * whole);

@@ -15,6 +15,17 @@ RoundingPoint point(const Format& f, bool scaled = false) {
   return p;
 }
 
+// "a/b/c" -> {"a", "b", "c"}: a point's format and its modifiers.
+std::vector<std::string_view> slash_parts(std::string_view text) {
+  std::vector<std::string_view> parts;
+  for (std::size_t start = 0;;) {
+    const std::size_t slash = text.find('/', start);
+    parts.push_back(text.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start));
+    if (slash == std::string_view::npos) return parts;
+    start = slash + 1;
+  }
+}
+
 }  // namespace
 
 bool RoundingPoint::is_identity() const {
@@ -27,13 +38,7 @@ bool RoundingPoint::keeps_values_of(const RoundingPoint& earlier) const {
 
 std::optional<RoundingPoint> parse_rounding_point(std::string_view text, std::string* error) {
   RoundingPoint p;
-  std::vector<std::string_view> parts;
-  for (std::size_t start = 0;;) {
-    const std::size_t slash = text.find('/', start);
-    parts.push_back(text.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start));
-    if (slash == std::string_view::npos) break;
-    start = slash + 1;
-  }
+  const std::vector<std::string_view> parts = slash_parts(text);
   const auto fail = [&](std::string message) -> std::optional<RoundingPoint> {
     if (error) *error = std::move(message);
     return std::nullopt;
@@ -72,13 +77,7 @@ std::optional<BlockPoint> parse_block_point(std::string_view text, std::string* 
     if (error) *error = std::move(message);
     return std::nullopt;
   };
-  std::vector<std::string_view> parts;
-  for (std::size_t start = 0;;) {
-    const std::size_t slash = text.find('/', start);
-    parts.push_back(text.substr(start, slash == std::string_view::npos ? std::string_view::npos : slash - start));
-    if (slash == std::string_view::npos) break;
-    start = slash + 1;
-  }
+  const std::vector<std::string_view> parts = slash_parts(text);
   const auto format = parse_block_format(parts[0]);
   if (!format)
     return fail("unknown block format '" + std::string(parts[0]) + "'; expected none or one of " +
@@ -128,9 +127,9 @@ bool uses_block_formats(const Policy& p) {
 }
 
 void check_block_points(const Policy& p) {
-  for (std::size_t role = 0; role < 3; ++role) {
-    const NamedBlockPoint& na = block_points[2 * role];
-    const NamedBlockPoint& nb = block_points[2 * role + 1];
+  for (const GemmRole role : {GemmRole::fprop, GemmRole::dgrad, GemmRole::wgrad}) {
+    const NamedBlockPoint& na = block_points[block_point_index(role, 0)];
+    const NamedBlockPoint& nb = block_points[block_point_index(role, 1)];
     const BlockPoint& a = p.*(na.point);
     const BlockPoint& b = p.*(nb.point);
     const auto pair = std::string(na.name) + " = \"" + to_string(a) + "\" and " + std::string(nb.name) + " = \"" +

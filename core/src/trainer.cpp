@@ -97,6 +97,10 @@ class Arm {
     LayerStats stats;
     LayerBlockStats block_stats;
     const bool blocks = uses_block_formats(policy_);
+    const auto log_stats = [&](std::int64_t step) {
+      log->stats(step, stats);
+      if (blocks) log->block_stats(step, block_stats);
+    };
     Progress shown{0, total, std::numeric_limits<double>::quiet_NaN(), scaler_.scale(),
                    std::numeric_limits<double>::quiet_NaN()};
 
@@ -129,18 +133,14 @@ class Arm {
       // the last step, and often enough to bound what the backend holds.
       if (instrument || eval_now || step == total - 1 || pending_.size() >= max_pending_steps) {
         if (const auto stopped = read_steps(result, log)) {  // the arm ends at a step read now
-          if (*stopped == step && instrument && log) {
-            log->stats(step, stats);
-            if (blocks) log->block_stats(step, block_stats);
-          }
+          if (*stopped == step && instrument && log) log_stats(step);
           break;
         }
         shown.loss = result.losses.back();
         shown.loss_scale = result.loss_scales.back();
       }
       if (instrument) {
-        if (log) log->stats(step, stats);
-        if (log && blocks) log->block_stats(step, block_stats);
+        if (log) log_stats(step);
         result.stat_totals.resize(stats.size());
         for (std::size_t l = 0; l < stats.size(); ++l)
           for (int k = 0; k < tensor_kind_count; ++k) result.stat_totals[l][k] += stats[l][k];
