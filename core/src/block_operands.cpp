@@ -1,6 +1,7 @@
 // Block-scaled GEMM operands on the CPU: each operand laid out k-major
 // (as the hardware reads it), optionally Hadamard-transformed along k,
-// quantized by the exact reference (block_format.hpp), counted, and
+// quantized by the fast path (quantize_block_operand: the reference's bits,
+// proven in tests/emulation/test_block_formats.cpp), counted, and
 // multiplied by block_gemm (exact block sums, as block-scaled tensor cores).
 
 #include "block_operands.hpp"
@@ -43,13 +44,13 @@ void hadamard_along_k(std::vector<float>& x, std::int64_t rows, std::int64_t k, 
     std::copy(head.begin() + r * whole, head.begin() + (r + 1) * whole, x.begin() + r * k);
 }
 
-BlockQuantized quantize_operand(const GemmNumerics::BlockOperand& o, const std::vector<float>& x, std::int64_t rows,
-                                std::int64_t k) {
+BlockOperand quantize_operand(const GemmNumerics::BlockOperand& o, const std::vector<float>& x, std::int64_t rows,
+                              std::int64_t k) {
   BlockQuantizeOptions options;
   options.rounding = o.point.rounding;
   options.key = o.stream.key;
   options.first_index = o.stream.first_index;
-  BlockQuantized q = quantize_blocks(o.point.format, x, rows, k, options);
+  BlockOperand q = quantize_block_operand(o.point.format, x, rows, k, options);
   if (o.stats) add_block_quantization(*o.stats, o.point.format.for_shape(rows, k), x, q, rows, k);
   return q;
 }
@@ -69,8 +70,8 @@ void block_scaled_gemm(const float* a, bool ta, std::int64_t a_rows, std::int64_
     hadamard_along_k(ak, m, k, numerics.hadamard_seed);
     hadamard_along_k(bk, n, k, numerics.hadamard_seed);
   }
-  const BlockQuantized qa = quantize_operand(oa, ak, m, k);
-  const BlockQuantized qb = quantize_operand(ob, bk, n, k);
+  const BlockOperand qa = quantize_operand(oa, ak, m, k);
+  const BlockOperand qb = quantize_operand(ob, bk, n, k);
   BlockGemmModel model;
   if (numerics.block_promotion) {
     model.tensor_core = *numerics.block_promotion;
@@ -89,11 +90,11 @@ BlockStats& BlockStats::operator+=(const BlockStats& o) {
 }
 
 void add_block_quantization(BlockStats& stats, const BlockFormat& format, std::span<const float> x,
-                            const BlockQuantized& q, std::int64_t rows, std::int64_t cols) {
+                            const BlockOperand& q, std::int64_t rows, std::int64_t cols) {
   const BlockFormat f = format.for_shape(rows, cols);
   const std::int64_t grid_rows = (rows + f.block_rows - 1) / f.block_rows;
   const std::int64_t grid_cols = (cols + f.block_cols - 1) / f.block_cols;
-  if (q.scales.size() != static_cast<std::size_t>(grid_rows * grid_cols) || x.size() != q.values.size())
+  if (q.scales.size() != static_cast<std::size_t>(grid_rows * grid_cols) || x.size() != q.elements.size())
     throw std::invalid_argument("add_block_quantization: the quantized tensor does not match its format and shape");
   const double epsilon = f.element.floating ? std::ldexp(1.0, -f.element.floating->mantissa_bits)
                                             : std::ldexp(1.0, 2 - f.element.integer_bits);
@@ -123,8 +124,11 @@ void add_block_quantization(BlockStats& stats, const BlockFormat& format, std::s
       for (std::int64_t r = br * f.block_rows; r < std::min(rows, (br + 1) * f.block_rows) && !nan; ++r)
         for (std::int64_t c = bc * f.block_cols; c < std::min(cols, (bc + 1) * f.block_cols); ++c) {
           const auto i = static_cast<std::size_t>(r * cols + c);
-          const double v = x[i], d = q.values[i] - v;
-          if (std::isnan(q.values[i]) || !std::isfinite(v)) nan = true;
+          // element x scale x tensor scale, exact in binary64: an element has at most 16 significant
+          // bits, the scales together at most 28 (NVFP4's UE4M3 x binary32).
+          const double value = static_cast<double>(q.elements[i]) * scale * q.tensor_scale;
+          const double v = x[i], d = value - v;
+          if (std::isnan(value) || !std::isfinite(v)) nan = true;
           err += d * d;
           norm += v * v;
         }

@@ -321,9 +321,10 @@ using detail::BlockKind;
 
 class FastQuantizer {
  public:
-  FastQuantizer(const BlockFormat& f, std::span<const float> x, std::span<float> out, std::int64_t rows,
+  // `out` (dequantized values) and `elements` are written where not null.
+  FastQuantizer(const BlockFormat& f, std::span<const float> x, float* out, float* elements, std::int64_t rows,
                 std::int64_t cols, const BlockQuantizeOptions& o)
-      : f_(f), x_(x), out_(out), rows_(rows), cols_(cols), o_(o),
+      : f_(f), x_(x), out_(out), elements_(elements), rows_(rows), cols_(cols), o_(o),
         grid_rows_((rows + f.block_rows - 1) / f.block_rows), grid_cols_((cols + f.block_cols - 1) / f.block_cols),
         rule_(detail::block_rule(f, x)) {}
 
@@ -374,8 +375,9 @@ class FastQuantizer {
         const Params* given =
             params_.empty() ? nullptr : params_.data() + static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + b0);
         detail::BlockKernelCounts counts;
-        detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_.data() + first, n, block,
-                                       o_.first_index + first, codes.data(), counts);
+        detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_ ? out_ + first : nullptr,
+                                       elements_ ? elements_ + first : nullptr, n, block, o_.first_index + first,
+                                       codes.data(), counts);
         if (given == nullptr) summary_.scale_codes.insert(summary_.scale_codes.end(), codes.begin(), codes.begin() + (b1 - b0));
         summary_.counts.nonzero += counts.nonzero;
         summary_.counts.flushed += counts.flushed + counts.lost;
@@ -389,7 +391,8 @@ class FastQuantizer {
   using Params = detail::BlockParams;
   const BlockFormat& f_;
   std::span<const float> x_;
-  std::span<float> out_;
+  float* out_;
+  float* elements_;
   std::int64_t rows_, cols_;
   const BlockQuantizeOptions& o_;
   std::int64_t grid_rows_, grid_cols_;
@@ -528,7 +531,50 @@ BlockSummary quantize_blocks(const BlockFormat& format_in, std::span<const float
     return {q.counts, q.scale_codes, q.tensor_scale};
   }
   // In place is safe: pass 1 reads everything first, pass 2 writes an element only after reading it.
-  return FastQuantizer(format, in, out, rows, cols, options).run();
+  return FastQuantizer(format, in, out.data(), nullptr, rows, cols, options).run();
+}
+
+BlockOperand to_block_operand(const BlockFormat& format, const BlockQuantized& q) {
+  BlockOperand o;
+  o.elements.resize(q.elements.size());
+  const ElementFormat& e = format.element;
+  const int bits = e.floating ? e.floating->total_bits() : e.integer_bits;
+  for (std::size_t i = 0; i < q.elements.size(); ++i) {
+    const std::uint32_t code = q.elements[i];
+    double value = 0;
+    if (std::isnan(q.values[i])) {
+      value = kNan;
+    } else if (e.floating) {
+      value = to_double(*e.floating, Bits{code});
+    } else {  // two's complement of integer_bits
+      const auto raw = static_cast<std::int32_t>(code << (32 - bits)) >> (32 - bits);
+      value = std::ldexp(static_cast<double>(raw), -e.fraction_bits);
+    }
+    o.elements[i] = static_cast<float>(value);  // exact: every element format fits in binary32
+  }
+  o.scale_codes = q.scale_codes;
+  o.scales = q.scales;
+  o.tensor_scale = q.tensor_scale;
+  o.counts = q.counts;
+  return o;
+}
+
+BlockOperand quantize_block_operand(const BlockFormat& format_in, std::span<const float> in, std::int64_t rows,
+                                    std::int64_t cols, const BlockQuantizeOptions& options) {
+  check_shape(format_in, in.size(), rows, cols);
+  const BlockFormat format = format_in.for_shape(rows, cols);
+  if (!format.element.floating || (options.rounding.mode != RoundingMode::nearest_even &&
+                                   options.rounding.mode != RoundingMode::stochastic))
+    return to_block_operand(format, quantize_blocks(format, in, rows, cols, options));  // the reference's path
+  BlockOperand o;
+  o.elements.resize(in.size());
+  BlockSummary s = FastQuantizer(format, in, nullptr, o.elements.data(), rows, cols, options).run();
+  o.scales.reserve(s.scale_codes.size());
+  for (const std::uint32_t code : s.scale_codes) o.scales.push_back(scale_value(format.scale, code));
+  o.scale_codes = std::move(s.scale_codes);
+  o.tensor_scale = s.tensor_scale;
+  o.counts = s.counts;
+  return o;
 }
 
 }  // namespace mpsim

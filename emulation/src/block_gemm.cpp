@@ -16,6 +16,7 @@ namespace mpsim {
 namespace {
 
 using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
 // The exponent of an element format's smallest positive value.
 int smallest_exponent(const ElementFormat& e) {
@@ -23,39 +24,20 @@ int smallest_exponent(const ElementFormat& e) {
   return -e.fraction_bits;
 }
 
-// The value of every element code (element formats have at most 16 bits).
-std::vector<double> code_values(const ElementFormat& e) {
-  const int bits = e.floating ? e.floating->total_bits() : e.integer_bits;
-  std::vector<double> values(std::size_t{1} << bits);
-  for (std::uint32_t code = 0; code < values.size(); ++code) {
-    if (e.floating) {
-      values[code] = to_double(*e.floating, Bits{code});
-    } else {  // two's complement of integer_bits
-      const auto raw = static_cast<std::int32_t>(code << (32 - bits)) >> (32 - bits);
-      values[code] = std::ldexp(static_cast<double>(raw), -e.fraction_bits);
-    }
-  }
-  return values;
-}
-
 // The element values of a quantized operand (rows x k), NaN in NaN blocks.
-Matrix element_values(const BlockFormat& f, const BlockQuantized& q, int rows, int k) {
+Matrix element_values(const BlockFormat& f, const BlockOperand& q, int rows, int k) {
   Matrix v(rows, k);
-  const std::vector<double> table = code_values(f.element);
   const int grid_cols = (k + f.block_cols - 1) / f.block_cols;
   for (int r = 0; r < rows; ++r) {
-    for (int j = 0; j < k; ++j) {
-      double value = table[q.elements[static_cast<std::size_t>(r) * k + j]];
-      const std::size_t block = static_cast<std::size_t>(r / f.block_rows * grid_cols + j / f.block_cols);
-      if (std::isnan(q.scales[block])) value = std::numeric_limits<double>::quiet_NaN();
-      v(r, j) = value;
-    }
+    const float* row = q.elements.data() + static_cast<std::size_t>(r) * k;
+    const double* scales = q.scales.data() + static_cast<std::size_t>(r / f.block_rows) * grid_cols;
+    for (int j = 0; j < k; ++j) v(r, j) = std::isnan(scales[j / f.block_cols]) ? kNan : row[j];
   }
   return v;
 }
 
 // Each row's scale of each block along k: rows x blocks.
-Matrix row_scales(const BlockFormat& f, const BlockQuantized& q, int rows, int k) {
+Matrix row_scales(const BlockFormat& f, const BlockOperand& q, int rows, int k) {
   const int grid_cols = (k + f.block_cols - 1) / f.block_cols;
   Matrix s(rows, grid_cols);
   for (int r = 0; r < rows; ++r)
@@ -133,9 +115,18 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,
                 const BlockFormat& fb_in, const BlockQuantized& bt, float* c, int m, int n, int k, bool accumulate_c) {
+  block_gemm(model, fa_in, to_block_operand(fa_in, a), fb_in, to_block_operand(fb_in, bt), c, m, n, k, accumulate_c);
+}
+
+void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockOperand& a,
+                const BlockFormat& fb_in, const BlockOperand& bt, float* c, int m, int n, int k, bool accumulate_c) {
   const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
-  if (m < 0 || n < 0 || k < 0 || a.values.size() != static_cast<std::size_t>(m) * k ||
-      bt.values.size() != static_cast<std::size_t>(n) * k)
+  const auto grid = [k](const BlockFormat& f, int rows) {
+    return static_cast<std::size_t>((rows + f.block_rows - 1) / f.block_rows) * ((k + f.block_cols - 1) / f.block_cols);
+  };
+  if (m < 0 || n < 0 || k < 0 || a.elements.size() != static_cast<std::size_t>(m) * k ||
+      bt.elements.size() != static_cast<std::size_t>(n) * k || a.scales.size() != grid(fa, m) ||
+      bt.scales.size() != grid(fb, n))
     throw std::invalid_argument("block_gemm: A must be " + std::to_string(m) + " x " + std::to_string(k) + " and B^T " +
                                 std::to_string(n) + " x " + std::to_string(k));
   if (fa.block_cols != fb.block_cols)

@@ -55,13 +55,15 @@ const char* vector_target();
 // factor, without leaving registers. Block b's scale code goes to codes[b].
 // With `given` (a row of 2-D tiles, whose scales span rows) block b takes
 // given[b] instead, and codes and clamped counts are left to the caller.
-// Element i draws index first_index + i; n must be below 2^28 (lane counters).
+// `out` (dequantized values) and `elements` (each element's value before
+// scaling) are written where not null. Element i draws index first_index + i;
+// n must be below 2^28 (lane counters).
 struct BlockKernelCounts {
   std::uint64_t nonzero = 0, lost = 0, saturated = 0, flushed = 0, nan = 0, clamped = 0;
 };
 void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
-                            const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
-                            std::uint32_t* codes, BlockKernelCounts& counts);
+                            const float* in, float* out, float* elements, std::size_t n, std::size_t block,
+                            std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts);
 // The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
 std::uint32_t amax_bits(const float* x, std::size_t n);
 

@@ -501,12 +501,12 @@ QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, 
 }
 
 // One vector of a block: y = x op scale, its counts, its element (`count`
-// valid lanes; the rest are padding zeros), and the dequantized value.
+// valid lanes; the rest are padding zeros) into `element`, and the dequantized value.
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
                           Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
                           bool two_step, hn::Vec<D> draw, std::size_t count, std::uint64_t& nonzero,
-                          std::uint64_t& lost) {
+                          std::uint64_t& lost, VF& element) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   VF y;
@@ -524,7 +524,8 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   lost += hn::CountTrue(d, hn::And(finite_nonzero, zero_y));
   const V r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
                                     : QuantizeLanes<kMode>(d, k, hn::BitCast(d, y), draw, hn::FirstN(d, count), c);
-  VF v = hn::Mul(hn::BitCast(df, r), dequant);
+  element = hn::BitCast(df, r);
+  VF v = hn::Mul(element, dequant);
   if (two_step) v = hn::Mul(v, tensor_scale);  // element * sb is exact; one rounding here
   return v;
 }
@@ -544,8 +545,8 @@ HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index) {
 
 template <RoundingMode kMode>
 void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
-                        const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
-                        std::uint32_t* codes, BlockKernelCounts& total) {
+                        const float* in, float* out, float* elements, std::size_t n, std::size_t block,
+                        std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& total) {
   using U = std::uint32_t;
   const Kernel<U> k = kernel;
   using D = hn::ScalableTag<U>;
@@ -586,7 +587,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     if (p.nan) {  // count before writing: `out` may be `in`
       for (std::size_t i = begin; i < end; ++i)
         nonzero += ((std::bit_cast<U>(in[i]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
-      std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
+      if (out != nullptr) std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
+      if (elements != nullptr) std::fill(elements + begin, elements + end, std::numeric_limits<float>::quiet_NaN());
       total.nan += end - begin;
       continue;
     }
@@ -595,17 +597,25 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at);
       else return hn::Zero(d);
     };
+    VF element;
     for (j = begin; j + lanes <= end; j += lanes) {
-      hn::StoreU(BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
-                                    p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost),
-                 df, out + j);
+      const VF v = BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
+                                      p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost, element);
+      if (out != nullptr) hn::StoreU(v, df, out + j);
+      if (elements != nullptr) hn::StoreU(element, df, elements + j);
     }
     if (j < end) {
       HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
-      hn::Store(BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
-                                   p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost),
-                df, tail_out);
-      std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
+      const VF v = BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
+                                      p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost, element);
+      if (out != nullptr) {
+        hn::Store(v, df, tail_out);
+        std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
+      }
+      if (elements != nullptr) {
+        hn::Store(element, df, tail_out);
+        std::memcpy(elements + j, tail_out, (end - j) * sizeof(float));
+      }
     }
   }
   HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
@@ -621,12 +631,13 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
 }
 
 void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const BlockParams* given,
-                         const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
-                         std::uint32_t* codes, BlockKernelCounts& counts) {
+                         const float* in, float* out, float* elements, std::size_t n, std::size_t block,
+                         std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts) {
   if (k.mode == RoundingMode::stochastic)
-    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, given, in, out, n, block, first_index, codes, counts);
+    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, given, in, out, elements, n, block, first_index, codes, counts);
   else
-    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, given, in, out, n, block, first_index, codes, counts);
+    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, given, in, out, elements, n, block, first_index, codes,
+                                                   counts);
 }
 
 // The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
@@ -657,9 +668,10 @@ HWY_EXPORT(QuantizeBlocksFloat);
 HWY_EXPORT(AmaxBits);
 
 void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
-                            const float* in, float* out, std::size_t n, std::size_t block, std::uint64_t first_index,
-                            std::uint32_t* codes, BlockKernelCounts& counts) {
-  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, given, in, out, n, block, first_index, codes, counts);
+                            const float* in, float* out, float* elements, std::size_t n, std::size_t block,
+                            std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, given, in, out, elements, n, block, first_index, codes,
+                                            counts);
 }
 
 std::uint32_t amax_bits(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(AmaxBits)(x, n); }

@@ -171,7 +171,7 @@ TEST_CASE("block statistics: saturation, flushes, scale codes and errors per blo
   x[1] = 1e-3f;
   x[2] = 0.0f;
   const BlockFormat f = *parse_block_format("mxfp8-e4m3");
-  const BlockQuantized q = quantize_blocks(f, x, 1, 32);
+  const BlockOperand q = quantize_block_operand(f, x, 1, 32);
   BlockStats s;
   add_block_quantization(s, f, x, q, 1, 32);
   CHECK(s[BlockCounter::elements] == 32);
@@ -189,7 +189,7 @@ TEST_CASE("block statistics: saturation, flushes, scale codes and errors per blo
   // A NaN block.
   x[5] = std::nanf("");
   BlockStats n;
-  add_block_quantization(n, f, x, quantize_blocks(f, x, 1, 32), 1, 32);
+  add_block_quantization(n, f, x, quantize_block_operand(f, x, 1, 32), 1, 32);
   CHECK(n.error[BlockStats::error_nan_bin] == 1);
   CHECK(n.scale_binades[Binades::nan_bin] == 1);
   CHECK(n.scale_codes[255] == 1);

@@ -648,6 +648,28 @@ TEST_CASE("Block quantization: the fast path gives the reference's bits, counts,
           return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b) || (std::isnan(a) && std::isnan(b));
         }));
         CHECK(again.counts == got.counts);
+        // Keeping the elements (training's GEMM operands): the reference's elements, scales and counts.
+        const BlockOperand op = quantize_block_operand(f, x, rows, cols, o), ref = to_block_operand(f, want);
+        std::size_t bad_elements = 0;
+        for (std::size_t i = 0; i < x.size(); ++i)
+          bad_elements += !(std::bit_cast<std::uint32_t>(op.elements[i]) == std::bit_cast<std::uint32_t>(ref.elements[i]) ||
+                            (std::isnan(op.elements[i]) && std::isnan(ref.elements[i])));
+        CHECK(bad_elements == 0);
+        CHECK(op.scale_codes == want.scale_codes);
+        CHECK(std::equal(op.scales.begin(), op.scales.end(), want.scales.begin(), want.scales.end(),
+                         [](double a, double b) { return same(a, b); }));
+        CHECK(op.counts == want.counts);
+        CHECK(same(op.tensor_scale, want.tensor_scale));
+        const BlockFormat shaped = f.for_shape(rows, cols);
+        const std::int64_t grid_cols = (cols + shaped.block_cols - 1) / shaped.block_cols;
+        for (std::size_t i = 0; i < x.size(); ++i) {  // element x scale x tensor scale: the reference's exact value
+          const std::int64_t r = static_cast<std::int64_t>(i) / cols, c = static_cast<std::int64_t>(i) % cols;
+          const auto block = static_cast<std::size_t>(r / shaped.block_rows * grid_cols + c / shaped.block_cols);
+          const double value = std::isnan(op.scales[block]) ? want.values[i]
+                                                            : op.elements[i] * op.scales[block] * op.tensor_scale;
+          if (!same(value, want.values[i]) && bad_elements++ < 3)
+            FAIL_CHECK("value " << i << ": element x scales " << value << ", reference " << want.values[i]);
+        }
       }
     }
   }

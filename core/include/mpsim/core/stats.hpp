@@ -136,10 +136,10 @@ struct BlockStats {
 // The six block-scaled GEMM operands of a layer, in policy.hpp's block_points order.
 inline constexpr int gemm_operand_count = 6;
 
-// Adds what quantize_blocks did to x (rows x cols, row-major) into stats:
-// `format` as quantized (block_format.hpp), `q` its result.
+// Adds what quantize_block_operand did to x (rows x cols, row-major) into
+// stats: `format` as quantized (block_format.hpp), `q` its result.
 void add_block_quantization(BlockStats& stats, const BlockFormat& format, std::span<const float> x,
-                            const BlockQuantized& q, std::int64_t rows, std::int64_t cols);
+                            const BlockOperand& q, std::int64_t rows, std::int64_t cols);
 
 // How exponent fields are counted (add_values picks the fastest for this CPU's
 // SIMD target; tests run each one on every target and compare them).

@@ -115,4 +115,24 @@ struct BlockSummary {
 BlockSummary quantize_blocks(const BlockFormat& format, std::span<const float> in, std::span<float> out,
                              std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options = {});
 
+// A quantized tensor as a block-scaled GEMM reads it: each element's value
+// before scaling (binary32 holds every element format exactly; NaN in a block
+// whose values are NaN), each block's scale (decoded; NaN for a NaN block),
+// and NVFP4's tensor scale. The dequantized value of element i of block b is
+// elements[i] * scales[b] * tensor_scale, exact in binary64.
+struct BlockOperand {
+  std::vector<float> elements;
+  std::vector<std::uint32_t> scale_codes;  // one per block, row-major over the block grid
+  std::vector<double> scales;
+  double tensor_scale = 1;
+  BlockCounts counts;
+};
+
+// The fast path (the same bits, counts and draws as the reference), keeping
+// the elements instead of the dequantized values: training's GEMM operands.
+BlockOperand quantize_block_operand(const BlockFormat& format, std::span<const float> in, std::int64_t rows,
+                                    std::int64_t cols, const BlockQuantizeOptions& options = {});
+// The reference's result in the same form.
+BlockOperand to_block_operand(const BlockFormat& format, const BlockQuantized& q);
+
 }  // namespace mpsim

@@ -21,8 +21,8 @@ struct BlockGemmModel {
 
 // C[m x n] = A[m x k] B[k x n] (+ C), from `a` (m x k, blocks along k) and
 // `bt` (B transposed, n x k, blocks along k: both operands k-major, as the
-// hardware wants), each quantized by quantize_blocks with the same block
-// length along k. NVFP4's tensor scales apply once at the end (cuBLASLt's
+// hardware wants), each quantized by quantize_block_operand (or the
+// reference quantize_blocks) with the same block length along k. NVFP4's tensor scales apply once at the end (cuBLASLt's
 // alpha = s_a s_b, one binary32 multiplication); C, when accumulated, is added
 // last with one rounding. A NaN block (scale NaN) makes its outputs NaN.
 // Block sums too wide for binary64 (MXFP8 E5M2 blocks that span many binades)
@@ -31,7 +31,11 @@ struct BlockGemmModel {
 // the exact sum rounded once to binary32, times alpha = sa * sb, as cuBLAS's
 // FP8 GEMMs apply scale_a and scale_b. Throws std::invalid_argument for sizes
 // that differ, binary32 scales of several blocks along k without promotion,
-// or wide sums with scales that are not powers of two.
+// elements or scales that do not match the shapes, or wide sums with scales
+// that are not powers of two.
+void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockOperand& a,
+                const BlockFormat& b_format, const BlockOperand& bt, float* c, int m, int n, int k,
+                bool accumulate_c = false);
 void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockQuantized& a,
                 const BlockFormat& b_format, const BlockQuantized& bt, float* c, int m, int n, int k,
                 bool accumulate_c = false);
