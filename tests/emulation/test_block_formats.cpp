@@ -516,6 +516,41 @@ TEST_CASE("MX corner cases of docs/block-formats.md", "[block][mx]") {
   CHECK(qi.elements[0] == static_cast<std::uint32_t>(-64 & 0xFF));
 }
 
+TEST_CASE("MX scales: every binade of amax, both rules, the fast path's scale and clamp against the reference",
+          "[block][mx][fast]") {
+  // Amax in every binade of binary32, subnormals included, with the significands where floor and ceil part
+  // (1, the largest element's own, one ulp either side, the largest): 2^-e can lie beyond binary32's range
+  // (amax below 2^(emax - 127)), which an earlier fast path got wrong for ceil at amax = 2^(emax - 128).
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4"}) {
+    for (const ScaleRule rule : {ScaleRule::ocp_floor, ScaleRule::ceil}) {
+      BlockFormat f = *parse_block_format(name);
+      f.rule = rule;
+      const auto largest_significand = static_cast<float>(f.element.largest() / std::ldexp(1.0, f.element.emax()));
+      std::vector<float> x;
+      for (int e = -149; e <= 127; ++e)
+        for (const float m : {1.0f, std::nextafter(largest_significand, 0.0f), largest_significand,
+                              std::nextafter(largest_significand, 2.0f), std::nextafter(2.0f, 0.0f)}) {
+          const float amax = std::ldexp(m, e);
+          if (amax == 0 || std::isinf(amax)) continue;
+          x.push_back(amax);  // a block of two: amax and a quarter of it
+          x.push_back(-amax / 4);
+        }
+      f.block_cols = 2;
+      const BlockQuantized want = quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size()));
+      std::vector<float> out(x.size());
+      const BlockSummary got = quantize_blocks(f, x, out, 1, static_cast<std::int64_t>(x.size()));
+      INFO(name << " " << to_string(rule));
+      std::size_t bad = 0;
+      for (std::size_t b = 0; b < got.scale_codes.size(); ++b)
+        if (got.scale_codes[b] != want.scale_codes[b] && bad++ < 3)
+          FAIL_CHECK("amax " << x[2 * b] << ": fast scale code " << got.scale_codes[b] << ", reference "
+                             << want.scale_codes[b]);
+      CHECK(bad == 0);
+      CHECK(got.counts == want.counts);
+    }
+  }
+}
+
 TEST_CASE("NVFP4: two-level scales in the paper's binary32 order, and Transformer Engine's", "[block][nvfp4]") {
   std::mt19937_64 rng(20261127);
   for (bool te : {false, true}) {

@@ -55,6 +55,13 @@ MPSIM_HOST_DEVICE inline float power_of_two(int k) {
   return std::bit_cast<float>(k >= -126 ? static_cast<std::uint32_t>(k + 127) << 23 : std::uint32_t{1} << (k + 149));
 }
 
+// The significand of a positive finite binary32 pattern, in [1, 2) (a
+// subnormal's normalized).
+MPSIM_HOST_DEVICE inline float significand(std::uint32_t bits) {
+  const std::uint32_t fraction = bits >= 0x00800000u ? bits : bits << (std::countl_zero(bits) - 8);
+  return std::bit_cast<float>((fraction & 0x7FFFFFu) | 0x3F800000u);
+}
+
 // UE4M3's code of one of its values (a binary32 s >= 0 E4M3 rounding made).
 MPSIM_HOST_DEVICE inline std::uint32_t ue4m3_code(float value) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(value);
@@ -82,8 +89,9 @@ MPSIM_HOST_DEVICE inline BlockParams block_params(const BlockRule& rule, std::ui
         const int log2 = amax_bits >= 0x00800000u ? static_cast<int>(amax_bits >> 23) - 127
                                                   : -118 - std::countl_zero(amax_bits);
         e = log2 - rule.emax;
-        // ceil: amax / 2^e <= largest, exactly (amax 2^-e lies in [1, 2^(emax+1)): exact in binary32).
-        if (rule.ceil && amax * power_of_two(-e) > rule.largest) ++e;
+        // ceil: amax / 2^e <= largest, exactly: amax / 2^e = m 2^emax with m amax's significand in
+        // [1, 2) (2^-e itself may lie beyond binary32's range).
+        if (rule.ceil && significand(amax_bits) * power_of_two(rule.emax) > rule.largest) ++e;
         if (e < -127 || e > 127) {
           e = e < -127 ? -127 : 127;
           p.clamped = true;
