@@ -48,9 +48,10 @@ struct Layout {
 template <class D>
 struct Counters {
   hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
+  hn::Vec<D> nonzero;  // the block kernel's finite nonzero inputs
   // The short paths count with the mask's population count instead: scalar
   // work that runs beside the vector units.
-  std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0;
+  std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0, overflow_tally = 0;
 };
 
 // Counts lanes where `mask` holds (mask lanes are all ones: subtracting adds 1).
@@ -434,7 +435,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
                                                                                 std::uint64_t{1} << 28}));
     const auto high_term = hn::Set(d32, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
-    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
@@ -500,13 +501,44 @@ QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, 
   return QuantizeAnyMode<double>(k, in, out, n, first);
 }
 
+// Block elements to nearest even, saturating (every element format of the
+// block-scaled presets: gradual underflow, few fraction bits), with the FPU's
+// own rounding. The element's quantum at |y| is 2^q, q the exponent of |y|'s
+// binade (at least emin) minus the mantissa bits; adding M = 2^(q + 23)
+// (above |y|, so the sum lies in [M, 2M) whose binary32 spacing is 2^q)
+// rounds |y| to a multiple of 2^q to nearest even, exactly as the element
+// format does, and subtracting M is exact. Values from 2^(emax + 1) up
+// saturate whatever they round to, so they are first clamped there (the sum
+// stays finite). A sum above the largest element is an overflow (saturated).
+// The sign goes back on last
+// (-0 for negative values that round to zero).
+template <class D>
+HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, Counters<D>& c) {
+  const hn::RebindToFloat<D> df;
+  const auto a_bits = hn::And(y, hn::Set(d, 0x7FFFFFFFu));
+  const auto cap = hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23);  // 2^(emax + 1)
+  const auto a = hn::BitCast(df, hn::Min(a_bits, cap));
+  const auto binade = hn::Max(hn::ShiftRight<23>(hn::BitCast(d, a)), hn::Set(d, k.format.min_normal_exponent));
+  const auto magic = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(binade, hn::Set(d, 23u - k.format.mantissa_bits))));
+  const auto r = hn::Sub(hn::Add(a, magic), magic);
+  const auto largest = hn::BitCast(df, hn::Set(d, k.format.largest_finite));
+  c.overflow_tally += hn::CountTrue(df, hn::Gt(r, largest));
+  return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
+}
+
+// Whether NearestBlockElements rounds this kernel's elements.
+inline bool HardwareNearest(const Kernel<std::uint32_t>& k) {
+  return k.mode == RoundingMode::nearest_even && !k.format.flush_to_zero && k.format.saturate &&
+         k.format.mantissa_bits <= 22 && (k.format.largest_finite >> 23) + 1 < 255 - 23;
+}
+
 // One vector of a block: y = x op scale, its counts, its element (`count`
 // valid lanes; the rest are padding zeros) into `element`, and the dequantized value.
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
                           Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
-                          bool two_step, hn::Vec<D> draw, std::size_t count, std::uint64_t& nonzero,
-                          std::uint64_t& lost, VF& element) {
+                          bool two_step, bool hardware_nearest, hn::Vec<D> draw, std::size_t count,
+                          std::uint64_t& nonzero, std::uint64_t& lost, VF& element) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   VF y;
@@ -519,11 +551,18 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
   const V a = hn::And(hn::BitCast(d, x), magnitude);
   const auto finite_nonzero = hn::Lt(hn::Sub(a, hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu));
-  const auto zero_y = hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d));
+  // (Padding lanes are zeros: nothing to count.) Counted by mask population counts: scalar work beside
+  // the vector units, which are the bottleneck here.
   nonzero += hn::CountTrue(d, finite_nonzero);
-  lost += hn::CountTrue(d, hn::And(finite_nonzero, zero_y));
-  const V r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
-                                    : QuantizeLanes<kMode>(d, k, hn::BitCast(d, y), draw, hn::FirstN(d, count), c);
+  V r;
+  if (hardware_nearest) {  // flushed: a finite nonzero x whose element is 0 (y itself 0 included)
+    r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
+    lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(r, magnitude), hn::Zero(d))));
+  } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
+    lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
+    r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
+                              : QuantizeLanes<kMode>(d, k, hn::BitCast(d, y), draw, hn::FirstN(d, count), c);
+  }
   element = hn::BitCast(df, r);
   VF v = hn::Mul(element, dequant);
   if (two_step) v = hn::Mul(v, tensor_scale);  // element * sb is exact; one rounding here
@@ -543,6 +582,109 @@ HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index) {
   return hn::Load(d, draws);
 }
 
+// Several blocks' scales at once: lane l of the result is the largest |x| of
+// block l of `lanes` consecutive blocks of `block` values (block a multiple of
+// the lanes). Each block's lanes are reduced to one vector, then pairs of
+// vectors halve by even/odd lanes: after log2(lanes) rounds lane l holds
+// block l (a transpose and a max in one). For fixed-width targets (x86).
+template <class D>
+HWY_INLINE hn::Vec<D> GroupAmax(D d, const float* in, std::size_t block) {
+  const hn::RebindToFloat<D> df;
+  constexpr std::size_t kLanes = hn::MaxLanes(D());  // x86 targets: the actual lane count, a constant
+  const auto magnitude = hn::Set(d, 0x7FFFFFFFu);
+  hn::Vec<D> m[kLanes];  // in registers (32 on AVX-512)
+  HWY_UNROLL(16)
+  for (std::size_t b = 0; b < kLanes; ++b) {
+    const float* x = in + b * block;
+    m[b] = hn::And(hn::BitCast(d, hn::LoadU(df, x)), magnitude);
+    for (std::size_t j = kLanes; j < block; j += kLanes)
+      m[b] = hn::Max(m[b], hn::And(hn::BitCast(d, hn::LoadU(df, x + j)), magnitude));
+  }
+#if HWY_TARGET != HWY_SCALAR
+  HWY_UNROLL(16)
+  for (std::size_t count = kLanes; count > 1; count /= 2) {
+    HWY_UNROLL(16)
+    for (std::size_t i = 0; i < count / 2; ++i)
+      m[i] = hn::Max(hn::ConcatEven(d, m[2 * i + 1], m[2 * i]), hn::ConcatOdd(d, m[2 * i + 1], m[2 * i]));
+  }
+#endif
+  return m[0];
+}
+
+// 2^k for k in [-127, 127] as binary32 (2^-127 subnormal): power_of_two's bits.
+template <class DI>
+HWY_INLINE hn::Vec<DI> PowerOfTwoBits(DI di, hn::Vec<DI> k) {
+  return hn::IfThenElse(hn::Eq(k, hn::Set(di, -127)), hn::Set(di, 0x400000),
+                        hn::ShiftLeft<23>(hn::Add(k, hn::Set(di, 127))));
+}
+
+// block_params (block_scaling.hpp) of `lanes` blocks at once from their amax
+// bits, for the power-of-two and NVFP4 rules without a NaN tensor: the same
+// binary32 operations lane by lane (the fast-path tests compare every scale
+// and count with the reference). Writes each lane's factor, dequant (aligned),
+// code (unaligned) and whether it is a NaN block (aligned); returns how many
+// scales were clamped.
+template <class D>
+HWY_INLINE std::size_t GroupParams(D d, const BlockRule& rule, hn::Vec<D> amax, float* factor, float* dequant,
+                                   std::uint32_t* code, std::uint32_t* nan) {
+  const hn::RebindToSigned<D> di;
+  const hn::RebindToFloat<D> df;
+  using VI = hn::Vec<decltype(di)>;
+  if (rule.kind == BlockKind::power_of_two) {
+    const auto magnitude = hn::BitCast(di, amax);  // below 2^31: signed compares
+    const auto is_nan = hn::RebindMask(d, hn::Gt(magnitude, hn::Set(di, 0x7F7FFFFF)));
+    const auto zero = hn::Eq(amax, hn::Zero(d));
+    const auto normal = hn::RebindMask(d, hn::Gt(magnitude, hn::Set(di, 0x007FFFFF)));
+    // A subnormal through an integer-to-float conversion (exact below 2^23): its exponent is floor(log2)
+    // + 149 and its significand is the normalized one.
+    const auto f = hn::IfThenElse(normal, amax, hn::BitCast(d, hn::ConvertTo(df, hn::BitCast(di, amax))));
+    VI log2 = hn::Sub(hn::BitCast(di, hn::ShiftRight<23>(f)), hn::Set(di, 127));
+    log2 = hn::IfThenElse(hn::RebindMask(di, normal), log2, hn::Sub(log2, hn::Set(di, 149)));
+    VI e = hn::Sub(log2, hn::Set(di, rule.emax));
+    if (rule.ceil) {  // significand 2^emax > largest
+      const auto sig = hn::BitCast(df, hn::Or(hn::And(f, hn::Set(d, 0x7FFFFFu)), hn::Set(d, 0x3F800000u)));
+      const auto up = hn::Gt(hn::Mul(sig, hn::Set(df, power_of_two(rule.emax))), hn::Set(df, rule.largest));
+      e = hn::Sub(e, hn::VecFromMask(di, hn::RebindMask(di, up)));
+    }
+    e = hn::IfThenElse(hn::RebindMask(di, zero), hn::Set(di, -127), e);
+    const auto out = hn::Or(hn::Lt(e, hn::Set(di, -127)), hn::Gt(e, hn::Set(di, 127)));
+    const std::size_t clamped = hn::CountTrue(di, hn::AndNot(hn::RebindMask(di, is_nan), out));
+    e = hn::Min(hn::Max(e, hn::Set(di, -127)), hn::Set(di, 127));
+    hn::Store(hn::BitCast(df, PowerOfTwoBits(di, hn::Neg(e))), df, factor);
+    hn::Store(hn::BitCast(df, PowerOfTwoBits(di, e)), df, dequant);
+    hn::StoreU(hn::IfThenElse(is_nan, hn::Set(d, 0xFFu), hn::BitCast(d, hn::Add(e, hn::Set(di, 127)))), d, code);
+    hn::Store(hn::IfThenElseZero(is_nan, hn::Set(d, 1u)), d, nan);
+    return clamped;
+  }
+  // NVFP4 (no NaN in the tensor): s = (amax / 6) S_enc (or TE's amax (S_enc (1/6))), at most FLT_MAX,
+  // clamped to 448, rounded to E4M3 (nearest even): 3 fraction bits from 2^-6 up, multiples of 2^-9 below.
+  const auto a = hn::BitCast(df, amax);
+  const float one_sixth = 1.0f / 6.0f;
+  auto s = rule.te_order ? hn::Mul(a, hn::Set(df, rule.encode * one_sixth))
+                         : hn::Mul(hn::Div(a, hn::Set(df, 6.0f)), hn::Set(df, rule.encode));
+  s = hn::Min(s, hn::Set(df, FLT_MAX));
+  const auto over = hn::Gt(s, hn::Set(df, 448.0f));
+  s = hn::Min(s, hn::Set(df, 448.0f));
+  const auto bits = hn::BitCast(d, s);
+  const auto half_even = hn::Add(hn::Set(d, 0x7FFFFu), hn::And(hn::ShiftRight<20>(bits), hn::Set(d, 1u)));
+  const auto normal = hn::BitCast(df, hn::And(hn::Add(bits, half_even), hn::Set(d, ~0xFFFFFu)));
+  const auto subnormal = hn::Sub(hn::Add(s, hn::Set(df, 16384.0f)), hn::Set(df, 16384.0f));  // ulp of 2^14: 2^-9
+  const auto is_normal = hn::Ge(s, hn::Set(df, 0x1p-6f));
+  const auto sb = hn::IfThenElse(is_normal, normal, subnormal);
+  const auto underflow = hn::And(hn::Eq(sb, hn::Zero(df)), hn::Gt(a, hn::Zero(df)));
+  const std::size_t clamped = hn::CountTrue(df, hn::Or(over, underflow));
+  const auto sb_bits = hn::BitCast(d, sb);
+  const auto normal_code = hn::Or(hn::ShiftLeft<3>(hn::Sub(hn::ShiftRight<23>(sb_bits), hn::Set(d, 120u))),
+                                  hn::And(hn::ShiftRight<20>(sb_bits), hn::Set(d, 7u)));
+  const auto subnormal_code = hn::BitCast(d, hn::ConvertTo(di, hn::Mul(sb, hn::Set(df, 512.0f))));
+  hn::StoreU(hn::IfThenElse(hn::RebindMask(d, is_normal), normal_code, subnormal_code), d, code);
+  const auto enc = hn::Div(hn::Set(df, 1.0f), hn::Mul(sb, hn::Set(df, rule.tensor_scale)));
+  hn::Store(hn::Min(enc, hn::Set(df, FLT_MAX)), df, factor);
+  hn::Store(sb, df, dequant);
+  hn::Store(hn::Zero(d), d, nan);
+  return clamped;
+}
+
 template <RoundingMode kMode>
 void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
                         const float* in, float* out, float* elements, std::size_t n, std::size_t block,
@@ -555,15 +697,88 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   using V = hn::Vec<D>;
   using VF = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(d);
-  const VectorRounder<kMode, D> round_vector{k};
   const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
-  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
   std::uint64_t nonzero = 0, lost = 0;
   const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
+  const bool hardware_nearest = HardwareNearest(k);
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
-  for (std::size_t b = 0, begin = 0; begin < n; ++b, begin += block) {
+  const VF ts = hn::Set(df, rule.tensor_scale);
+  const auto draw_at = [&](std::size_t at) {
+    if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at);
+    else return hn::Zero(d);
+  };
+  // The elements of blocks [begin, end), block i with scale ps[i]; `tail_in`: the last block's last
+  // (end - begin) mod lanes values, zero-padded. Counters, kernel and rounder are copied into locals for the
+  // run: vector stores through `out` may alias any memory, which would keep them in memory, not registers.
+  const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in) {
+    const Kernel<U> lk = k;
+    const VectorRounder<kMode, D> rounder{lk};
+    Counters<D> lc = c;
+    std::uint64_t run_nonzero = 0, run_lost = 0;
+    for (std::size_t first = begin, i = 0; first < end; first += block, ++i) {
+      const std::size_t last = std::min(end, first + block);
+      const BlockParams& p = ps[i];
+      if (p.nan) {  // count before writing: `out` may be `in`
+        for (std::size_t x = first; x < last; ++x)
+          run_nonzero += ((std::bit_cast<U>(in[x]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
+        if (out != nullptr) std::fill(out + first, out + last, std::numeric_limits<float>::quiet_NaN());
+        if (elements != nullptr) std::fill(elements + first, elements + last, std::numeric_limits<float>::quiet_NaN());
+        total.nan += last - first;
+        continue;
+      }
+      const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant);
+      VF element;
+      std::size_t j = first;
+      for (; j + lanes <= last; j += lanes) {
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, in + j), factor, dequant, ts, tile,
+                                        p.zero_tile, two_step, hardware_nearest, draw_at(j), lanes, run_nonzero,
+                                        run_lost, element);
+        if (out != nullptr) hn::StoreU(v, df, out + j);
+        if (elements != nullptr) hn::StoreU(element, df, elements + j);
+      }
+      if (j < last) {
+        HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, tile,
+                                        p.zero_tile, two_step, hardware_nearest, draw_at(j), last - j, run_nonzero,
+                                        run_lost, element);
+        if (out != nullptr) {
+          hn::Store(v, df, tail_out);
+          std::memcpy(out + j, tail_out, (last - j) * sizeof(float));
+        }
+        if (elements != nullptr) {
+          hn::Store(element, df, tail_out);
+          std::memcpy(elements + j, tail_out, (last - j) * sizeof(float));
+        }
+      }
+    }
+    c = lc;
+    nonzero += run_nonzero;
+    lost += run_lost;
+  };
+  std::size_t b = 0, begin = 0;
+  // Whole groups of `lanes` blocks of whole vectors: their scales computed together on vectors (GroupAmax,
+  // GroupParams): the per-block cross-lane reduction and scalar scale cost as much as the block's elements.
+  const bool grouped = given == nullptr && block % lanes == 0 && rule.kind != BlockKind::tile &&
+                       !(rule.kind == BlockKind::nvfp4 && rule.tensor_nan);
+  if (grouped) {
+    constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(U);
+    HWY_ALIGN float factor[kMaxLanes], dequant[kMaxLanes];
+    HWY_ALIGN U nan[kMaxLanes];
+    BlockParams ps[kMaxLanes];
+    for (; begin + lanes * block <= n; begin += lanes * block, b += lanes) {
+      total.clamped += GroupParams(d, rule, GroupAmax(d, in + begin, block), factor, dequant, codes + b, nan);
+      for (std::size_t l = 0; l < lanes; ++l) {
+        ps[l].nan = nan[l] != 0;
+        ps[l].factor = factor[l];
+        ps[l].dequant = dequant[l];
+      }
+      quantize_run(begin, begin + lanes * block, ps, nullptr);
+    }
+  }
+  for (; begin < n; ++b, begin += block) {
     const std::size_t end = std::min(n, begin + block);
     // The block's scale: given (a row's part of a 2-D tile), or from its largest magnitude.
     std::size_t j = begin;
@@ -584,47 +799,18 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       codes[b] = p.code;
       total.clamped += p.clamped;
     }
-    if (p.nan) {  // count before writing: `out` may be `in`
-      for (std::size_t i = begin; i < end; ++i)
-        nonzero += ((std::bit_cast<U>(in[i]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
-      if (out != nullptr) std::fill(out + begin, out + end, std::numeric_limits<float>::quiet_NaN());
-      if (elements != nullptr) std::fill(elements + begin, elements + end, std::numeric_limits<float>::quiet_NaN());
-      total.nan += end - begin;
-      continue;
-    }
-    const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant), ts = hn::Set(df, rule.tensor_scale);
-    const auto draw_at = [&](std::size_t at) {
-      if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at);
-      else return hn::Zero(d);
-    };
-    VF element;
-    for (j = begin; j + lanes <= end; j += lanes) {
-      const VF v = BlockVector<kMode>(d, k, round_vector, c, hn::LoadU(df, in + j), factor, dequant, ts, tile,
-                                      p.zero_tile, two_step, draw_at(j), lanes, nonzero, lost, element);
-      if (out != nullptr) hn::StoreU(v, df, out + j);
-      if (elements != nullptr) hn::StoreU(element, df, elements + j);
-    }
-    if (j < end) {
-      HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
-      const VF v = BlockVector<kMode>(d, k, round_vector, c, hn::Load(df, tail_in), factor, dequant, ts, tile,
-                                      p.zero_tile, two_step, draw_at(j), end - j, nonzero, lost, element);
-      if (out != nullptr) {
-        hn::Store(v, df, tail_out);
-        std::memcpy(out + j, tail_out, (end - j) * sizeof(float));
-      }
-      if (elements != nullptr) {
-        hn::Store(element, df, tail_out);
-        std::memcpy(elements + j, tail_out, (end - j) * sizeof(float));
-      }
-    }
+    quantize_run(begin, end, &p, tail_in);
   }
-  HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
+  HWY_ALIGN U lane_counts[3][HWY_MAX_BYTES / sizeof(U)];
   hn::Store(c.flushed, d, lane_counts[0]);
   hn::Store(c.overflow, d, lane_counts[1]);
+  hn::Store(c.nonzero, d, lane_counts[2]);
   total.flushed += c.flushed_tally;
+  total.saturated += c.overflow_tally;
   for (std::size_t l = 0; l < lanes; ++l) {
     total.flushed += lane_counts[0][l];
     total.saturated += lane_counts[1][l];
+    total.nonzero += lane_counts[2][l];
   }
   total.nonzero += nonzero;
   total.lost += lost;

@@ -516,6 +516,31 @@ TEST_CASE("MX corner cases of docs/block-formats.md", "[block][mx]") {
   CHECK(qi.elements[0] == static_cast<std::uint32_t>(-64 & 0xFF));
 }
 
+// The scales of many blocks (each block: its amax, then a quarter of it negated, then zeros) from the fast path
+// (whose whole groups of blocks compute their scales together on vectors) against the reference.
+void check_scales_against_reference(const BlockFormat& f, const std::vector<float>& amaxes) {
+  const std::size_t block = static_cast<std::size_t>(f.block_cols);
+  std::vector<float> x(amaxes.size() * block, 0.0f);
+  for (std::size_t b = 0; b < amaxes.size(); ++b) {
+    x[b * block + b % block] = amaxes[b];
+    x[b * block + (b + 1) % block] = -amaxes[b] / 4;
+  }
+  const auto cols = static_cast<std::int64_t>(x.size());
+  const BlockQuantized want = quantize_blocks(f, x, 1, cols);
+  std::vector<float> out(x.size());
+  const BlockSummary got = quantize_blocks(f, x, out, 1, cols);
+  std::size_t bad = 0;
+  for (std::size_t b = 0; b < got.scale_codes.size(); ++b)
+    if (got.scale_codes[b] != want.scale_codes[b] && bad++ < 3)
+      FAIL_CHECK("amax " << amaxes[b] << ": fast scale code " << got.scale_codes[b] << ", reference "
+                         << want.scale_codes[b]);
+  CHECK(bad == 0);
+  CHECK(got.counts == want.counts);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    bad += std::bit_cast<std::uint32_t>(out[i]) != std::bit_cast<std::uint32_t>(static_cast<float>(want.values[i]));
+  CHECK(bad == 0);
+}
+
 TEST_CASE("MX scales: every binade of amax, both rules, the fast path's scale and clamp against the reference",
           "[block][mx][fast]") {
   // Amax in every binade of binary32, subnormals included, with the significands where floor and ceil part
@@ -526,29 +551,46 @@ TEST_CASE("MX scales: every binade of amax, both rules, the fast path's scale an
       BlockFormat f = *parse_block_format(name);
       f.rule = rule;
       const auto largest_significand = static_cast<float>(f.element.largest() / std::ldexp(1.0, f.element.emax()));
-      std::vector<float> x;
+      std::vector<float> amaxes;
       for (int e = -149; e <= 127; ++e)
         for (const float m : {1.0f, std::nextafter(largest_significand, 0.0f), largest_significand,
                               std::nextafter(largest_significand, 2.0f), std::nextafter(2.0f, 0.0f)}) {
           const float amax = std::ldexp(m, e);
-          if (amax == 0 || std::isinf(amax)) continue;
-          x.push_back(amax);  // a block of two: amax and a quarter of it
-          x.push_back(-amax / 4);
+          if (amax != 0 && !std::isinf(amax)) amaxes.push_back(amax);
         }
-      f.block_cols = 2;
-      const BlockQuantized want = quantize_blocks(f, x, 1, static_cast<std::int64_t>(x.size()));
-      std::vector<float> out(x.size());
-      const BlockSummary got = quantize_blocks(f, x, out, 1, static_cast<std::int64_t>(x.size()));
+      amaxes.push_back(0.0f);
+      amaxes.push_back(INFINITY);
+      amaxes.push_back(NAN);
       INFO(name << " " << to_string(rule));
-      std::size_t bad = 0;
-      for (std::size_t b = 0; b < got.scale_codes.size(); ++b)
-        if (got.scale_codes[b] != want.scale_codes[b] && bad++ < 3)
-          FAIL_CHECK("amax " << x[2 * b] << ": fast scale code " << got.scale_codes[b] << ", reference "
-                             << want.scale_codes[b]);
-      CHECK(bad == 0);
-      CHECK(got.counts == want.counts);
+      check_scales_against_reference(f, amaxes);
     }
   }
+}
+
+TEST_CASE("NVFP4 scales: block amaxes across UE4M3's range, its ties and its underflow, against the reference",
+          "[block][nvfp4][fast]") {
+  // One block of amax 2688 makes S_enc = 1; the others' s = amax / 6 sweep UE4M3's values, the midpoints
+  // between them (ties), one ulp either side, below its smallest subnormal 2^-9 and above 448.
+  std::vector<float> amaxes = {2688.0f, 0.0f};
+  for (std::uint32_t code = 0; code < 0x7E; ++code) {
+    const auto lo = static_cast<float>(scale_value(ScaleFormat::ue4m3, code));
+    const auto hi = static_cast<float>(scale_value(ScaleFormat::ue4m3, code + 1));
+    for (const float s : {lo, (lo + hi) / 2, std::nextafter((lo + hi) / 2, 0.0f), std::nextafter((lo + hi) / 2, 1e9f)})
+      for (const float amax : {s * 6, std::nextafter(s * 6, 0.0f), std::nextafter(s * 6, 1e9f)})
+        if (amax > 0) amaxes.push_back(amax);
+  }
+  for (const float amax : {1e-6f, 1e-30f, 1e-40f, 2687.0f, 2688.0f}) amaxes.push_back(amax);
+  for (const char* name : {"nvfp4"})
+    for (const ScaleRule rule : {ScaleRule::nvfp4, ScaleRule::nvfp4_te}) {
+      BlockFormat f = *parse_block_format(name);
+      f.rule = rule;
+      INFO(to_string(rule));
+      check_scales_against_reference(f, amaxes);
+      // A tensor scale that is not 1: every amax times 3.
+      std::vector<float> scaled = amaxes;
+      for (float& a : scaled) a *= 3;
+      check_scales_against_reference(f, scaled);
+    }
 }
 
 TEST_CASE("NVFP4: two-level scales in the paper's binary32 order, and Transformer Engine's", "[block][nvfp4]") {
