@@ -526,9 +526,46 @@ HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, 
   return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
 }
 
+// Block elements rounded stochastically, saturating (the same formats): the
+// reference's decision (Carry: the 0.32 fraction of |y| below the element's
+// quantum, plus the draw, carries out of 32 bits) on per-lane shifts. With s
+// the quantum's position in |y|'s pattern (the normal binade's 23 - mantissa
+// bits, more below the element's emin), the kept part is |y| with its low s
+// bits cleared (zero once s >= 24: |y| below one quantum), and a carry adds
+// one quantum, 2^(binade - mantissa bits), in binary32 exactly.
+template <class D>
+HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, hn::Vec<D> draw,
+                                              Counters<D>& c) {
+  const hn::RebindToFloat<D> df;
+  const hn::RebindToSigned<D> di;
+  const auto one = hn::Set(d, 1u);
+  const auto a = hn::Min(hn::And(y, hn::Set(d, 0x7FFFFFFFu)), hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23));
+  const auto field = hn::Max(hn::ShiftRight<23>(a), one);  // binary32 subnormals: the pattern's binade 1
+  const auto binade = hn::Max(field, hn::Set(d, k.format.min_normal_exponent));
+  const auto shift = hn::Add(hn::Set(d, 23u - k.format.mantissa_bits), hn::Sub(binade, field));
+  // The significand with its hidden bit (below 2^24), and its part below the quantum as a 0.32 fraction.
+  const auto significand = hn::Sub(a, hn::ShiftLeft<23>(hn::Sub(field, one)));
+  const auto narrow = hn::Min(shift, hn::Set(d, 32u));
+  const auto low_mask = hn::Sub(hn::Shl(one, hn::Min(shift, hn::Set(d, 31u))), one);  // shift >= 31: all of it
+  const auto rest = hn::IfThenElse(hn::RebindMask(d, hn::Gt(hn::BitCast(di, shift), hn::Set(di, 30))), significand,
+                                   hn::And(significand, low_mask));
+  const auto fraction = hn::IfThenElse(
+      hn::RebindMask(d, hn::Gt(hn::BitCast(di, shift), hn::Set(di, 32))),
+      hn::Shr(significand, hn::Min(hn::Sub(shift, hn::Set(d, 32u)), hn::Set(d, 31u))),
+      hn::Shl(rest, hn::Sub(hn::Set(d, 32u), narrow)));
+  const auto kept = hn::IfThenElseZero(hn::RebindMask(d, hn::Lt(hn::BitCast(di, shift), hn::Set(di, 24))),
+                                       hn::AndNot(low_mask, a));
+  const auto quantum = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(binade, hn::Set(d, k.format.mantissa_bits))));
+  const auto r = hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(hn::RebindMask(df, Carry(d, k, fraction, draw)), quantum));
+  const auto largest = hn::BitCast(df, hn::Set(d, k.format.largest_finite));
+  c.overflow_tally += hn::CountTrue(df, hn::Gt(r, largest));
+  return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
+}
+
 // Whether NearestBlockElements rounds this kernel's elements.
 inline bool HardwareNearest(const Kernel<std::uint32_t>& k) {
-  return k.mode == RoundingMode::nearest_even && !k.format.flush_to_zero && k.format.saturate &&
+  return (k.mode == RoundingMode::nearest_even || k.mode == RoundingMode::stochastic) && !k.format.flush_to_zero &&
+         k.format.saturate &&
          k.format.mantissa_bits <= 22 && (k.format.largest_finite >> 23) + 1 < 255 - 23;
 }
 
@@ -556,7 +593,8 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   nonzero += hn::CountTrue(d, finite_nonzero);
   V r;
   if (hardware_nearest) {  // flushed: a finite nonzero x whose element is 0 (y itself 0 included)
-    r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
+    if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
+    else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
     lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(r, magnitude), hn::Zero(d))));
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
     lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
@@ -570,12 +608,14 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
 }
 
 // The draws of the lanes at indices index, index + 1, ...: the vector hash,
-// or lane by lane where the lanes' high words differ (a multiple of 2^32 inside).
+// or lane by lane where the lanes' high words differ (a multiple of 2^32
+// inside). `iota`: 0, 1, 2, ... (Highway's Iota goes through memory on x86:
+// a stalled store-to-load forward per vector).
 template <class D>
-HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index) {
+HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index, hn::Vec<D> iota) {
   const std::size_t lanes = hn::Lanes(d);
   if ((index >> 32) == ((index + lanes - 1) >> 32))
-    return Draws(d, key, hn::Iota(d, static_cast<std::uint32_t>(index)),
+    return Draws(d, key, hn::Add(iota, hn::Set(d, static_cast<std::uint32_t>(index))),
                  hn::Set(d, key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u));
   HWY_ALIGN std::uint32_t draws[HWY_MAX_BYTES / sizeof(std::uint32_t)];
   for (std::size_t l = 0; l < lanes; ++l) draws[l] = random_draw(key, index + l);
@@ -706,8 +746,9 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   const VF ts = hn::Set(df, rule.tensor_scale);
+  const V iota = hn::Iota(d, 0);
   const auto draw_at = [&](std::size_t at) {
-    if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at);
+    if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at, iota);
     else return hn::Zero(d);
   };
   // The elements of blocks [begin, end), block i with scale ps[i]; `tail_in`: the last block's last
