@@ -586,16 +586,19 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
     y = hn::Mul(x, factor);
   }
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
-  const V a = hn::And(hn::BitCast(d, x), magnitude);
-  const auto finite_nonzero = hn::Lt(hn::Sub(a, hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu));
+  // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate).
+  const auto nonzero_x = hn::TestBit(hn::BitCast(d, x), magnitude);
+  const auto finite_nonzero =
+      two_step ? hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu))
+               : nonzero_x;
   // (Padding lanes are zeros: nothing to count.) Counted by mask population counts: scalar work beside
   // the vector units, which are the bottleneck here.
   nonzero += hn::CountTrue(d, finite_nonzero);
   V r;
-  if (hardware_nearest) {  // flushed: a finite nonzero x whose element is 0 (y itself 0 included)
+  if (hardware_nearest) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
     if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
     else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
-    lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(r, magnitude), hn::Zero(d))));
+    lost += hn::CountTrue(d, hn::AndNot(hn::TestBit(r, magnitude), nonzero_x));
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
     lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
     r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
@@ -872,9 +875,17 @@ std::uint32_t AmaxBits(const float* x, std::size_t n) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const auto magnitude = hn::Set(du, 0x7FFFFFFFu);
-  auto m = hn::Zero(du);
+  const std::size_t lanes = hn::Lanes(df);
+  auto m = hn::Zero(du), m1 = m, m2 = m, m3 = m;  // four independent chains
   std::size_t i = 0;
-  for (; i + hn::Lanes(df) <= n; i += hn::Lanes(df)) m = hn::Max(m, hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), magnitude));
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    m = hn::Max(m, hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), magnitude));
+    m1 = hn::Max(m1, hn::And(hn::BitCast(du, hn::LoadU(df, x + i + lanes)), magnitude));
+    m2 = hn::Max(m2, hn::And(hn::BitCast(du, hn::LoadU(df, x + i + 2 * lanes)), magnitude));
+    m3 = hn::Max(m3, hn::And(hn::BitCast(du, hn::LoadU(df, x + i + 3 * lanes)), magnitude));
+  }
+  m = hn::Max(hn::Max(m, m1), hn::Max(m2, m3));
+  for (; i + lanes <= n; i += lanes) m = hn::Max(m, hn::And(hn::BitCast(du, hn::LoadU(df, x + i)), magnitude));
   std::uint32_t result = hn::GetLane(hn::MaxOfLanes(du, m));
   for (; i < n; ++i) result = std::max(result, std::bit_cast<std::uint32_t>(x[i]) & 0x7FFFFFFFu);
   return result;
