@@ -75,7 +75,9 @@ void block_scaled_gemm(const float* a, bool ta, std::int64_t a_rows, std::int64_
   BlockGemmModel model;
   if (numerics.block_promotion) {
     model.tensor_core = *numerics.block_promotion;
-    model.promotion_interval = static_cast<int>(oa.point.format.for_shape(m, k).block_cols);
+    const bool software_scales = oa.point.format.scale == ScaleFormat::binary32 || ob.point.format.scale == ScaleFormat::binary32;
+    model.promotion_interval = software_scales ? static_cast<int>(oa.point.format.for_shape(m, k).block_cols)
+                                               : numerics.block_promotion_interval;
   }
   block_gemm(model, oa.point.format, qa, ob.point.format, qb, c, static_cast<int>(m), static_cast<int>(n),
              static_cast<int>(k));

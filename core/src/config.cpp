@@ -447,6 +447,12 @@ constexpr auto policy_fields_of(std::index_sequence<I...>, std::index_sequence<J
       block_key<J>()...,
       key<&Policy::high_precision_last>("high_precision_last", "layers",
                                         "the last N layers with GEMMs ignore the block points (NVFP4's recipe: 1)"),
+      key<&Policy::block_promotion_interval>(
+          "block_promotion_interval", "products",
+          "with a tensor-core `gemm` and E8M0/UE4M3 block scales: products summed in the tensor core's "
+          "accumulator before each promotion to binary32 (a multiple of the block length); `0`: never, the whole "
+          "k in the accumulator. Binary32 (software) scales promote once per block (DeepSeek-V3) and take 0",
+          at_least(0)),
       key<&Policy::master_weights>("master_weights", "", "false: the weights live only in `weight_storage`"),
       key<&Policy::gemm>("gemm", "",
                          "how GEMMs sum: `ieee` (as `accumulation` says) or an accumulation model (`h100`, "

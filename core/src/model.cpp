@@ -89,6 +89,7 @@ GemmNumerics StepContext::gemm_numerics(GemmRole role, const RoundingPoint& a, c
   n.a_block = operand(block_a, 0);
   n.b_block = operand(block_b, 1);
   n.block_promotion = block_promotion(policy, block_a.format);
+  n.block_promotion_interval = policy.block_promotion_interval;
   const StochasticStream signs = stream(Site::wgrad_hadamard);
   n.hadamard_seed = signs.key.seed ^ (signs.key.stream * 0x9E3779B97F4A7C15ull) ^ signs.first_index;
   return n;

@@ -151,14 +151,28 @@ void check_block_points(const Policy& p) {
     if (!p.accumulation.is_identity())
       throw std::invalid_argument(pair + ": block-scaled GEMMs accumulate as `gemm` says; set accumulation = "
                                   "\"binary32\"");
+    const bool software_scales = a.format.scale == ScaleFormat::binary32 || b.format.scale == ScaleFormat::binary32;
     if (p.gemm != "ieee") {
-      const auto model = parse_accumulation_model(p.gemm, formats::e4m3);
-      const bool fp8 = a.format.element.floating && b.format.element.floating &&
-                       a.format.element.floating->total_bits() == 8 && b.format.element.floating->total_bits() == 8;
-      if (!model || model->kind != AccumulationKind::tensor_core || !fp8)
+      const bool floating = a.format.element.floating && b.format.element.floating;
+      const auto model = floating ? parse_accumulation_model(p.gemm, *a.format.element.floating) : std::nullopt;
+      const bool fp8 = floating && a.format.element.floating->total_bits() == 8 &&
+                       b.format.element.floating->total_bits() == 8;
+      if (!model || model->kind != AccumulationKind::tensor_core || (software_scales && !fp8))
         throw std::invalid_argument(pair + ": gemm = \"" + p.gemm + "\" cannot sum block-scaled operands; use "
                                     "\"ieee\" (exact block sums, binary32 across blocks) or a tensor-core model "
-                                    "such as \"h100\" with FP8 elements (DeepSeek-V3's promotion)");
+                                    "with a preset for the element format (E8M0/UE4M3 scales: the scaled products "
+                                    "in its accumulator) or, for binary32 scales, FP8 elements (DeepSeek-V3's "
+                                    "promotion)");
+      if (software_scales && p.block_promotion_interval != 0)
+        throw std::invalid_argument(pair + ": binary32 (software) block scales promote once per block; set "
+                                    "block_promotion_interval = 0");
+      if (!software_scales && a.format.block_cols > 0 && p.block_promotion_interval % a.format.block_cols != 0)
+        throw std::invalid_argument(pair + ": block_promotion_interval = " +
+                                    std::to_string(p.block_promotion_interval) + " is not a multiple of the block "
+                                    "length along k (" + std::to_string(a.format.block_cols) + ")");
+    } else if (p.block_promotion_interval != 0) {
+      throw std::invalid_argument(pair + ": block_promotion_interval needs a tensor-core gemm model (gemm = \"ieee\" "
+                                  "sums blocks exactly); set it to 0 or choose a gemm model such as \"b200\"");
     }
   }
 }
@@ -326,6 +340,7 @@ std::string describe(const Policy& p) {
   out << "gemm = " << p.gemm << "\n";
   for (const auto& b : block_points) out << b.name << " = " << to_string(p.*(b.point)) << "\n";
   out << "high_precision_last = " << p.high_precision_last << "\n";
+  out << "block_promotion_interval = " << p.block_promotion_interval << "\n";
   out << "fp32_ops = [";
   for (std::size_t i = 0; i < p.fp32_ops.size(); ++i) out << (i ? ", " : "") << '"' << p.fp32_ops[i] << '"';
   out << "]\n";

@@ -2,6 +2,7 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -111,6 +112,58 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
   }
 }
 
+// Block-scaled tensor cores with the scales in hardware (E8M0, UE4M3): the
+// products of scaled elements (element x its block's scale, exact in binary32
+// or refused) through the tensor-core model, whose inputs are then binary32,
+// over each promotion interval (0: all of k); each interval's partial added to
+// a binary32 accumulator that starts at +0 (one rounding per addition), or,
+// without promotion, the model's result itself. NVFP4's tensor scales
+// (alpha) and C are applied last, as in the exact paths.
+void scaled_tensor_core_gemm(const TensorCoreModel& tensor_core, int interval, const BlockFormat& fa,
+                             const BlockOperand& a, const BlockFormat& fb, const BlockOperand& bt, float* c, int m,
+                             int n, int k, bool accumulate_c) {
+  const auto scaled = [](const BlockFormat& f, const BlockOperand& q, int rows, int k) {
+    const int grid_cols = (k + f.block_cols - 1) / f.block_cols;
+    std::vector<float> x(static_cast<std::size_t>(rows) * k);
+    for (int r = 0; r < rows; ++r)
+      for (int j = 0; j < k; ++j) {
+        const auto i = static_cast<std::size_t>(r) * k + j;
+        const double scale = q.scales[static_cast<std::size_t>(r / f.block_rows * grid_cols + j / f.block_cols)];
+        const double value = static_cast<double>(q.elements[i]) * scale;  // exact in binary64
+        x[i] = static_cast<float>(value);
+        if (!std::isnan(value) && static_cast<double>(x[i]) != value)
+          throw std::invalid_argument("block_gemm: a scaled element (" + std::to_string(value) +
+                                      ") is not a binary32 value; the tensor-core model takes binary32 products");
+      }
+    return x;
+  };
+  const std::vector<float> x = scaled(fa, a, m, k), yt = scaled(fb, bt, n, k);
+  AccumulationModel tc;
+  tc.kind = AccumulationKind::tensor_core;
+  tc.tensor_core = tensor_core;
+  tc.tensor_core.input = formats::binary32;  // the scaled elements as they are
+  tc.format = tensor_core.output;
+  tc.mode = tensor_core.rounding;
+  const int step = interval == 0 ? std::max(k, 1) : interval;
+  std::vector<float> acc(static_cast<std::size_t>(m) * n, 0.0f), p(acc.size());
+  for (int k0 = 0; k0 < k; k0 += step) {
+    const int width = std::min(step, k - k0);
+    std::vector<float> xs(static_cast<std::size_t>(m) * width), ys(static_cast<std::size_t>(width) * n);
+    for (int i = 0; i < m; ++i)
+      for (int t = 0; t < width; ++t) xs[static_cast<std::size_t>(i) * width + t] = x[static_cast<std::size_t>(i) * k + k0 + t];
+    for (int t = 0; t < width; ++t)
+      for (int j = 0; j < n; ++j) ys[static_cast<std::size_t>(t) * n + j] = yt[static_cast<std::size_t>(j) * k + k0 + t];
+    gemm(tc, xs.data(), ys.data(), p.data(), m, n, width, false, 1);
+    for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = interval == 0 ? p[i] : acc[i] + p[i];
+  }
+  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    float d = acc[i];
+    if (alpha != 1.0f) d = d * alpha;
+    c[i] = accumulate_c ? c[i] + d : d;
+  }
+}
+
 }  // namespace
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,
@@ -134,11 +187,22 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
                                 " and " + std::to_string(fb.block_cols) + ")");
   const int block = fa.block_cols;
   const bool binary32_scales = fa.scale == ScaleFormat::binary32 || fb.scale == ScaleFormat::binary32;
-  if (model.promotion_interval != 0 && model.promotion_interval != block)
-    throw std::invalid_argument("block_gemm: the promotion interval must be the block length along k (" +
-                                std::to_string(block) + "), got " + std::to_string(model.promotion_interval));
+  const int interval = model.promotion_interval;
+  if (!model.tensor_core && interval != 0)
+    throw std::invalid_argument("block_gemm: a promotion interval needs a tensor-core model for the partials");
+  if (model.tensor_core && binary32_scales && interval != block)
+    throw std::invalid_argument("block_gemm: binary32 (software) scales promote once per block: the interval must "
+                                "be the block length along k (" + std::to_string(block) + "), got " +
+                                std::to_string(interval));
+  if (model.tensor_core && !binary32_scales && (interval < 0 || interval % block != 0))
+    throw std::invalid_argument("block_gemm: the promotion interval must be a multiple of the block length along k (" +
+                                std::to_string(block) + ") or 0 (never), got " + std::to_string(interval));
+  if (model.tensor_core && !binary32_scales) {
+    scaled_tensor_core_gemm(*model.tensor_core, interval, fa, a, fb, bt, c, m, n, k, accumulate_c);
+    return;
+  }
   bool wide = false;  // block sums wider than binary64: exact fixed point (ExactAccumulator), term by term
-  if (model.promotion_interval == 0) {
+  if (!model.tensor_core) {
     if (binary32_scales && block < k)
       throw std::invalid_argument("block_gemm: binary32 block scales take DeepSeek-V3's promotion "
                                   "(promotion_interval = the block length and a tensor-core model), unless one "
@@ -161,7 +225,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
   Matrix partial(m, n);
   for (int kb = 0; kb < blocks; ++kb) {
     const int k0 = kb * block, width = std::min(block, k - k0);
-    if (binary32_scales && model.promotion_interval == 0) {
+    if (binary32_scales && !model.tensor_core) {
       // One block spans k, scaled per tensor (or per row tile) in binary32, as
       // cuBLAS's FP8 GEMMs take scale_a and scale_b: the exact sum rounded
       // once to binary32, then times alpha = sa * sb (one binary32 product
@@ -182,7 +246,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
     } else if (wide && !block_sums_fit(ea, eb, k0, width)) {
       accumulate_wide(ea, eb, sa_all, sb_all, smallest_exponent(fa.element), smallest_exponent(fb.element), kb, k0,
                       width, acc, m, n);
-    } else if (model.promotion_interval == 0) {
+    } else if (!model.tensor_core) {
       // Every partial sum is on the products' grid and within 53 bits (checked above): exact in any order.
       partial.noalias() = ea.middleCols(k0, width) * eb.middleCols(k0, width).transpose();
       for (int i = 0; i < m; ++i) {
@@ -206,9 +270,9 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
         for (int j = 0; j < n; ++j) y[static_cast<std::size_t>(t) * n + j] = static_cast<float>(eb(j, k0 + t));
       AccumulationModel tc;
       tc.kind = AccumulationKind::tensor_core;
-      tc.tensor_core = model.tensor_core;
-      tc.format = model.tensor_core.output;
-      tc.mode = model.tensor_core.rounding;
+      tc.tensor_core = *model.tensor_core;
+      tc.format = model.tensor_core->output;
+      tc.mode = model.tensor_core->rounding;
       gemm(tc, x.data(), y.data(), p.data(), m, n, width, false, 1);
       for (int i = 0; i < m; ++i) {
         const auto sa = static_cast<float>(sa_all(i, kb));

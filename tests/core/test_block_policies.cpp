@@ -103,6 +103,22 @@ TEST_CASE("block points: a role's operands must form a block-scaled GEMM", "[blo
   CHECK_THROWS_WITH(check_block_points(p), Catch::Contains("cannot sum block-scaled operands"));
   p.gemm = "pairwise-fp32";
   CHECK_THROWS(check_block_points(p));
+  // E8M0 scales with a tensor core: the scaled products in its accumulator, promoted every N products.
+  p.fprop_activations = p.fprop_weights = block("mxfp8-e4m3");
+  p.gemm = "b200";
+  CHECK_NOTHROW(check_block_points(p));
+  p.block_promotion_interval = 64;
+  CHECK_NOTHROW(check_block_points(p));
+  p.block_promotion_interval = 48;
+  CHECK_THROWS_WITH(check_block_points(p), Catch::Contains("not a multiple of the block length"));
+  p.gemm = "ieee";
+  p.block_promotion_interval = 64;
+  CHECK_THROWS_WITH(check_block_points(p), Catch::Contains("needs a tensor-core gemm"));
+  p.fprop_activations = p.fprop_weights = block("fp8-e4m3-1x128");
+  p.gemm = "h100";
+  p.block_promotion_interval = 256;
+  CHECK_THROWS_WITH(check_block_points(p), Catch::Contains("promote once per block"));
+  p = *preset_policy("bf16-mixed");
   for (const auto& name : preset_policy_names()) {
     INFO(name);
     CHECK_NOTHROW(check_block_points(*preset_policy(name)));
@@ -193,6 +209,26 @@ TEST_CASE("block statistics: saturation, flushes, scale codes and errors per blo
   CHECK(n.error[BlockStats::error_nan_bin] == 1);
   CHECK(n.scale_binades[Binades::nan_bin] == 1);
   CHECK(n.scale_codes[255] == 1);
+}
+
+TEST_CASE("MXFP8 through a tensor-core accumulator trains, and its accumulator changes the trajectory",
+          "[block][training]") {
+  Policy exact = *preset_policy("mxfp8");
+  Policy tc = exact;
+  tc.gemm = "h100";  // FP8 products in a 13-bit truncating accumulator, never promoted
+  Policy promoted = tc;
+  promoted.block_promotion_interval = 128;
+  auto backend = make_cpu_backend();
+  const ArmResult r_exact = train_arm(*backend, small_setup(exact), synthetic(), nullptr);
+  const ArmResult r_tc = train_arm(*backend, small_setup(tc), synthetic(), nullptr);
+  const ArmResult r_tc_again = train_arm(*backend, small_setup(tc), synthetic(), nullptr);
+  const ArmResult r_promoted = train_arm(*backend, small_setup(promoted), synthetic(), nullptr);
+  REQUIRE(r_tc.losses.size() == r_exact.losses.size());
+  CHECK(std::isfinite(r_tc.losses.back()));
+  CHECK(r_tc.losses.back() < r_tc.losses.front());
+  CHECK(r_tc.losses == r_tc_again.losses);
+  CHECK(r_tc.losses != r_exact.losses);
+  CHECK(r_promoted.losses != r_tc.losses);
 }
 
 TEST_CASE("every recipe preset trains, the same bits twice, and logs its block statistics", "[block][training]") {

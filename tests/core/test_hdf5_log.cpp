@@ -392,7 +392,8 @@ void check_policy(hid_t arm_group, int arm) {
   REQUIRE(H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, counted, &count) >= 0);
   for (const auto& b : block_points) CHECK(text(std::string(b.name)) == "none");
   CHECK(i32("high_precision_last") == 0);
-  CHECK(count == 2 + 6 * points.size() + 3 + block_points.size() + 1 + 8 + 2);
+  CHECK(i32("block_promotion_interval") == 0);
+  CHECK(count == 2 + 6 * points.size() + 3 + block_points.size() + 2 + 8 + 2);
 }
 
 // Checks one arm's group against `expected`, value by value.

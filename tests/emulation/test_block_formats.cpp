@@ -1015,7 +1015,7 @@ TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 pr
           ey[static_cast<std::size_t>(t)] = static_cast<float>(static_cast<double>(exact(bt.values[static_cast<std::size_t>(j) * k + kb * 128 + t]) / exact(sb)));
           exact_partial += exact(ex[static_cast<std::size_t>(t)]) * exact(ey[static_cast<std::size_t>(t)]);
         }
-        const float p = tensor_core_dot(model.tensor_core, ex, ey, 0.0f);
+        const float p = tensor_core_dot(*model.tensor_core, ex, ey, 0.0f);
         const float s = to_binary32(exact(sa) * exact(sb));
         acc = to_binary32(exact(p) * exact(s) + exact(acc), false);
         exact_acc = to_binary32(exact_partial * exact(s) + exact(exact_acc), false);
@@ -1029,6 +1029,68 @@ TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 pr
   // The H100's truncating FP8 accumulator shows: some outputs differ from exact partials.
   CHECK(different_from_exact > 0);
   UNSCOPED_INFO("outputs where H100 partials differ from exact ones: " << different_from_exact << " of " << m * n);
+}
+
+TEST_CASE("Block GEMM: E8M0 and UE4M3 scales inside a tensor-core accumulator, promoted every N products or never",
+          "[block][gemm]") {
+  // The scaled products (element x scale: the reference quantizer's exact values) through the tensor-core model
+  // with binary32 inputs over each interval, each interval's partial added to a binary32 accumulator from +0, or
+  // the model's result itself without promotion; NVFP4's alpha last.
+  std::mt19937_64 rng(20261201);
+  const int m = 3, n = 5, k = 160;
+  for (const char* name : {"mxfp8-e4m3", "nvfp4"}) {
+    const BlockFormat f = *parse_block_format(name);
+    std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+    for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 12));
+    for (float& v : y) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    const BlockQuantized a = quantize_blocks(f, x, m, k), bt = quantize_blocks(f, y, n, k);
+    BlockGemmModel exact_model;
+    std::vector<float> exact_c(static_cast<std::size_t>(m) * n);
+    block_gemm(exact_model, f, a, f, bt, exact_c.data(), m, n, k);
+    for (const int interval : {0, f.block_cols, 2 * f.block_cols}) {
+      BlockGemmModel model;
+      model.tensor_core = *tensor_core_preset(f.block_cols == 16 ? "b200" : "h100", *f.element.floating, formats::binary32);
+      model.promotion_interval = interval;
+      std::vector<float> c(static_cast<std::size_t>(m) * n);
+      block_gemm(model, f, a, f, bt, c.data(), m, n, k);
+      TensorCoreModel tc = *model.tensor_core;
+      tc.input = formats::binary32;
+      const float alpha = static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale);
+      std::size_t differ_from_exact = 0;
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          float acc = 0;
+          const int step = interval == 0 ? k : interval;
+          for (int k0 = 0; k0 < k; k0 += step) {
+            const int width = std::min(step, k - k0);
+            std::vector<float> ex(static_cast<std::size_t>(width)), ey(static_cast<std::size_t>(width));
+            for (int t = 0; t < width; ++t) {  // value / tensor scale: element x block scale, exact
+              ex[static_cast<std::size_t>(t)] = static_cast<float>(a.values[static_cast<std::size_t>(i) * k + k0 + t] / a.tensor_scale);
+              ey[static_cast<std::size_t>(t)] = static_cast<float>(bt.values[static_cast<std::size_t>(j) * k + k0 + t] / bt.tensor_scale);
+            }
+            const float p = tensor_core_dot(tc, ex, ey, 0.0f);
+            acc = interval == 0 ? p : acc + p;
+          }
+          if (alpha != 1.0f) acc = acc * alpha;
+          const float got = c[static_cast<std::size_t>(i) * n + j];
+          INFO(name << " interval " << interval << " C(" << i << ", " << j << "): got " << got << ", reference " << acc);
+          CHECK(same_float(got, acc));
+          differ_from_exact += got != exact_c[static_cast<std::size_t>(i) * n + j];
+        }
+      UNSCOPED_INFO(name << " interval " << interval << ": " << differ_from_exact << " of " << m * n
+                         << " outputs differ from exact block partials");
+      if (f.block_cols == 32) CHECK(differ_from_exact > 0);  // the H100's truncating FP8 accumulator shows
+    }
+    // Refused: an interval that is not a multiple of the block, an interval without a tensor core.
+    BlockGemmModel bad;
+    bad.tensor_core = *tensor_core_preset("b200", *f.element.floating, formats::binary32);
+    bad.promotion_interval = f.block_cols + 8;
+    std::vector<float> c(static_cast<std::size_t>(m) * n);
+    CHECK_THROWS_WITH(block_gemm(bad, f, a, f, bt, c.data(), m, n, k), Catch::Contains("multiple of the block length"));
+    BlockGemmModel no_tc;
+    no_tc.promotion_interval = f.block_cols;
+    CHECK_THROWS_WITH(block_gemm(no_tc, f, a, f, bt, c.data(), m, n, k), Catch::Contains("needs a tensor-core model"));
+  }
 }
 
 }  // namespace mpsim

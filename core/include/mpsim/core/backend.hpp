@@ -67,6 +67,7 @@ struct GemmNumerics {
   };
   std::optional<BlockOperand> a_block, b_block;
   std::optional<TensorCoreModel> block_promotion;
+  int block_promotion_interval = 0;  // E8M0/UE4M3 scales with a tensor core: block_gemm.hpp (0: never)
   std::uint64_t hadamard_seed = 0;
 };
 

@@ -104,6 +104,12 @@ struct Policy {
   // The last N layers with GEMMs ignore the block points (the NVFP4 recipe
   // keeps the final layers in higher precision, arXiv 2509.25149 §4.1).
   int high_precision_last = 0;
+  // With a tensor-core `gemm` and E8M0/UE4M3 block scales (applied inside
+  // block-scaled tensor cores): products summed in the tensor core's
+  // accumulator before each promotion to binary32, a multiple of the block
+  // length; 0: never. Binary32 (software) scales promote once per block
+  // (DeepSeek-V3) and take 0 here. Block_gemm.hpp.
+  int block_promotion_interval = 0;
   LossScaling loss_scaling;
   DelayedScaling delayed_scaling;
 
@@ -160,13 +166,15 @@ bool uses_block_formats(const Policy& p);
 // Throws std::invalid_argument naming the problem when a role's block points
 // cannot form a block-scaled GEMM: one operand block-scaled and not the
 // other, blocks of different lengths along k, the transform on one side, a
-// rounding other than nearest-even or stochastic, or a gemm model that does
-// not sum block-scaled operands ("ieee": exact block sums accumulated in
-// binary32; "h100": DeepSeek-V3's promotion, FP8 elements only).
+// rounding other than nearest-even or stochastic, a gemm model that does not
+// sum block-scaled operands ("ieee": exact block sums accumulated in
+// binary32; a tensor-core model: the scaled products in its accumulator for
+// E8M0/UE4M3 scales, DeepSeek-V3's promotion for binary32 scales, FP8
+// elements only), or a promotion interval that does not fit.
 void check_block_points(const Policy& p);
 // How a role's block-scaled GEMM sums under p.gemm: nothing for "ieee"
 // (exact block sums, binary32 across blocks), else the tensor-core model
-// whose partials are promoted to binary32 once per block (block_gemm.hpp).
+// whose partials are promoted to binary32 (block_gemm.hpp's BlockGemmModel).
 std::optional<TensorCoreModel> block_promotion(const Policy& p, const BlockFormat& a);
 
 // The model a GEMM with operands in formats a and b uses under p.gemm:

@@ -1,13 +1,19 @@
 // GEMMs of block-scaled operands, the way block-scaled tensor cores compute
 // them: the element products of each block along k summed exactly (no
 // dequantization first), the block's partial times both blocks' scales, and
-// the partials accumulated across blocks in binary32. Or DeepSeek-V3's
-// recipe on H100 (arXiv 2412.19437 §3.3): each block's partial accumulated in
-// the tensor core's limited-precision accumulator (a TensorCoreModel: for FP8
-// on H100 about 14 bits, truncating), then promoted every `promotion_interval`
-// products: multiplied by the scales and added in binary32 on the CUDA cores
-// (one fused multiply-add, as DeepGEMM's `acc += scale * partial` compiles).
+// the partials accumulated across blocks in binary32. Or the products,
+// scaled, in a tensor-core accumulator across blocks (an unvalidated model of
+// block-scaled tensor cores: the scales applied to the products before they
+// are aligned), promoted to binary32 every so many products or never. Or
+// DeepSeek-V3's recipe on H100 (arXiv 2412.19437 §3.3): each block's partial
+// accumulated in the tensor core's limited-precision accumulator (a
+// TensorCoreModel: for FP8 on H100 about 14 bits, truncating), then promoted
+// every `promotion_interval` products: multiplied by the scales and added in
+// binary32 on the CUDA cores (one fused multiply-add, as DeepGEMM's
+// `acc += scale * partial` compiles).
 #pragma once
+
+#include <optional>
 
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/block_format.hpp"
@@ -15,8 +21,13 @@
 namespace mpsim {
 
 struct BlockGemmModel {
-  int promotion_interval = 0;  // 0: exact block partials; else the products per promotion (= the block size)
-  TensorCoreModel tensor_core;  // the partials' accumulator when promoting
+  // Without a tensor core: exact block partials accumulated in binary32 (the interval must be 0).
+  // With one: binary32 scales (software scales, DeepSeek-V3) promote every block (the interval is the block
+  // length); E8M0/UE4M3 scales (applied inside block-scaled tensor cores) enter the accumulator with the
+  // products, which are promoted to binary32 every `promotion_interval` products (a multiple of the block
+  // length), or never (0: the whole k in the tensor core's accumulator).
+  std::optional<TensorCoreModel> tensor_core;
+  int promotion_interval = 0;
 };
 
 // C[m x n] = A[m x k] B[k x n] (+ C), from `a` (m x k, blocks along k) and
