@@ -166,6 +166,15 @@ void scaled_tensor_core_gemm(const TensorCoreModel& tensor_core, int interval, c
 
 }  // namespace
 
+bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block) {
+  // The products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and `block` of them add at most
+  // log2(block) bits.
+  const int span = (a.element.emax() + 1 - smallest_exponent(a.element)) +
+                   (b.element.emax() + 1 - smallest_exponent(b.element)) +
+                   static_cast<int>(std::ceil(std::log2(std::max(block, 1))));
+  return span <= 53;
+}
+
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,
                 const BlockFormat& fb_in, const BlockQuantized& bt, float* c, int m, int n, int k, bool accumulate_c) {
   block_gemm(model, fa_in, to_block_operand(fa_in, a), fb_in, to_block_operand(fb_in, bt), c, m, n, k, accumulate_c);
@@ -207,15 +216,11 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
       throw std::invalid_argument("block_gemm: binary32 block scales take DeepSeek-V3's promotion "
                                   "(promotion_interval = the block length and a tensor-core model), unless one "
                                   "block spans k (per-tensor scales)");
-    // Exact block sums in binary64: the products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and
-    // `block` of them add at most log2(block) bits.
-    const int span = (fa.element.emax() + 1 - smallest_exponent(fa.element)) +
-                     (fb.element.emax() + 1 - smallest_exponent(fb.element)) + static_cast<int>(std::ceil(std::log2(block)));
-    wide = span > 53;
+    wide = !block_partials_fit_binary64(fa, fb, block);
     const bool power_of_two_scales = fa.scale == ScaleFormat::e8m0 && fb.scale == ScaleFormat::e8m0;
     if (wide && !power_of_two_scales && !binary32_scales)
       throw std::invalid_argument("block_gemm: block sums of " + fa.element.name() + " and " + fb.element.name() +
-                                  " need " + std::to_string(span) + " bits, more than binary64 holds exactly; the "
+                                  " need more bits than binary64 holds exactly; the "
                                   "exact fixed-point path takes only E8M0 (power-of-two) scales");
   }
   const Matrix ea = element_values(fa, a, m, k), eb = element_values(fb, bt, n, k);

@@ -1,6 +1,8 @@
-// Block-scaled quantization on the device: one thread per 1 x N block, each
-// running the host/device routine mpsim::detail::quantize_block_row, so the CPU's
-// tests of that routine prove what the kernel computes (block_quantize.hpp).
+// Block-scaled quantization and GEMMs on the device: one thread per 1 x N
+// block, each running the host/device routine
+// mpsim::detail::quantize_block_row, and one thread per GEMM output running
+// mpsim::block_scaled_dot, so the CPU's tests of those routines prove what the
+// kernels compute (block_quantize.hpp).
 
 #include "mpsim/gpu/block_quantize.hpp"
 
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "check.hpp"
+#include "mpsim/emulation/block_dot.hpp"
+#include "mpsim/emulation/block_gemm.hpp"
 #include "mpsim/emulation/block_scaling.hpp"
 #include "mpsim/emulation/pattern_format.hpp"
 
@@ -21,8 +25,9 @@ constexpr unsigned kThreads = 128;
 
 __global__ void quantize_block_rows_kernel(mpsim::detail::BlockRule rule, PatternFormat<std::uint32_t> element,
                                            PatternRounding rounding, DrawKey key, std::uint64_t first_index,
-                                           const float* in, float* out, std::int64_t rows, std::int64_t cols,
-                                           int block, std::uint32_t* codes, unsigned long long* counts) {
+                                           const float* in, float* out, float* elements, std::int64_t rows,
+                                           std::int64_t cols, int block, std::uint32_t* codes,
+                                           unsigned long long* counts) {
   const std::int64_t per_row = (cols + block - 1) / block, total = rows * per_row;
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < total;
        b += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
@@ -32,7 +37,7 @@ __global__ void quantize_block_rows_kernel(mpsim::detail::BlockRule rule, Patter
     mpsim::detail::BlockRowCounts c;
     const mpsim::detail::BlockParams p =
         mpsim::detail::quantize_block_row(rule, nullptr, element, rounding, key, first_index + static_cast<std::uint64_t>(at),
-                                   in + at, out + at, n, c);
+                                   in + at, out + at, n, c, elements != nullptr ? elements + at : nullptr);
     codes[b] = p.code;
     atomicAdd(&counts[0], static_cast<unsigned long long>(c.nonzero));
     atomicAdd(&counts[1], static_cast<unsigned long long>(c.flushed));
@@ -51,22 +56,23 @@ struct DeviceBuffer {
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 };
 
-}  // namespace
-
-BlockSummary quantize_blocks_on_device(const BlockFormat& format_in, std::span<const float> in, std::span<float> out,
-                                       std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options) {
+// The quantization on the device: values into `out`, elements into `elements` when not empty.
+BlockSummary run_on_device(const BlockFormat& format_in, std::span<const float> in, std::span<float> out,
+                           std::span<float> elements, std::int64_t rows, std::int64_t cols,
+                           const BlockQuantizeOptions& options) {
   const BlockFormat format = format_in.for_shape(rows, cols);
   if (format.block_rows != 1 || !format.element.floating)
     throw std::invalid_argument("quantize_blocks_on_device: 1 x N blocks of floating-point elements only, not " +
                                 format.name());
-  if (rows < 0 || cols < 0 || in.size() != static_cast<std::size_t>(rows * cols) || out.size() != in.size())
+  if (rows < 0 || cols < 0 || in.size() != static_cast<std::size_t>(rows * cols) || out.size() != in.size() ||
+      (!elements.empty() && elements.size() != in.size()))
     throw std::invalid_argument("quantize_blocks_on_device: sizes do not match");
   if (options.rounding.mode != RoundingMode::nearest_even && options.rounding.mode != RoundingMode::stochastic)
     throw std::invalid_argument("quantize_blocks_on_device: elements round to nearest-even or stochastic");
   const std::int64_t per_row = (cols + format.block_cols - 1) / format.block_cols, total = rows * per_row;
   const mpsim::detail::BlockRule rule = mpsim::detail::block_rule(format, in);
   const std::size_t n = in.size();
-  DeviceBuffer<float> d_in(n), d_out(n);
+  DeviceBuffer<float> d_in(n), d_out(n), d_elements(elements.empty() ? 0 : n);
   DeviceBuffer<std::uint32_t> d_codes(static_cast<std::size_t>(total));
   DeviceBuffer<unsigned long long> d_counts(5);
   MPSIM_CUDA_CHECK(cudaMemcpy(d_in.p, in.data(), n * sizeof(float), cudaMemcpyHostToDevice));
@@ -75,7 +81,8 @@ BlockSummary quantize_blocks_on_device(const BlockFormat& format_in, std::span<c
     const auto grid = static_cast<unsigned>(std::min<std::int64_t>((total + kThreads - 1) / kThreads, 4096));
     quantize_block_rows_kernel<<<grid, kThreads>>>(rule, binary32_pattern_format(*format.element.floating),
                                                    pattern_rounding(options.rounding), make_draw_key(options.key),
-                                                   options.first_index, d_in.p, d_out.p, rows, cols,
+                                                   options.first_index, d_in.p, d_out.p,
+                                                   elements.empty() ? nullptr : d_elements.p, rows, cols,
                                                    format.block_cols, d_codes.p, d_counts.p);
     MPSIM_CUDA_CHECK(cudaGetLastError());
   }
@@ -83,6 +90,8 @@ BlockSummary quantize_blocks_on_device(const BlockFormat& format_in, std::span<c
   summary.scale_codes.resize(static_cast<std::size_t>(total));
   unsigned long long counts[5] = {};
   MPSIM_CUDA_CHECK(cudaMemcpy(out.data(), d_out.p, n * sizeof(float), cudaMemcpyDeviceToHost));
+  if (!elements.empty())
+    MPSIM_CUDA_CHECK(cudaMemcpy(elements.data(), d_elements.p, n * sizeof(float), cudaMemcpyDeviceToHost));
   MPSIM_CUDA_CHECK(cudaMemcpy(summary.scale_codes.data(), d_codes.p, summary.scale_codes.size() * sizeof(std::uint32_t),
                               cudaMemcpyDeviceToHost));
   MPSIM_CUDA_CHECK(cudaMemcpy(counts, d_counts.p, sizeof counts, cudaMemcpyDeviceToHost));
@@ -95,6 +104,80 @@ BlockSummary quantize_blocks_on_device(const BlockFormat& format_in, std::span<c
   if (rule.kind == mpsim::detail::BlockKind::nvfp4)
     summary.tensor_scale = rule.tensor_nan ? std::numeric_limits<double>::quiet_NaN() : rule.tensor_scale;
   return summary;
+}
+
+__global__ void block_gemm_kernel(const float* a, const double* a_scales, int a_block_rows, const float* b,
+                                  const double* b_scales, int b_block_rows, float* c, int m, int n, int k, int block,
+                                  int grid_cols, float alpha) {
+  const std::int64_t total = static_cast<std::int64_t>(m) * n;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx / n), j = static_cast<int>(idx % n);
+    float d = block_scaled_dot(a + static_cast<std::int64_t>(i) * k, a_scales + static_cast<std::int64_t>(i / a_block_rows) * grid_cols,
+                               b + static_cast<std::int64_t>(j) * k, b_scales + static_cast<std::int64_t>(j / b_block_rows) * grid_cols,
+                               k, block);
+    if (alpha != 1.0f) d = d * alpha;
+    c[idx] = d;
+  }
+}
+
+}  // namespace
+
+BlockSummary quantize_blocks_on_device(const BlockFormat& format, std::span<const float> in, std::span<float> out,
+                                       std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options) {
+  return run_on_device(format, in, out, {}, rows, cols, options);
+}
+
+BlockOperand quantize_block_operand_on_device(const BlockFormat& format_in, std::span<const float> in,
+                                              std::int64_t rows, std::int64_t cols,
+                                              const BlockQuantizeOptions& options) {
+  const BlockFormat format = format_in.for_shape(rows, cols);
+  std::vector<float> values(in.size());
+  BlockOperand o;
+  o.elements.resize(in.size());
+  BlockSummary s = run_on_device(format, in, values, o.elements, rows, cols, options);
+  o.scales.reserve(s.scale_codes.size());
+  for (const std::uint32_t code : s.scale_codes) o.scales.push_back(scale_value(format.scale, code));
+  o.scale_codes = std::move(s.scale_codes);
+  o.tensor_scale = s.tensor_scale;
+  o.counts = s.counts;
+  return o;
+}
+
+void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const BlockFormat& fb_in,
+                          const BlockOperand& bt, float* c, int m, int n, int k) {
+  const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
+  if (fa.scale == ScaleFormat::binary32 || fb.scale == ScaleFormat::binary32)
+    throw std::invalid_argument("block_gemm_on_device: binary32 block scales (DeepSeek-V3's tiles, per-tensor FP8) "
+                                "run on the CPU only");
+  if (fa.block_cols != fb.block_cols)
+    throw std::invalid_argument("block_gemm_on_device: the operands' blocks along k differ");
+  if (!block_partials_fit_binary64(fa, fb, fa.block_cols))
+    throw std::invalid_argument("block_gemm_on_device: block sums of " + fa.element.name() + " and " +
+                                fb.element.name() + " can exceed binary64; they run on the CPU only");
+  const int grid_cols = (k + fa.block_cols - 1) / fa.block_cols;
+  const auto grid = [&](const BlockFormat& f, int rows) {
+    return static_cast<std::size_t>((rows + f.block_rows - 1) / f.block_rows) * static_cast<std::size_t>(grid_cols);
+  };
+  if (m < 0 || n < 0 || k < 0 || a.elements.size() != static_cast<std::size_t>(m) * k ||
+      bt.elements.size() != static_cast<std::size_t>(n) * k || a.scales.size() != grid(fa, m) ||
+      bt.scales.size() != grid(fb, n))
+    throw std::invalid_argument("block_gemm_on_device: sizes do not match");
+  const std::size_t outputs = static_cast<std::size_t>(m) * n;
+  DeviceBuffer<float> d_a(a.elements.size()), d_b(bt.elements.size()), d_c(outputs);
+  DeviceBuffer<double> d_sa(a.scales.size()), d_sb(bt.scales.size());
+  MPSIM_CUDA_CHECK(cudaMemcpy(d_a.p, a.elements.data(), a.elements.size() * sizeof(float), cudaMemcpyHostToDevice));
+  MPSIM_CUDA_CHECK(cudaMemcpy(d_b.p, bt.elements.data(), bt.elements.size() * sizeof(float), cudaMemcpyHostToDevice));
+  MPSIM_CUDA_CHECK(cudaMemcpy(d_sa.p, a.scales.data(), a.scales.size() * sizeof(double), cudaMemcpyHostToDevice));
+  MPSIM_CUDA_CHECK(cudaMemcpy(d_sb.p, bt.scales.data(), bt.scales.size() * sizeof(double), cudaMemcpyHostToDevice));
+  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
+  if (outputs > 0) {
+    const auto blocks = static_cast<unsigned>(std::min<std::size_t>((outputs + kThreads - 1) / kThreads, 4096));
+    block_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, d_b.p, d_sb.p, fb.block_rows, d_c.p, m, n, k,
+                                            fa.block_cols, grid_cols, alpha);
+    MPSIM_CUDA_CHECK(cudaGetLastError());
+  }
+  MPSIM_CUDA_CHECK(cudaMemcpy(c, d_c.p, outputs * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 }  // namespace mpsim::gpu

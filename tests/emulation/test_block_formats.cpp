@@ -23,6 +23,7 @@
 
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/block_format.hpp"
+#include "mpsim/emulation/block_dot.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
 #include "mpsim/emulation/block_scaling.hpp"
 #include "mpsim/emulation/pattern_format.hpp"
@@ -912,7 +913,7 @@ TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) give
         const PatternFormat<std::uint32_t> element = binary32_pattern_format(*f.element.floating);
         const PatternRounding rounding = pattern_rounding(options.rounding);
         const DrawKey key = make_draw_key(options.key);
-        std::vector<float> got(x.size());
+        std::vector<float> got(x.size()), got_elements(x.size());
         detail::BlockRowCounts counts;
         std::uint64_t clamped = 0;
         std::vector<std::uint32_t> codes;
@@ -922,7 +923,8 @@ TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) give
             const std::size_t at = static_cast<std::size_t>(r) * cols + c0;
             const detail::BlockParams p = detail::quantize_block_row(rule, nullptr, element, rounding, key,
                                                                      options.first_index + at, x.data() + at,
-                                                                     got.data() + at, n, counts);
+                                                                     got.data() + at, n, counts,
+                                                                     got_elements.data() + at);
             codes.push_back(p.code);
             clamped += p.clamped;
           }
@@ -932,6 +934,9 @@ TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) give
           REQUIRE(same(static_cast<double>(got[i]), static_cast<double>(fast[i])));
         }
         CHECK(codes == want.scale_codes);
+        const BlockOperand operand = quantize_block_operand(f, x, rows, cols, options);
+        for (std::size_t i = 0; i < x.size(); ++i)
+          REQUIRE(same(static_cast<double>(got_elements[i]), static_cast<double>(operand.elements[i])));
         CHECK(counts.nonzero == want.counts.nonzero);
         CHECK(counts.flushed == want.counts.flushed);
         CHECK(counts.saturated == want.counts.saturated);
@@ -1029,6 +1034,59 @@ TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 pr
   // The H100's truncating FP8 accumulator shows: some outputs differ from exact partials.
   CHECK(different_from_exact > 0);
   UNSCOPED_INFO("outputs where H100 partials differ from exact ones: " << different_from_exact << " of " << m * n);
+}
+
+TEST_CASE("block_scaled_dot (the host/device routine of the CUDA block GEMM) gives block_gemm's bits",
+          "[block][gemm][device]") {
+  std::mt19937_64 rng(20261203);
+  for (const char* name : {"mxfp8-e4m3", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "nvfp4", "nvfp4-16x16"}) {
+    const BlockFormat f = *parse_block_format(name);
+    const int m = 4, n = 35, k = 3 * f.block_cols + 7;  // a partial last block; 16 x 16 tiles across rows
+    std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+    for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 20) - 10);
+    for (float& v : y) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    if (f.scale == ScaleFormat::e8m0) x[static_cast<std::size_t>(k) + 3] = NAN;  // a NaN block in row 1
+    std::fill(y.begin(), y.begin() + f.block_cols, 0.0f);  // an all-zero block
+    const BlockOperand a = quantize_block_operand(f, x, m, k), bt = quantize_block_operand(f, y, n, k);
+    REQUIRE(block_partials_fit_binary64(f, f, f.block_cols));
+    std::vector<float> want(static_cast<std::size_t>(m) * n);
+    block_gemm({}, f, a, f, bt, want.data(), m, n, k);
+    const BlockFormat shaped = f.for_shape(m, k);
+    const int grid_cols = (k + shaped.block_cols - 1) / shaped.block_cols;
+    const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
+    std::size_t bad = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        float got = block_scaled_dot(a.elements.data() + static_cast<std::size_t>(i) * k,
+                                     a.scales.data() + static_cast<std::size_t>(i / shaped.block_rows) * grid_cols,
+                                     bt.elements.data() + static_cast<std::size_t>(j) * k,
+                                     bt.scales.data() + static_cast<std::size_t>(j / shaped.block_rows) * grid_cols, k,
+                                     shaped.block_cols);
+        if (alpha != 1.0f) got = got * alpha;
+        const float expected = want[static_cast<std::size_t>(i) * n + j];
+        if (!same(static_cast<double>(got), static_cast<double>(expected)) && bad++ < 3)
+          FAIL_CHECK(name << " C(" << i << ", " << j << "): dot " << got << ", block_gemm " << expected);
+      }
+    CHECK(bad == 0);
+  }
+  CHECK(!block_partials_fit_binary64(*parse_block_format("mxfp8-e5m2"), *parse_block_format("mxfp8-e5m2"), 32));
+  // Where rounding the sum to binary64 first would be wrong: acc = 1, then a block whose term is
+  // 2^-24 + 2^-54 (products 2^12 and 2^-18, scales 2^-18 each). 1 + 2^-24 + 2^-54 rounds to binary32's
+  // 1 + 2^-23; through binary64 to nearest it would be the tie 1 + 2^-24 and then 1.
+  const BlockFormat f = *parse_block_format("mxfp8-e4m3");
+  BlockOperand a, bt;
+  a.elements.assign(64, 0.0f);
+  a.elements[0] = 1;
+  a.elements[32] = 64;
+  a.elements[33] = 0x1p-9f;
+  bt = a;
+  a.scales = bt.scales = {1.0, 0x1p-18};
+  a.scale_codes = bt.scale_codes = {127, 127 - 18};
+  std::vector<float> c(1);
+  block_gemm({}, f, a, f, bt, c.data(), 1, 1, 64);
+  CHECK(c[0] == 1.0f + 0x1p-23f);
+  CHECK(block_scaled_dot(a.elements.data(), a.scales.data(), bt.elements.data(), bt.scales.data(), 64, 32) ==
+        1.0f + 0x1p-23f);
 }
 
 TEST_CASE("Block GEMM: E8M0 and UE4M3 scales inside a tensor-core accumulator, promoted every N products or never",

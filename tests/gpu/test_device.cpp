@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mpsim/emulation/block_format.hpp"
+#include "mpsim/emulation/block_gemm.hpp"
 #include "mpsim/gpu/block_quantize.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "require_device.hpp"
@@ -163,4 +164,44 @@ TEST_CASE("block quantization on the device gives quantize_blocks' bits, scale c
       CHECK(got.counts == want.counts);
     }
   }
+}
+
+TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_operand's and block_gemm's bits",
+          "[gpu][block]") {
+  // Elements kept by quantize_block_row, and one thread per output running the host/device
+  // block_scaled_dot, against the CPU's quantize_block_operand and block_gemm (exact block partials).
+  require_device();
+  for (const char* name : {"mxfp8-e4m3", "mxfp6-e2m3", "mxfp4", "nvfp4"}) {
+    const BlockFormat f = *parse_block_format(name);
+    const int m = 33, n = 65, k = 4 * f.block_cols + 3;
+    const std::vector<float> x = mixed_values(static_cast<std::size_t>(m) * k, 7);
+    const std::vector<float> y = mixed_values(static_cast<std::size_t>(n) * k, 8);
+    BlockQuantizeOptions options;
+    options.rounding = Rounding{RoundingMode::stochastic};
+    options.key = {5, 1};
+    const BlockOperand a = quantize_block_operand(f, x, m, k, options), bt = quantize_block_operand(f, y, n, k, options);
+    const BlockOperand a_device = gpu::quantize_block_operand_on_device(f, x, m, k, options);
+    INFO(name);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      INFO("element " << i);
+      REQUIRE((std::isnan(a.elements[i]) ? std::isnan(a_device.elements[i])
+                                         : bits_of(a.elements[i]) == bits_of(a_device.elements[i])));
+    }
+    CHECK(a_device.scale_codes == a.scale_codes);
+    CHECK(a_device.counts == a.counts);
+    std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
+    block_gemm({}, f, a, f, bt, cpu.data(), m, n, k);
+    gpu::block_gemm_on_device(f, a, f, bt, gpu_out.data(), m, n, k);
+    for (std::size_t i = 0; i < cpu.size(); ++i) {
+      INFO("output " << i);
+      REQUIRE((std::isnan(cpu[i]) ? std::isnan(gpu_out[i]) : bits_of(cpu[i]) == bits_of(gpu_out[i])));
+    }
+  }
+  // Refused: binary32 scales, E5M2 block sums that binary64 cannot hold.
+  const BlockFormat tiles = *parse_block_format("fp8-e4m3-1x128"), e5m2 = *parse_block_format("mxfp8-e5m2");
+  const std::vector<float> v = mixed_values(128, 9);
+  const BlockOperand q = quantize_block_operand(tiles, v, 1, 128), q5 = quantize_block_operand(e5m2, v, 1, 128);
+  float out = 0;
+  CHECK_THROWS_AS(gpu::block_gemm_on_device(tiles, q, tiles, q, &out, 1, 1, 128), std::invalid_argument);
+  CHECK_THROWS_AS(gpu::block_gemm_on_device(e5m2, q5, e5m2, q5, &out, 1, 1, 128), std::invalid_argument);
 }

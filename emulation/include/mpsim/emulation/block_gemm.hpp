@@ -44,6 +44,10 @@ struct BlockGemmModel {
 // that differ, binary32 scales of several blocks along k without promotion,
 // elements or scales that do not match the shapes, or wide sums with scales
 // that are not powers of two.
+// Whether the exact sum of `block` element products of these formats always
+// fits binary64 (every preset pair but MXFP8 E5M2 x E5M2; block_dot.hpp).
+bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block);
+
 void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockOperand& a,
                 const BlockFormat& b_format, const BlockOperand& bt, float* c, int m, int n, int k,
                 bool accumulate_c = false);

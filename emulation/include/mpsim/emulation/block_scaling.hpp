@@ -163,13 +163,15 @@ struct BlockRowCounts {
 // on the pattern into `element` (the element format, saturating) with draw
 // random_draw(key, first_index + i), and out[i] = element * dequant (NVFP4:
 // then * the tensor scale), each product one binary32 rounding: the fast
-// path's arithmetic, value for value. `out` may be `in`. Returns the block's
-// parameters (its scale code).
+// path's arithmetic, value for value. `out` may be `in`. `elements`, where not
+// null, gets each element's value before scaling (NaN in a NaN block), as
+// quantize_block_operand keeps them. Returns the block's parameters (its
+// scale code).
 MPSIM_HOST_DEVICE inline BlockParams quantize_block_row(const BlockRule& rule, const BlockParams* given,
                                                         const PatternFormat<std::uint32_t>& element,
                                                         PatternRounding rounding, DrawKey key,
                                                         std::uint64_t first_index, const float* in, float* out, int n,
-                                                        BlockRowCounts& counts) {
+                                                        BlockRowCounts& counts, float* elements = nullptr) {
   std::uint32_t amax = 0;
   for (int i = 0; i < n; ++i) {
     const std::uint32_t a = std::bit_cast<std::uint32_t>(in[i]) & 0x7FFFFFFFu;
@@ -184,6 +186,7 @@ MPSIM_HOST_DEVICE inline BlockParams quantize_block_row(const BlockRule& rule, c
     counts.nonzero += finite_nonzero;
     if (p.nan) {
       out[i] = std::numeric_limits<float>::quiet_NaN();
+      if (elements != nullptr) elements[i] = std::numeric_limits<float>::quiet_NaN();
       ++counts.nan;
       continue;
     }
@@ -192,6 +195,7 @@ MPSIM_HOST_DEVICE inline BlockParams quantize_block_row(const BlockRule& rule, c
     const RoundedValue<std::uint32_t> r = round_pattern<std::uint32_t>(std::bit_cast<std::uint32_t>(y), element,
                                                                       rounding, draw);
     counts.saturated += r.overflow;
+    if (elements != nullptr) elements[i] = std::bit_cast<float>(r.value);
     float v = std::bit_cast<float>(r.value) * p.dequant;
     if (two_step) v = v * rule.tensor_scale;  // element * sb is exact; one rounding here
     counts.flushed += finite_nonzero && (r.value & 0x7FFFFFFFu) == 0;  // the element (NVFP4's zero scale: not here)
