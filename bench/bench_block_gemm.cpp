@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     std::string name;
     BlockFormat a, b;
     BlockGemmModel model;
-    BlockQuantized qa, qb;
+    BlockOperand qa, qb;
     std::vector<double> times;
   };
   std::vector<Row> rows;
@@ -70,9 +70,13 @@ int main(int argc, char** argv) {
   deepseek.tensor_core = *tensor_core_preset("H100", formats::e4m3, formats::binary32);
   rows.push_back({"fp8-e4m3 1x128 x 128x128, H100 partials", *parse_block_format("fp8-e4m3-1x128"),
                   *parse_block_format("fp8-e4m3-128x128"), deepseek, {}, {}, {}});
+  BlockGemmModel scaled_tc;  // E8M0-scaled products in the H100's FP8 accumulator, never promoted
+  scaled_tc.tensor_core = *tensor_core_preset("H100", formats::e4m3, formats::binary32);
+  rows.push_back({"mxfp8-e4m3, scaled products in H100's accumulator", *parse_block_format("mxfp8-e4m3"),
+                  *parse_block_format("mxfp8-e4m3"), scaled_tc, {}, {}, {}});
   for (Row& r : rows) {
-    r.qa = quantize_blocks(r.a, x, m, k);
-    r.qb = quantize_blocks(r.b, y, n, k);
+    r.qa = quantize_block_operand(r.a, x, m, k);
+    r.qb = quantize_block_operand(r.b, y, n, k);
   }
   std::vector<float> c(static_cast<std::size_t>(m) * n);
   std::vector<double> eigen_times;

@@ -141,7 +141,25 @@ void scaled_tensor_core_gemm(const TensorCoreModel& tensor_core, int interval, c
   AccumulationModel tc;
   tc.kind = AccumulationKind::tensor_core;
   tc.tensor_core = tensor_core;
-  tc.tensor_core.input = formats::binary32;  // the scaled elements as they are
+  // The model's inputs: the scaled elements as they are. A scaled element keeps its element's significand, so
+  // binary32's exponent range with the elements' mantissa bits (E8M3 for FP8 E4M3) holds every one (checked:
+  // the pattern's lower fraction bits are zero, subnormals included, as both formats' emin is -126): the model
+  // then sees the same values and the same emin as with binary32 inputs, and takes its vector kernel (inputs
+  // of at most 12 significant bits; accumulation_gemm.cpp).
+  // (A UE4M3 scale's 4 significant bits add 4 to the element's: NVFP4's scaled elements have up to 6.)
+  const auto bits = [](const BlockFormat& f) {
+    return std::min(23, (f.element.floating ? f.element.floating->mantissa_bits : 23) +
+                            (f.scale == ScaleFormat::ue4m3 ? 4 : 0));
+  };
+  Format narrow = formats::binary32;
+  narrow.mantissa_bits = std::max(bits(fa), bits(fb));
+  const std::uint32_t low_bits = (std::uint32_t{1} << (23 - narrow.mantissa_bits)) - 1;
+  const auto fits = [&](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [&](float e) {
+      return !std::isfinite(e) || (std::bit_cast<std::uint32_t>(e) & low_bits) == 0;
+    });
+  };
+  tc.tensor_core.input = fits(x) && fits(yt) ? narrow : formats::binary32;
   tc.format = tensor_core.output;
   tc.mode = tensor_core.rounding;
   const int step = interval == 0 ? std::max(k, 1) : interval;
