@@ -566,14 +566,19 @@ BlockOperand quantize_block_operand(const BlockFormat& format_in, std::span<cons
   if (!format.element.floating || (options.rounding.mode != RoundingMode::nearest_even &&
                                    options.rounding.mode != RoundingMode::stochastic))
     return to_block_operand(format, quantize_blocks(format, in, rows, cols, options));  // the reference's path
+  std::vector<float> elements(in.size());
+  BlockSummary s = FastQuantizer(format, in, nullptr, elements.data(), rows, cols, options).run();
+  return to_block_operand(format, std::move(s), std::move(elements));
+}
+
+BlockOperand to_block_operand(const BlockFormat& format, BlockSummary summary, std::vector<float> elements) {
   BlockOperand o;
-  o.elements.resize(in.size());
-  BlockSummary s = FastQuantizer(format, in, nullptr, o.elements.data(), rows, cols, options).run();
-  o.scales.reserve(s.scale_codes.size());
-  for (const std::uint32_t code : s.scale_codes) o.scales.push_back(scale_value(format.scale, code));
-  o.scale_codes = std::move(s.scale_codes);
-  o.tensor_scale = s.tensor_scale;
-  o.counts = s.counts;
+  o.elements = std::move(elements);
+  o.scales.reserve(summary.scale_codes.size());
+  for (const std::uint32_t code : summary.scale_codes) o.scales.push_back(scale_value(format.scale, code));
+  o.scale_codes = std::move(summary.scale_codes);
+  o.tensor_scale = summary.tensor_scale;
+  o.counts = summary.counts;
   return o;
 }
 

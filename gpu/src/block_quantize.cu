@@ -132,16 +132,9 @@ BlockOperand quantize_block_operand_on_device(const BlockFormat& format_in, std:
                                               std::int64_t rows, std::int64_t cols,
                                               const BlockQuantizeOptions& options) {
   const BlockFormat format = format_in.for_shape(rows, cols);
-  std::vector<float> values(in.size());
-  BlockOperand o;
-  o.elements.resize(in.size());
-  BlockSummary s = run_on_device(format, in, values, o.elements, rows, cols, options);
-  o.scales.reserve(s.scale_codes.size());
-  for (const std::uint32_t code : s.scale_codes) o.scales.push_back(scale_value(format.scale, code));
-  o.scale_codes = std::move(s.scale_codes);
-  o.tensor_scale = s.tensor_scale;
-  o.counts = s.counts;
-  return o;
+  std::vector<float> values(in.size()), elements(in.size());
+  BlockSummary s = run_on_device(format, in, values, elements, rows, cols, options);
+  return to_block_operand(format, std::move(s), std::move(elements));
 }
 
 void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const BlockFormat& fb_in,

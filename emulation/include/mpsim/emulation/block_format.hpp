@@ -134,5 +134,8 @@ BlockOperand quantize_block_operand(const BlockFormat& format, std::span<const f
                                     std::int64_t cols, const BlockQuantizeOptions& options = {});
 // The reference's result in the same form.
 BlockOperand to_block_operand(const BlockFormat& format, const BlockQuantized& q);
+// A fast path's summary and the elements it kept, as an operand (its scale
+// codes decoded into scales).
+BlockOperand to_block_operand(const BlockFormat& format, BlockSummary summary, std::vector<float> elements);
 
 }  // namespace mpsim
