@@ -594,6 +594,64 @@ TEST_CASE("NVFP4 scales: block amaxes across UE4M3's range, its ties and its und
     }
 }
 
+TEST_CASE("microxcaling's documented MX cases (mx/tests/test_corners_mx.py): ours, and where its ties differ",
+          "[block][mx]") {
+  // Its elements round half away from zero; ours to nearest even (docs/block-formats.md). The reference
+  // quantizer takes either: with nearest-away it must give microxcaling's values exactly; with nearest-even the
+  // same except at the ties, listed.
+  const auto values = [](const BlockFormat& f, const std::vector<float>& x, int rows, RoundingMode mode) {
+    BlockQuantizeOptions o;
+    o.rounding = Rounding{mode};
+    return quantize_blocks(f, x, rows, static_cast<std::int64_t>(x.size()) / rows, o).values;
+  };
+  // test_mx_hw_test: MXINT8 (k 2^-6, |k| <= 127) in blocks of 10, the OCP floor scale.
+  BlockFormat mxint8 = *parse_block_format("mxint8");
+  mxint8.block_cols = 10;
+  const std::vector<float> x = {
+      1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+      1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 2.0f, 2.0f, 2.0f, 2.0f, 2.0f,
+      -1.0f, -1.0f, -1.0f, -1.0f, -1.0f, -2.0f, -2.0f, -2.0f, -2.0f, -2.0f,
+      1.0f, 1.0f, 1.0f, 1.0f, 1.0f, -2.0f, -2.0f, -2.0f, -2.0f, -2.0f,
+      1.015625f, 1.0234375f, 1.03125f, 1.0390625f, 1.25f, 1.2578125f, 1.9375f, 1.9453125f, 1.984375f, 1.9921875f,
+      -1.984375f, -1.9765625f, -1.96875f, -1.9609375f, -1.9375f, -1.9296875f, -1.75f, -1.7421875f, -1.0f, -1.9921875f,
+      1.99609375f, 1.98828125f, 0.0f, 0.00390625f, 0.0078125f, 0.01171875f, -0.015625f, -0.01171875f, -0.0078125f,
+      -0.00390625f};
+  const std::vector<double> away = {
+      1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0,
+      1.0, 1.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0, 2.0,
+      -1.0, -1.0, -1.0, -1.0, -1.0, -2.0, -2.0, -2.0, -2.0, -2.0,
+      1.0, 1.0, 1.0, 1.0, 1.0, -2.0, -2.0, -2.0, -2.0, -2.0,
+      1.015625, 1.03125, 1.03125, 1.046875, 1.25, 1.265625, 1.9375, 1.953125, 1.984375, 1.984375,
+      -1.984375, -1.984375, -1.96875, -1.96875, -1.9375, -1.9375, -1.75, -1.75, -1.0, -1.984375,
+      1.984375, 1.984375, 0.0, 0.0, 0.015625, 0.015625, -0.015625, -0.015625, -0.015625, 0.0};
+  const std::vector<double> got_away = values(mxint8, x, 7, RoundingMode::nearest_away);
+  const std::vector<double> got_even = values(mxint8, x, 7, RoundingMode::nearest_even);
+  // The ties (k + 1/2 units of 2^-6 at scale 1) where nearest-even keeps an even k that away does not.
+  const std::vector<std::size_t> ties = {43, 45, 47, 51, 64, 68};  // (ties at 41, 49, 53, 55, 57, 59 agree)
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    INFO("value " << i << ": " << x[i]);
+    CHECK(got_away[i] == away[i]);
+    const bool tie = std::find(ties.begin(), ties.end(), i) != ties.end();
+    if (!tie) CHECK(got_even[i] == away[i]);
+    else CHECK((got_even[i] != away[i] && std::fabs(got_even[i] - away[i]) == 0x1p-6));
+  }
+  // test_mxfp_rounding: 4-bit symmetric integers with 2 fraction bits, one block per row: -2.0 is not used.
+  BlockFormat int4{ElementFormat{std::nullopt, 4, 2}, 1, 4, ScaleFormat::e8m0, ScaleRule::ocp_floor};
+  const std::vector<double> r = values(int4, {-1.0f, -1.75f, -1.99f, 1.99f, 1.0f, -1.75f, -1.99f, 1.99f}, 2,
+                                       RoundingMode::nearest_away);
+  CHECK(r == std::vector<double>{-1.0, -1.75, -1.75, 1.75, 1.0, -1.75, -1.75, 1.75});
+  // test_mx_nans: a NaN or an infinity makes every value of its block NaN (microxcaling lets NaN and infinity
+  // stand for each other; we give NaN).
+  for (const char* name : {"mxfp8-e4m3", "mxfp4"})
+    for (const float special : {NAN, INFINITY, -INFINITY}) {
+      BlockFormat f = *parse_block_format(name);
+      f.block_cols = 4;
+      const std::vector<double> v = values(f, {special, 0.0f, 0x1p127f, 0.0f}, 1, RoundingMode::nearest_even);
+      INFO(name << " " << special);
+      CHECK(std::all_of(v.begin(), v.end(), [](double d) { return std::isnan(d); }));
+    }
+}
+
 TEST_CASE("NVFP4: two-level scales in the paper's binary32 order, and Transformer Engine's", "[block][nvfp4]") {
   std::mt19937_64 rng(20261127);
   for (bool te : {false, true}) {
