@@ -112,6 +112,18 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
   }
 }
 
+// The accumulators to C: NVFP4's tensor scales once (cuBLASLt's alpha =
+// s_a s_b, one binary32 multiplication), then C added with one rounding.
+void write_output(const std::vector<float>& acc, const BlockOperand& a, const BlockOperand& bt, float* c,
+                  bool accumulate_c) {
+  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
+  for (std::size_t i = 0; i < acc.size(); ++i) {
+    float d = acc[i];
+    if (alpha != 1.0f) d = d * alpha;
+    c[i] = accumulate_c ? c[i] + d : d;
+  }
+}
+
 // Block-scaled tensor cores with the scales in hardware (E8M0, UE4M3): the
 // products of scaled elements (element x its block's scale, exact in binary32
 // or refused) through the tensor-core model, whose inputs are then binary32,
@@ -174,12 +186,7 @@ void scaled_tensor_core_gemm(const TensorCoreModel& tensor_core, int interval, c
     gemm(tc, xs.data(), ys.data(), p.data(), m, n, width, false, 1);
     for (std::size_t i = 0; i < acc.size(); ++i) acc[i] = interval == 0 ? p[i] : acc[i] + p[i];
   }
-  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
-  for (std::size_t i = 0; i < acc.size(); ++i) {
-    float d = acc[i];
-    if (alpha != 1.0f) d = d * alpha;
-    c[i] = accumulate_c ? c[i] + d : d;
-  }
+  write_output(acc, a, bt, c, accumulate_c);
 }
 
 }  // namespace
@@ -308,12 +315,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
       }
     }
   }
-  const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
-  for (std::size_t i = 0; i < acc.size(); ++i) {
-    float d = acc[i];
-    if (alpha != 1.0f) d = d * alpha;
-    c[i] = accumulate_c ? c[i] + d : d;
-  }
+  write_output(acc, a, bt, c, accumulate_c);
 }
 
 }  // namespace mpsim

@@ -48,7 +48,6 @@ struct Layout {
 template <class D>
 struct Counters {
   hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
-  hn::Vec<D> nonzero;  // the block kernel's finite nonzero inputs
   // The short paths count with the mask's population count instead: scalar
   // work that runs beside the vector units.
   std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0, overflow_tally = 0;
@@ -435,7 +434,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
                                                                                 std::uint64_t{1} << 28}));
     const auto high_term = hn::Set(d32, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
-    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
@@ -510,20 +509,30 @@ QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, 
 // format does, and subtracting M is exact. Values from 2^(emax + 1) up
 // saturate whatever they round to, so they are first clamped there (the sum
 // stays finite). A sum above the largest element is an overflow (saturated).
-// The sign goes back on last
-// (-0 for negative values that round to zero).
+// The sign goes back on last (-0 for negative values that round to zero).
+// |y|'s pattern clamped to 2^(emax + 1), where every element saturates.
 template <class D>
-HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, Counters<D>& c) {
+HWY_INLINE hn::Vec<D> CappedMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y) {
+  return hn::Min(hn::And(y, hn::Set(d, 0x7FFFFFFFu)), hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23));
+}
+
+// The rounded magnitude r saturated to the largest element (counting the
+// overflows), with y's sign back on.
+template <class D, class VF>
+HWY_INLINE hn::Vec<D> SaturateWithSign(D d, const Kernel<std::uint32_t>& k, VF r, hn::Vec<D> y, Counters<D>& c) {
   const hn::RebindToFloat<D> df;
-  const auto a_bits = hn::And(y, hn::Set(d, 0x7FFFFFFFu));
-  const auto cap = hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23);  // 2^(emax + 1)
-  const auto a = hn::BitCast(df, hn::Min(a_bits, cap));
-  const auto binade = hn::Max(hn::ShiftRight<23>(hn::BitCast(d, a)), hn::Set(d, k.format.min_normal_exponent));
-  const auto magic = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(binade, hn::Set(d, 23u - k.format.mantissa_bits))));
-  const auto r = hn::Sub(hn::Add(a, magic), magic);
   const auto largest = hn::BitCast(df, hn::Set(d, k.format.largest_finite));
   c.overflow_tally += hn::CountTrue(df, hn::Gt(r, largest));
   return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
+}
+
+template <class D>
+HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, Counters<D>& c) {
+  const hn::RebindToFloat<D> df;
+  const auto a = hn::BitCast(df, CappedMagnitude(d, k, y));
+  const auto binade = hn::Max(hn::ShiftRight<23>(hn::BitCast(d, a)), hn::Set(d, k.format.min_normal_exponent));
+  const auto magic = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(binade, hn::Set(d, 23u - k.format.mantissa_bits))));
+  return SaturateWithSign(d, k, hn::Sub(hn::Add(a, magic), magic), y, c);
 }
 
 // Block elements rounded stochastically, saturating (the same formats): the
@@ -539,7 +548,7 @@ HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& 
   const hn::RebindToFloat<D> df;
   const hn::RebindToSigned<D> di;
   const auto one = hn::Set(d, 1u);
-  const auto a = hn::Min(hn::And(y, hn::Set(d, 0x7FFFFFFFu)), hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23));
+  const auto a = CappedMagnitude(d, k, y);
   const auto field = hn::Max(hn::ShiftRight<23>(a), one);  // binary32 subnormals: the pattern's binade 1
   const auto binade = hn::Max(field, hn::Set(d, k.format.min_normal_exponent));
   const auto shift = hn::Add(hn::Set(d, 23u - k.format.mantissa_bits), hn::Sub(binade, field));
@@ -556,17 +565,16 @@ HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& 
   const auto kept = hn::IfThenElseZero(hn::RebindMask(d, hn::Lt(hn::BitCast(di, shift), hn::Set(di, 24))),
                                        hn::AndNot(low_mask, a));
   const auto quantum = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(binade, hn::Set(d, k.format.mantissa_bits))));
-  const auto r = hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(hn::RebindMask(df, Carry(d, k, fraction, draw)), quantum));
-  const auto largest = hn::BitCast(df, hn::Set(d, k.format.largest_finite));
-  c.overflow_tally += hn::CountTrue(df, hn::Gt(r, largest));
-  return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
+  const auto carry = hn::RebindMask(df, Carry(d, k, fraction, draw));
+  return SaturateWithSign(d, k, hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(carry, quantum)), y, c);
 }
 
-// Whether NearestBlockElements rounds this kernel's elements.
-inline bool HardwareNearest(const Kernel<std::uint32_t>& k) {
+// Whether NearestBlockElements (nearest-even) or StochasticBlockElements
+// rounds this kernel's elements: the FPU and per-lane shifts instead of the
+// general vector rounder.
+inline bool DirectBlockElements(const Kernel<std::uint32_t>& k) {
   return (k.mode == RoundingMode::nearest_even || k.mode == RoundingMode::stochastic) && !k.format.flush_to_zero &&
-         k.format.saturate &&
-         k.format.mantissa_bits <= 22 && (k.format.largest_finite >> 23) + 1 < 255 - 23;
+         k.format.saturate && k.format.mantissa_bits <= 22 && (k.format.largest_finite >> 23) + 1 < 255 - 23;
 }
 
 // One vector of a block: y = x op scale, its counts, its element (`count`
@@ -574,7 +582,7 @@ inline bool HardwareNearest(const Kernel<std::uint32_t>& k) {
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
                           Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
-                          bool two_step, bool hardware_nearest, hn::Vec<D> draw, std::size_t count,
+                          bool two_step, bool direct_elements, hn::Vec<D> draw, std::size_t count,
                           std::uint64_t& nonzero, std::uint64_t& lost, VF& element) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
@@ -595,7 +603,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   // the vector units, which are the bottleneck here.
   nonzero += hn::CountTrue(d, finite_nonzero);
   V r;
-  if (hardware_nearest) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
+  if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
     if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
     else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
     lost += hn::CountTrue(d, hn::AndNot(hn::TestBit(r, magnitude), nonzero_x));
@@ -741,10 +749,10 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   using VF = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(d);
   const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
-  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
   std::uint64_t nonzero = 0, lost = 0;
   const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
-  const bool hardware_nearest = HardwareNearest(k);
+  const bool direct_elements = DirectBlockElements(k);
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
@@ -778,7 +786,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       std::size_t j = first;
       for (; j + lanes <= last; j += lanes) {
         const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, in + j), factor, dequant, ts, tile,
-                                        p.zero_tile, two_step, hardware_nearest, draw_at(j), lanes, run_nonzero,
+                                        p.zero_tile, two_step, direct_elements, draw_at(j), lanes, run_nonzero,
                                         run_lost, element);
         if (out != nullptr) hn::StoreU(v, df, out + j);
         if (elements != nullptr) hn::StoreU(element, df, elements + j);
@@ -786,7 +794,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       if (j < last) {
         HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
         const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, tile,
-                                        p.zero_tile, two_step, hardware_nearest, draw_at(j), last - j, run_nonzero,
+                                        p.zero_tile, two_step, direct_elements, draw_at(j), last - j, run_nonzero,
                                         run_lost, element);
         if (out != nullptr) {
           hn::Store(v, df, tail_out);
@@ -845,16 +853,14 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     }
     quantize_run(begin, end, &p, tail_in);
   }
-  HWY_ALIGN U lane_counts[3][HWY_MAX_BYTES / sizeof(U)];
+  HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
   hn::Store(c.flushed, d, lane_counts[0]);
   hn::Store(c.overflow, d, lane_counts[1]);
-  hn::Store(c.nonzero, d, lane_counts[2]);
   total.flushed += c.flushed_tally;
   total.saturated += c.overflow_tally;
   for (std::size_t l = 0; l < lanes; ++l) {
     total.flushed += lane_counts[0][l];
     total.saturated += lane_counts[1][l];
-    total.nonzero += lane_counts[2][l];
   }
   total.nonzero += nonzero;
   total.lost += lost;
