@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # the stage_* functions are called by name
-# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment
+# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment | block
 #
 # Runs on a lent GPU machine, from the repository root, with the bundle of
 # tools/gpu_bundle.sh carried (".gpu"); nothing is built there. Every stage
@@ -10,6 +10,7 @@
 #   gpu-tests.tar.gz        gpu-tests/: per test binary a Catch2 console log
 #   gpu-bench.tar.gz        gpu-bench/: bench/gpu_vs_torch.sh's files
 #   gpu-experiment.tar.gz   gpu-experiment/: HDF5 logs, resolved configs, logs
+#   gpu-block.tar.gz        gpu-block/: the same for the block-scaled arms
 # Stages:
 #   check       only the preamble: GPU, driver, bundle, library resolution
 #   tests       every test case of the three device test binaries, one process
@@ -19,6 +20,9 @@
 #   experiment  mpsim run: the default experiment on the cuda backend and the
 #               emulator_vs_gpu study, each --smoke first, then full size
 #               (MPSIM_GPU_SIZE=smoke stops after the smoke runs)
+#   block       the emulator_vs_gpu study with the mxfp8 and nvfp4 arms
+#               (MPSIM_BLOCK_EPOCHS, default 2), and fp8-current on cuda, which
+#               must be refused (exit 2) before any work
 # All stages of one call share MPSIM_GPU_BUDGET_S seconds (default 540, under
 # the tool's 600 s per command); a run that would overstep is stopped by
 # `timeout` and reported, so the summary and tarballs are always written.
@@ -34,10 +38,10 @@ budget=${MPSIM_GPU_BUDGET_S:-540}
 start=$(date +%s)
 deadline=$((start + budget))
 
-usage() { sed -n 3,25p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n 3,29p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
-  case $s in check|tests|bench|experiment) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
+  case $s in check|tests|bench|experiment|block) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
 done
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu_session.XXXXXX)
@@ -217,17 +221,18 @@ mpsim_run() {
   shift 2
   if [ "$(left)" -lt 30 ]; then add_row "  $name" "" "" "not run (budget)"; return 1; fi
   echo "== experiment: mpsim run $config $*"
-  timeout -k 10 "$(left)" "$build/experiments/mpsim" run "$config" -o "$work/gpu-experiment/$name.h5" --force \
-    "data.path=$data" "$@" > "$work/gpu-experiment/$name.txt" 2> "$work/gpu-experiment/$name.err" || rc=$?
-  cat "$work/gpu-experiment/$name.txt"
+  local dir=$work/gpu-${run_stage:-experiment}
+  timeout -k 10 "$(left)" "$build/experiments/mpsim" run "$config" -o "$dir/$name.h5" --force \
+    "data.path=$data" "$@" > "$dir/$name.txt" 2> "$dir/$name.err" || rc=$?
+  cat "$dir/$name.txt"
   local wall=$(( $(date +%s) - t0 ))
   if [ "$rc" -eq 0 ]; then
-    add_row "  $name" "" "$wall s" "$(grep -c ' completed$' "$work/gpu-experiment/$name.txt") arms completed"
-  elif [ "$rc" -eq 2 ] && grep -q "backend 'cuda' cannot start" "$work/gpu-experiment/$name.err"; then
-    tail -1 "$work/gpu-experiment/$name.err"
+    add_row "  $name" "" "$wall s" "$(grep -c ' completed$' "$dir/$name.txt") arms completed"
+  elif [ "$rc" -eq 2 ] && grep -q "backend 'cuda' cannot start" "$dir/$name.err"; then
+    tail -1 "$dir/$name.err"
     add_row "  $name" "" "$wall s" "no CUDA device: not run"; return 77
   else
-    tail -5 "$work/gpu-experiment/$name.err"
+    tail -5 "$dir/$name.err"
     add_row "  $name" "" "$wall s" "$( [ "$rc" -ge 124 ] && echo 'stopped at the time budget' || echo "failed, exit $rc")"
     return 1
   fi
@@ -251,6 +256,36 @@ stage_experiment() {
     # Study f: the same arms on the emulator (all cores) and on the GPU.
     mpsim_run emulator_vs_gpu "$study" || rc=$?
   fi
+  return "$rc"
+}
+
+# --- block -----------------------------------------------------------------
+# Block-scaled arms (issue 19 §7) on the emulator and on the cuda backend,
+# whose block GEMMs run in block_quantize.cu's kernels; and a preset the
+# kernels do not cover (binary32 scales), which must be refused before work.
+stage_block() {
+  run_stage=block
+  mkdir -p "$work/gpu-block"
+  data=${MPSIM_DATA_DIR:-$bundle/data/fashion-mnist}
+  [ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "no Fashion-MNIST in $data" >&2; return 1; }
+  local study=experiments/configs/emulator_vs_gpu.toml rc=0 refused=0
+  [ -f "$bundle/configs/emulator_vs_gpu.toml" ] && study=$bundle/configs/emulator_vs_gpu.toml
+  mpsim_run block_vs_gpu_smoke "$study" --smoke 'arms=["mxfp8","nvfp4"]' || rc=$?
+  [ "$rc" -eq 77 ] && return 77
+  if [ "${MPSIM_GPU_SIZE:-full}" != smoke ]; then
+    mpsim_run block_vs_gpu "$study" 'arms=["mxfp8","nvfp4"]' "train.epochs=${MPSIM_BLOCK_EPOCHS:-2}" || rc=$?
+  fi
+  echo "== block: fp8-current on cuda must be refused before any work (exit 2)"
+  "$build/experiments/mpsim" run "$study" --smoke 'arms=["fp8-current"]' 'backends=["cuda"]' "data.path=$data" \
+    -o "$work/gpu-block/refused.h5" --force > "$work/gpu-block/refused.txt" 2>&1 || refused=$?
+  cat "$work/gpu-block/refused.txt"
+  if [ "$refused" -eq 2 ] && grep -q "cannot run on the cuda backend" "$work/gpu-block/refused.txt" &&
+     [ ! -e "$work/gpu-block/refused.h5" ]; then
+    add_row "  fp8-current refused" "" "" "exit 2 before work, as expected"
+  else
+    add_row "  fp8-current refused" "" "" "NOT refused as expected (exit $refused)"; rc=1
+  fi
+  run_stage=
   return "$rc"
 }
 

@@ -21,7 +21,7 @@
 #include "mpsim/core/ordered_gemm.hpp"
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_layers.hpp"
-#include "block_operands.hpp"
+#include "mpsim/core/block_scaled_gemm.hpp"
 
 namespace mpsim::core {
 namespace {

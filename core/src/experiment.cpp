@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "mpsim/core/arm_result_file.hpp"
+#include "mpsim/core/block_scaled_gemm.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/run_log.hpp"
 
@@ -107,12 +108,14 @@ void check_output(const fs::path& output, bool force) {
                                  dir.string()));
 }
 
-// Sizes a run cannot train with, found before anything is written or removed:
-// a batch larger than the training set, repeated arms, and a model whose
+// Sizes and arms a run cannot train with, found before anything is written or removed:
+// a batch larger than the training set, repeated arms, block-scaled GEMMs a
+// backend cannot run, and a model whose
 // parameters and activations would not fit in this machine's memory (about:
 // binary32 master weights, working copy, gradient and two optimiser states per
 // parameter, and a batch's activations and gradients kept for the backward).
-void check_sizes(const ExperimentConfig& c, const TrainTest& data) {
+void check_sizes(const ExperimentConfig& c, const TrainTest& data,
+                 const std::map<std::string, std::unique_ptr<Backend>>& backends) {
   if (c.train.batch_size > data.train.count)
     throw SetupError(fmt::format("train.batch_size = {} is larger than the {} training samples; use at most {}",
                                  c.train.batch_size, data.train.count, data.train.count));
@@ -120,15 +123,16 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data) {
     if (std::find(c.arms.begin() + static_cast<std::ptrdiff_t>(i) + 1, c.arms.end(), c.arms[i]) != c.arms.end())
       throw SetupError(fmt::format("arms names '{}' twice; name each policy once (seeds = [...] repeats an arm)",
                                    c.arms[i]));
-  // Block-scaled GEMM operands run on the CPU backend only (the CUDA kernels are not written yet).
+  // Block-scaled GEMMs that a backend cannot run (the cuda backend's kernels cover fewer formats than the CPU's).
   for (const std::string& arm : c.arms) {
     const auto policy = c.policies.find(arm);
-    if (policy == c.policies.end() || !uses_block_formats(policy->second)) continue;
-    for (const std::string& backend : c.backends)
-      if (backend != "cpu")
-        throw SetupError(fmt::format("arm '{}' uses block-scaled GEMM operands (its block points), which the {} "
-                                     "backend does not implement yet; set backends = [\"cpu\"] for it",
-                                     arm, backend));
+    if (policy == c.policies.end()) continue;
+    for (const std::string& backend : c.backends) {
+      const std::string why = block_gemm_refusal(*backends.at(backend), policy->second);
+      if (!why.empty())
+        throw SetupError(fmt::format("arm '{}' cannot run on the {} backend: its {}; set backends = [\"cpu\"] for it",
+                                     arm, backend, why));
+    }
   }
   if (c.model.kind != ModelKind::mlp) return;  // the CNN's sizes are fixed (LeNet-5)
   double parameters = 0, activations = 0;
@@ -369,7 +373,7 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
   std::map<std::string, TrainTest> data_sets;
   for (const SweepPoint& p : sweep.points)
     if (!data_sets.count(data_key(p.config))) data_sets.emplace(data_key(p.config), load_data(p.config));
-  for (const SweepPoint& p : sweep.points) check_sizes(p.config, data_sets.at(data_key(p.config)));
+  for (const SweepPoint& p : sweep.points) check_sizes(p.config, data_sets.at(data_key(p.config)), backends);
   const ExperimentInfo info = experiment_info(sweep);
   // Only now, with everything checked, may --force replace the old results.
   if (options.force) {

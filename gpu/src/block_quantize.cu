@@ -23,10 +23,38 @@ namespace {
 
 constexpr unsigned kThreads = 128;
 
+// 2-D tiles (block_rows > 1): one thread per tile finds its largest
+// magnitude over the tile's rows and its scale (block_params), before any row
+// is quantized, as quantize_blocks does.
+__global__ void tile_params_kernel(mpsim::detail::BlockRule rule, const float* in, std::int64_t rows, std::int64_t cols,
+                                   int block_rows, int block_cols, mpsim::detail::BlockParams* params,
+                                   std::uint32_t* codes, unsigned long long* counts) {
+  const std::int64_t grid_cols = (cols + block_cols - 1) / block_cols;
+  const std::int64_t total = (rows + block_rows - 1) / block_rows * grid_cols;
+  for (std::int64_t t = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; t < total;
+       t += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t r0 = t / grid_cols * block_rows, c0 = t % grid_cols * block_cols;
+    const std::int64_t r1 = r0 + block_rows < rows ? r0 + block_rows : rows;
+    const std::int64_t c1 = c0 + block_cols < cols ? c0 + block_cols : cols;
+    std::uint32_t amax = 0;
+    for (std::int64_t r = r0; r < r1; ++r)
+      for (std::int64_t c = c0; c < c1; ++c) {
+        const std::uint32_t a = std::bit_cast<std::uint32_t>(in[r * cols + c]) & 0x7FFFFFFFu;
+        amax = a > amax ? a : amax;
+      }
+    params[t] = mpsim::detail::block_params(rule, amax);
+    codes[t] = params[t].code;
+    atomicAdd(&counts[4], static_cast<unsigned long long>(params[t].clamped));
+  }
+}
+
+// One thread per 1 x N row segment: a whole block, or a row's part of a 2-D
+// tile whose parameters `tiles` holds (then the tile kernel wrote the codes).
 __global__ void quantize_block_rows_kernel(mpsim::detail::BlockRule rule, PatternFormat<std::uint32_t> element,
                                            PatternRounding rounding, DrawKey key, std::uint64_t first_index,
                                            const float* in, float* out, float* elements, std::int64_t rows,
-                                           std::int64_t cols, int block, std::uint32_t* codes,
+                                           std::int64_t cols, int block, int block_rows,
+                                           const mpsim::detail::BlockParams* tiles, std::uint32_t* codes,
                                            unsigned long long* counts) {
   const std::int64_t per_row = (cols + block - 1) / block, total = rows * per_row;
   for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; b < total;
@@ -34,16 +62,19 @@ __global__ void quantize_block_rows_kernel(mpsim::detail::BlockRule rule, Patter
     const std::int64_t r = b / per_row, c0 = b % per_row * block;
     const std::int64_t at = r * cols + c0;
     const int n = static_cast<int>(cols - c0 < block ? cols - c0 : block);
+    const mpsim::detail::BlockParams* given = tiles != nullptr ? tiles + (r / block_rows * per_row + c0 / block) : nullptr;
     mpsim::detail::BlockRowCounts c;
     const mpsim::detail::BlockParams p =
-        mpsim::detail::quantize_block_row(rule, nullptr, element, rounding, key, first_index + static_cast<std::uint64_t>(at),
+        mpsim::detail::quantize_block_row(rule, given, element, rounding, key, first_index + static_cast<std::uint64_t>(at),
                                    in + at, out + at, n, c, elements != nullptr ? elements + at : nullptr);
-    codes[b] = p.code;
+    if (given == nullptr) {
+      codes[b] = p.code;
+      atomicAdd(&counts[4], static_cast<unsigned long long>(p.clamped));
+    }
     atomicAdd(&counts[0], static_cast<unsigned long long>(c.nonzero));
     atomicAdd(&counts[1], static_cast<unsigned long long>(c.flushed));
     atomicAdd(&counts[2], static_cast<unsigned long long>(c.saturated));
     atomicAdd(&counts[3], static_cast<unsigned long long>(c.nan));
-    atomicAdd(&counts[4], static_cast<unsigned long long>(p.clamped));
   }
 }
 
@@ -61,33 +92,41 @@ BlockSummary run_on_device(const BlockFormat& format_in, std::span<const float> 
                            std::span<float> elements, std::int64_t rows, std::int64_t cols,
                            const BlockQuantizeOptions& options) {
   const BlockFormat format = format_in.for_shape(rows, cols);
-  if (format.block_rows != 1 || !format.element.floating)
-    throw std::invalid_argument("quantize_blocks_on_device: 1 x N blocks of floating-point elements only, not " +
-                                format.name());
+  if (!format.element.floating)
+    throw std::invalid_argument("quantize_blocks_on_device: floating-point elements only, not " + format.name());
   if (rows < 0 || cols < 0 || in.size() != static_cast<std::size_t>(rows * cols) || out.size() != in.size() ||
       (!elements.empty() && elements.size() != in.size()))
     throw std::invalid_argument("quantize_blocks_on_device: sizes do not match");
   if (options.rounding.mode != RoundingMode::nearest_even && options.rounding.mode != RoundingMode::stochastic)
     throw std::invalid_argument("quantize_blocks_on_device: elements round to nearest-even or stochastic");
-  const std::int64_t per_row = (cols + format.block_cols - 1) / format.block_cols, total = rows * per_row;
+  const std::int64_t per_row = (cols + format.block_cols - 1) / format.block_cols, segments = rows * per_row;
+  const bool tiled = format.block_rows > 1;
+  const std::int64_t scales = tiled ? (rows + format.block_rows - 1) / format.block_rows * per_row : segments;
   const mpsim::detail::BlockRule rule = mpsim::detail::block_rule(format, in);
   const std::size_t n = in.size();
   DeviceBuffer<float> d_in(n), d_out(n), d_elements(elements.empty() ? 0 : n);
-  DeviceBuffer<std::uint32_t> d_codes(static_cast<std::size_t>(total));
+  DeviceBuffer<std::uint32_t> d_codes(static_cast<std::size_t>(scales));
+  DeviceBuffer<mpsim::detail::BlockParams> d_tiles(tiled ? static_cast<std::size_t>(scales) : 0);
   DeviceBuffer<unsigned long long> d_counts(5);
   MPSIM_CUDA_CHECK(cudaMemcpy(d_in.p, in.data(), n * sizeof(float), cudaMemcpyHostToDevice));
   MPSIM_CUDA_CHECK(cudaMemset(d_counts.p, 0, 5 * sizeof(unsigned long long)));
-  if (total > 0) {
-    const auto grid = static_cast<unsigned>(std::min<std::int64_t>((total + kThreads - 1) / kThreads, 4096));
-    quantize_block_rows_kernel<<<grid, kThreads>>>(rule, binary32_pattern_format(*format.element.floating),
-                                                   pattern_rounding(options.rounding), make_draw_key(options.key),
-                                                   options.first_index, d_in.p, d_out.p,
-                                                   elements.empty() ? nullptr : d_elements.p, rows, cols,
-                                                   format.block_cols, d_codes.p, d_counts.p);
+  const auto grid_for = [](std::int64_t threads) {
+    return static_cast<unsigned>(std::min<std::int64_t>((threads + kThreads - 1) / kThreads, 4096));
+  };
+  if (tiled && scales > 0) {
+    tile_params_kernel<<<grid_for(scales), kThreads>>>(rule, d_in.p, rows, cols, format.block_rows, format.block_cols,
+                                                       d_tiles.p, d_codes.p, d_counts.p);
+    MPSIM_CUDA_CHECK(cudaGetLastError());
+  }
+  if (segments > 0) {
+    quantize_block_rows_kernel<<<grid_for(segments), kThreads>>>(
+        rule, binary32_pattern_format(*format.element.floating), pattern_rounding(options.rounding),
+        make_draw_key(options.key), options.first_index, d_in.p, d_out.p, elements.empty() ? nullptr : d_elements.p,
+        rows, cols, format.block_cols, format.block_rows, tiled ? d_tiles.p : nullptr, d_codes.p, d_counts.p);
     MPSIM_CUDA_CHECK(cudaGetLastError());
   }
   BlockSummary summary;
-  summary.scale_codes.resize(static_cast<std::size_t>(total));
+  summary.scale_codes.resize(static_cast<std::size_t>(scales));
   unsigned long long counts[5] = {};
   MPSIM_CUDA_CHECK(cudaMemcpy(out.data(), d_out.p, n * sizeof(float), cudaMemcpyDeviceToHost));
   if (!elements.empty())
@@ -123,6 +162,21 @@ __global__ void block_gemm_kernel(const float* a, const double* a_scales, int a_
 
 }  // namespace
 
+std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b) {
+  for (const BlockFormat* f : {&a, &b}) {
+    if (!f->element.floating)
+      return f->name() + " has integer elements; the device kernels quantize floating-point elements only";
+    if (f->scale == ScaleFormat::binary32)
+      return f->name() + " has binary32 (software) scales (DeepSeek-V3's tiles, per-tensor FP8); the device GEMM "
+             "takes E8M0 and UE4M3 scales only";
+  }
+  if (a.block_cols != b.block_cols) return "the operands' blocks along k differ";
+  if (!block_partials_fit_binary64(a, b, a.block_cols))
+    return "block sums of " + a.element.name() + " and " + b.element.name() +
+           " can exceed binary64, which the device GEMM sums them in";
+  return {};
+}
+
 BlockSummary quantize_blocks_on_device(const BlockFormat& format, std::span<const float> in, std::span<float> out,
                                        std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options) {
   return run_on_device(format, in, out, {}, rows, cols, options);
@@ -140,14 +194,8 @@ BlockOperand quantize_block_operand_on_device(const BlockFormat& format_in, std:
 void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const BlockFormat& fb_in,
                           const BlockOperand& bt, float* c, int m, int n, int k) {
   const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
-  if (fa.scale == ScaleFormat::binary32 || fb.scale == ScaleFormat::binary32)
-    throw std::invalid_argument("block_gemm_on_device: binary32 block scales (DeepSeek-V3's tiles, per-tensor FP8) "
-                                "run on the CPU only");
-  if (fa.block_cols != fb.block_cols)
-    throw std::invalid_argument("block_gemm_on_device: the operands' blocks along k differ");
-  if (!block_partials_fit_binary64(fa, fb, fa.block_cols))
-    throw std::invalid_argument("block_gemm_on_device: block sums of " + fa.element.name() + " and " +
-                                fb.element.name() + " can exceed binary64; they run on the CPU only");
+  if (const std::string why = block_gemm_refusal_on_device(fa, fb); !why.empty())
+    throw std::invalid_argument("block_gemm_on_device: " + why);
   const int grid_cols = (k + fa.block_cols - 1) / fa.block_cols;
   const auto grid = [&](const BlockFormat& f, int rows) {
     return static_cast<std::size_t>((rows + f.block_rows - 1) / f.block_rows) * static_cast<std::size_t>(grid_cols);

@@ -37,7 +37,9 @@
 #include "check.hpp"
 #include "kernels.hpp"
 #include "launch.hpp"
+#include "mpsim/core/block_scaled_gemm.hpp"
 #include "mpsim/gpu/backend.hpp"
+#include "mpsim/gpu/block_quantize.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "mpsim/gpu/device_format.hpp"
 #include "mpsim/gpu/device_storage.hpp"
@@ -458,10 +460,10 @@ class CudaBackend final : public core::Backend {
     const std::int64_t m = ta ? a.cols() : a.rows(), k = ta ? a.rows() : a.cols();
     const std::int64_t kb = tb ? b.cols() : b.rows(), n = tb ? b.rows() : b.cols();
     require(k == kb && c.rows() == m && c.cols() == n, "gemm: shapes do not match");
-    // Block-scaled operands run on the CPU backend only so far (experiment.cpp refuses such arms on cuda first).
-    require(!numerics.a_block && !numerics.b_block,
-            "gemm: block-scaled GEMM operands (policy block points) are not implemented on the cuda backend; run "
-            "the arm on cpu");
+    if (numerics.a_block || numerics.b_block) {
+      require(numerics.a_block && numerics.b_block, "gemm: a block-scaled GEMM takes two block-scaled operands");
+      return block_scaled_gemm_staged(a, ta, b, tb, c, numerics);
+    }
     if (m == 0 || n == 0) return;
     // numerics.model (Policy::gemm) is ignored: on the device the hardware is the model (backend.hpp). A policy
     // with a model keeps accumulation at binary32 (core's gemm_model checks), so such GEMMs go to cuBLAS.
@@ -480,6 +482,39 @@ class CudaBackend final : public core::Backend {
     }
     cublas_gemm(a, ta, b, tb, c, as_int(m, "m"), as_int(n, "n"), as_int(k, "k"),
                 gemm_input_for(numerics.a_format, numerics.b_format));
+  }
+
+  // Block-scaled GEMMs: core's one orchestration (layout, Hadamard transform, statistics) on the host, the
+  // quantization and the GEMM in the device kernels of block_quantize.cu, which give the CPU's bits
+  // (tests/gpu/test_device.cpp). Staged through host memory and waiting on the device: a numerics path, not a
+  // fast one (docs/gpu.md).
+  std::string block_gemm_refusal(const core::BlockPoint& a, const core::BlockPoint& b, bool promotion) const override {
+    if (promotion)
+      return "block-scaled GEMM sums through a tensor-core model (policy gemm), which the device kernels do not "
+             "emulate";
+    return block_gemm_refusal_on_device(a.format, b.format);
+  }
+  void block_scaled_gemm_staged(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
+                                const core::GemmNumerics& numerics) {
+    const std::string why = block_gemm_refusal(numerics.a_block->point, numerics.b_block->point,
+                                               numerics.block_promotion.has_value());
+    require(why.empty(), ("gemm: " + why + "; run the arm on cpu").c_str());
+    std::vector<float> host_a(static_cast<std::size_t>(a.numel())), host_b(static_cast<std::size_t>(b.numel()));
+    std::vector<float> host_c(static_cast<std::size_t>(c.numel()));
+    to_host_impl(a, host_a);  // waits for the stream
+    to_host_impl(b, host_b);
+    core::BlockGemmSteps steps;
+    steps.quantize = [](const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+                        const BlockQuantizeOptions& options) {
+      return quantize_block_operand_on_device(f, x, rows, cols, options);
+    };
+    steps.multiply = [](const BlockGemmModel&, const BlockFormat& fa, const BlockOperand& qa, const BlockFormat& fb,
+                        const BlockOperand& qb, float* out, int m, int n, int k) {
+      block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);  // the model is {} here: promotion was refused above
+    };
+    core::block_scaled_gemm(host_a.data(), ta, a.rows(), a.cols(), host_b.data(), tb, b.rows(), b.cols(),
+                            host_c.data(), numerics, steps);
+    if (!host_c.empty()) uploads_.copy(out(c), host_c.data(), host_c.size() * sizeof(float), stream());
   }
 
   void add_row_vector_impl(Tensor& x, const Tensor& row) override {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
+#include "mpsim/core/block_scaled_gemm.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/trainer.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
@@ -175,6 +176,41 @@ TEST_CASE("the CPU backend's block GEMM quantizes each operand along k, whatever
     const std::uint64_t blocks_per_row = point.format.block_cols == 0 ? 0 : (k + point.format.block_cols - 1) /
                                                                                  point.format.block_cols;
     CHECK(sa[BlockCounter::blocks] == 4u * (blocks_per_row == 0 ? 1 : m * blocks_per_row));
+  }
+}
+
+TEST_CASE("block_scaled_gemm runs the steps a backend gives it; the CPU runs every preset", "[block][backend]") {
+  // The cuda backend passes its kernels as the steps (tests/gpu/test_backend_ops.cpp proves their bits); here
+  // steps that count their calls and delegate to the CPU's give the CPU's bits, each operand quantized once.
+  const int m = 6, n = 9, k = 48;
+  const std::vector<float> a = random_values(m * k, 5), b = random_values(k * n, 6);
+  GemmNumerics numerics;
+  numerics.a_block = GemmNumerics::BlockOperand{block("nvfp4/stochastic"), {{4, 1}, 0}};
+  numerics.b_block = GemmNumerics::BlockOperand{block("nvfp4-16x16"), {{4, 2}, 0}};
+  std::vector<float> want(static_cast<std::size_t>(m * n)), got(want.size());
+  block_scaled_gemm(a.data(), false, m, k, b.data(), false, k, n, want.data(), numerics);
+  const BlockGemmSteps cpu = cpu_block_gemm_steps();
+  int quantized = 0, multiplied = 0;
+  BlockGemmSteps counted;
+  counted.quantize = [&](const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+                         const BlockQuantizeOptions& o) {
+    ++quantized;
+    return cpu.quantize(f, x, rows, cols, o);
+  };
+  counted.multiply = [&](const BlockGemmModel& model, const BlockFormat& fa, const BlockOperand& qa,
+                         const BlockFormat& fb, const BlockOperand& qb, float* c, int mm, int nn, int kk) {
+    ++multiplied;
+    cpu.multiply(model, fa, qa, fb, qb, c, mm, nn, kk);
+  };
+  block_scaled_gemm(a.data(), false, m, k, b.data(), false, k, n, got.data(), numerics, counted);
+  CHECK(quantized == 2);
+  CHECK(multiplied == 1);
+  for (std::size_t i = 0; i < got.size(); ++i)
+    REQUIRE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(want[i]));
+  const auto backend = make_cpu_backend();
+  for (const std::string& name : preset_policy_names()) {
+    INFO(name);
+    CHECK(block_gemm_refusal(*backend, *preset_policy(name)).empty());
   }
 }
 

@@ -4,10 +4,14 @@
 // (exit 77, CTest "Skipped") when no CUDA device is present.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mpsim/emulation/block_format.hpp"
@@ -140,13 +144,15 @@ TEST_CASE("cuBLAS GEMMs: exact on small integers, within the binary32 accumulati
 }
 
 TEST_CASE("block quantization on the device gives quantize_blocks' bits, scale codes and counts", "[gpu][block]") {
-  // One thread per 1 x N block running the host/device quantize_block_row,
-  // against the CPU's fast path (itself equal to the exact reference).
+  // One thread per 1 x N row segment running the host/device quantize_block_row
+  // (2-D tiles: each tile's scale first), against the CPU's fast path (itself
+  // equal to the exact reference). 37 rows: 16 x 16 tiles in 3 rows of tiles, the last partial.
   require_device();
-  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128"}) {
+  for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128",
+                           "nvfp4-16x16", "fp8-e4m3-128x128", "fp8-e4m3-tensor"}) {
     const BlockFormat f = *parse_block_format(name);
     for (const RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
-      const std::int64_t rows = 37, cols = 3 * f.block_cols + 5;
+      const std::int64_t rows = 37, cols = 3 * std::max(f.block_cols, 16) + 5;
       const std::vector<float> x = mixed_values(static_cast<std::size_t>(rows * cols), 42);
       BlockQuantizeOptions options;
       options.rounding = Rounding{mode};
@@ -166,32 +172,54 @@ TEST_CASE("block quantization on the device gives quantize_blocks' bits, scale c
   }
 }
 
+TEST_CASE("the device block GEMM names the formats it cannot take", "[gpu][block]") {
+  // No device needed: what the cuda backend refuses before a run (its block_gemm_refusal).
+  const auto why = [](const char* a, const char* b) {
+    return gpu::block_gemm_refusal_on_device(*parse_block_format(a), *parse_block_format(b));
+  };
+  CHECK(why("mxfp8-e4m3", "mxfp8-e4m3").empty());
+  CHECK(why("nvfp4", "nvfp4-16x16").empty());
+  CHECK(why("mxfp6-e3m2", "mxfp4").empty());
+  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-128x128"), Catch::Contains("binary32 (software) scales"));
+  CHECK_THAT(why("mxfp8-e4m3", "fp8-e4m3-tensor"), Catch::Contains("binary32 (software) scales"));
+  CHECK_THAT(why("mxint8", "mxint8"), Catch::Contains("integer elements"));
+  CHECK_THAT(why("mxfp8-e5m2", "mxfp8-e5m2"), Catch::Contains("can exceed binary64"));
+  CHECK_THAT(why("mxfp8-e4m3", "nvfp4"), Catch::Contains("blocks along k differ"));
+}
+
 TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_operand's and block_gemm's bits",
           "[gpu][block]") {
   // Elements kept by quantize_block_row, and one thread per output running the host/device
   // block_scaled_dot, against the CPU's quantize_block_operand and block_gemm (exact block partials).
   require_device();
-  for (const char* name : {"mxfp8-e4m3", "mxfp6-e2m3", "mxfp4", "nvfp4"}) {
-    const BlockFormat f = *parse_block_format(name);
-    const int m = 33, n = 65, k = 4 * f.block_cols + 3;
+  // B^T in 16 x 16 tiles (NVFP4's weights) beside 1 x 16 blocks of A: the tile's scale serves 16 rows.
+  const std::pair<const char*, const char*> pairs[] = {{"mxfp8-e4m3", "mxfp8-e4m3"}, {"mxfp6-e2m3", "mxfp6-e2m3"},
+                                                       {"mxfp4", "mxfp4"}, {"nvfp4", "nvfp4"},
+                                                       {"nvfp4", "nvfp4-16x16"}};
+  for (const auto& [a_name, b_name] : pairs) {
+    const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+    const int m = 33, n = 65, k = 4 * fa.block_cols + 3;
     const std::vector<float> x = mixed_values(static_cast<std::size_t>(m) * k, 7);
     const std::vector<float> y = mixed_values(static_cast<std::size_t>(n) * k, 8);
     BlockQuantizeOptions options;
     options.rounding = Rounding{RoundingMode::stochastic};
     options.key = {5, 1};
-    const BlockOperand a = quantize_block_operand(f, x, m, k, options), bt = quantize_block_operand(f, y, n, k, options);
-    const BlockOperand a_device = gpu::quantize_block_operand_on_device(f, x, m, k, options);
-    INFO(name);
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      INFO("element " << i);
-      REQUIRE((std::isnan(a.elements[i]) ? std::isnan(a_device.elements[i])
-                                         : bits_of(a.elements[i]) == bits_of(a_device.elements[i])));
+    const BlockOperand a = quantize_block_operand(fa, x, m, k, options);
+    const BlockOperand bt = quantize_block_operand(fb, y, n, k, options);
+    INFO(a_name << " x " << b_name);
+    for (const auto& [f, values, rows, want] : {std::tuple{fa, &x, m, &a}, std::tuple{fb, &y, n, &bt}}) {
+      const BlockOperand got = gpu::quantize_block_operand_on_device(f, *values, rows, k, options);
+      for (std::size_t i = 0; i < values->size(); ++i) {
+        INFO("element " << i);
+        REQUIRE((std::isnan(want->elements[i]) ? std::isnan(got.elements[i])
+                                               : bits_of(want->elements[i]) == bits_of(got.elements[i])));
+      }
+      CHECK(got.scale_codes == want->scale_codes);
+      CHECK(got.counts == want->counts);
     }
-    CHECK(a_device.scale_codes == a.scale_codes);
-    CHECK(a_device.counts == a.counts);
     std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
-    block_gemm({}, f, a, f, bt, cpu.data(), m, n, k);
-    gpu::block_gemm_on_device(f, a, f, bt, gpu_out.data(), m, n, k);
+    block_gemm({}, fa, a, fb, bt, cpu.data(), m, n, k);
+    gpu::block_gemm_on_device(fa, a, fb, bt, gpu_out.data(), m, n, k);
     for (std::size_t i = 0; i < cpu.size(); ++i) {
       INFO("output " << i);
       REQUIRE((std::isnan(cpu[i]) ? std::isnan(gpu_out[i]) : bits_of(cpu[i]) == bits_of(gpu_out[i])));

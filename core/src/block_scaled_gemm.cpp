@@ -4,14 +4,14 @@
 // proven in tests/emulation/test_block_formats.cpp), counted, and
 // multiplied by block_gemm (exact block sums, as block-scaled tensor cores).
 
-#include "block_operands.hpp"
+#include "mpsim/core/block_scaled_gemm.hpp"
 
 #include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "mpsim/emulation/block_gemm.hpp"
+#include "mpsim/core/policy.hpp"
 #include "mpsim/emulation/hadamard.hpp"
 
 namespace mpsim::core {
@@ -45,20 +45,30 @@ void hadamard_along_k(std::vector<float>& x, std::int64_t rows, std::int64_t k, 
 }
 
 BlockOperand quantize_operand(const GemmNumerics::BlockOperand& o, const std::vector<float>& x, std::int64_t rows,
-                              std::int64_t k) {
+                              std::int64_t k, const BlockGemmSteps& steps) {
   BlockQuantizeOptions options;
   options.rounding = o.point.rounding;
   options.key = o.stream.key;
   options.first_index = o.stream.first_index;
-  BlockOperand q = quantize_block_operand(o.point.format, x, rows, k, options);
+  BlockOperand q = steps.quantize(o.point.format, x, rows, k, options);
   if (o.stats) add_block_quantization(*o.stats, o.point.format.for_shape(rows, k), x, q, rows, k);
   return q;
 }
 
 }  // namespace
 
+BlockGemmSteps cpu_block_gemm_steps() {
+  BlockGemmSteps steps;
+  steps.quantize = [](const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
+                      const BlockQuantizeOptions& options) { return quantize_block_operand(f, x, rows, cols, options); };
+  steps.multiply = [](const BlockGemmModel& model, const BlockFormat& fa, const BlockOperand& a, const BlockFormat& fb,
+                      const BlockOperand& bt, float* c, int m, int n, int k) { block_gemm(model, fa, a, fb, bt, c, m, n, k); };
+  return steps;
+}
+
 void block_scaled_gemm(const float* a, bool ta, std::int64_t a_rows, std::int64_t a_cols, const float* b, bool tb,
-                       std::int64_t b_rows, std::int64_t b_cols, float* c, const GemmNumerics& numerics) {
+                       std::int64_t b_rows, std::int64_t b_cols, float* c, const GemmNumerics& numerics,
+                       const BlockGemmSteps& steps) {
   const auto& oa = *numerics.a_block;
   const auto& ob = *numerics.b_block;
   const std::int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols;
@@ -70,8 +80,8 @@ void block_scaled_gemm(const float* a, bool ta, std::int64_t a_rows, std::int64_
     hadamard_along_k(ak, m, k, numerics.hadamard_seed);
     hadamard_along_k(bk, n, k, numerics.hadamard_seed);
   }
-  const BlockOperand qa = quantize_operand(oa, ak, m, k);
-  const BlockOperand qb = quantize_operand(ob, bk, n, k);
+  const BlockOperand qa = quantize_operand(oa, ak, m, k, steps);
+  const BlockOperand qb = quantize_operand(ob, bk, n, k, steps);
   BlockGemmModel model;
   if (numerics.block_promotion) {
     model.tensor_core = *numerics.block_promotion;
@@ -79,8 +89,19 @@ void block_scaled_gemm(const float* a, bool ta, std::int64_t a_rows, std::int64_
     model.promotion_interval = software_scales ? static_cast<int>(oa.point.format.for_shape(m, k).block_cols)
                                                : numerics.block_promotion_interval;
   }
-  block_gemm(model, oa.point.format, qa, ob.point.format, qb, c, static_cast<int>(m), static_cast<int>(n),
-             static_cast<int>(k));
+  steps.multiply(model, oa.point.format, qa, ob.point.format, qb, c, static_cast<int>(m), static_cast<int>(n),
+                 static_cast<int>(k));
+}
+
+std::string block_gemm_refusal(const Backend& backend, const Policy& p) {
+  for (const GemmRole role : {GemmRole::fprop, GemmRole::dgrad, GemmRole::wgrad}) {
+    const BlockPoint& a = p.*(block_points[block_point_index(role, 0)].point);
+    const BlockPoint& b = p.*(block_points[block_point_index(role, 1)].point);
+    if (!a.enabled()) continue;
+    std::string why = backend.block_gemm_refusal(a, b, block_promotion(p, a.format).has_value());
+    if (!why.empty()) return std::string(gemm_role_names(role)) + " GEMM: " + why;
+  }
+  return {};
 }
 
 BlockStats& BlockStats::operator+=(const BlockStats& o) {
