@@ -20,8 +20,8 @@
 #   experiment  mpsim run: the default experiment on the cuda backend and the
 #               emulator_vs_gpu study, each --smoke first, then full size
 #               (MPSIM_GPU_SIZE=smoke stops after the smoke runs)
-#   block       the emulator_vs_gpu study with the mxfp8 and nvfp4 arms
-#               (MPSIM_BLOCK_EPOCHS, default 2), and fp8-current on cuda, which
+#   block       the emulator_vs_gpu study with the mxfp8, nvfp4 and fp8-current arms
+#               (MPSIM_BLOCK_EPOCHS, default 2), and deepseek-fp8 on cuda, which
 #               must be refused (exit 2) before any work
 # All stages of one call share MPSIM_GPU_BUDGET_S seconds (default 540, under
 # the tool's 600 s per command); a run that would overstep is stopped by
@@ -262,7 +262,7 @@ stage_experiment() {
 # --- block -----------------------------------------------------------------
 # Block-scaled arms (issue 19 §7) on the emulator and on the cuda backend,
 # whose block GEMMs run in block_quantize.cu's kernels; and a preset the
-# kernels do not cover (binary32 scales), which must be refused before work.
+# kernels do not cover (DeepSeek-V3's tiles), which must be refused before work.
 stage_block() {
   run_stage=block
   mkdir -p "$work/gpu-block"
@@ -270,20 +270,20 @@ stage_block() {
   [ -f "$data/train-images-idx3-ubyte.gz" ] || { echo "no Fashion-MNIST in $data" >&2; return 1; }
   local study=experiments/configs/emulator_vs_gpu.toml rc=0 refused=0
   [ -f "$bundle/configs/emulator_vs_gpu.toml" ] && study=$bundle/configs/emulator_vs_gpu.toml
-  mpsim_run block_vs_gpu_smoke "$study" --smoke 'arms=["mxfp8","nvfp4"]' || rc=$?
+  mpsim_run block_vs_gpu_smoke "$study" --smoke 'arms=["mxfp8","nvfp4","fp8-current"]' || rc=$?
   [ "$rc" -eq 77 ] && return 77
   if [ "${MPSIM_GPU_SIZE:-full}" != smoke ]; then
-    mpsim_run block_vs_gpu "$study" 'arms=["mxfp8","nvfp4"]' "train.epochs=${MPSIM_BLOCK_EPOCHS:-2}" || rc=$?
+    mpsim_run block_vs_gpu "$study" 'arms=["mxfp8","nvfp4","fp8-current"]' "train.epochs=${MPSIM_BLOCK_EPOCHS:-2}" || rc=$?
   fi
-  echo "== block: fp8-current on cuda must be refused before any work (exit 2)"
-  "$build/experiments/mpsim" run "$study" --smoke 'arms=["fp8-current"]' 'backends=["cuda"]' "data.path=$data" \
+  echo "== block: deepseek-fp8 on cuda must be refused before any work (exit 2)"
+  "$build/experiments/mpsim" run "$study" --smoke 'arms=["deepseek-fp8"]' 'backends=["cuda"]' "data.path=$data" \
     -o "$work/gpu-block/refused.h5" --force > "$work/gpu-block/refused.txt" 2>&1 || refused=$?
   cat "$work/gpu-block/refused.txt"
   if [ "$refused" -eq 2 ] && grep -q "cannot run on the cuda backend" "$work/gpu-block/refused.txt" &&
      [ ! -e "$work/gpu-block/refused.h5" ]; then
-    add_row "  fp8-current refused" "" "" "exit 2 before work, as expected"
+    add_row "  deepseek-fp8 refused" "" "" "exit 2 before work, as expected"
   else
-    add_row "  fp8-current refused" "" "" "NOT refused as expected (exit $refused)"; rc=1
+    add_row "  deepseek-fp8 refused" "" "" "NOT refused as expected (exit $refused)"; rc=1
   fi
   run_stage=
   return "$rc"

@@ -19,12 +19,6 @@ namespace {
 using Matrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
-// The exponent of an element format's smallest positive value.
-int smallest_exponent(const ElementFormat& e) {
-  if (e.floating) return e.floating->emin() - e.floating->mantissa_bits;
-  return -e.fraction_bits;
-}
-
 // The element values of a quantized operand (rows x k), NaN in NaN blocks.
 Matrix element_values(const BlockFormat& f, const BlockOperand& q, int rows, int k) {
   Matrix v(rows, k);
@@ -191,6 +185,11 @@ void scaled_tensor_core_gemm(const TensorCoreModel& tensor_core, int interval, c
 
 }  // namespace
 
+int smallest_exponent(const ElementFormat& e) {
+  if (e.floating) return e.floating->emin() - e.floating->mantissa_bits;
+  return -e.fraction_bits;
+}
+
 bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block) {
   // The products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and `block` of them add at most
   // log2(block) bits.
@@ -198,6 +197,15 @@ bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int
                    (b.element.emax() + 1 - smallest_exponent(b.element)) +
                    static_cast<int>(std::ceil(std::log2(std::max(block, 1))));
   return span <= 53;
+}
+
+bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, int k) {
+  // Each element an integer of span bits times 2^min; k products add ceil(log2 k) bits; the rounded sum,
+  // 24 bits at 2^(width - 24 + min_a + min_b), must be a normal binary32.
+  const int min_a = smallest_exponent(a), min_b = smallest_exponent(b);
+  const int span_a = a.emax() + 1 - min_a, span_b = b.emax() + 1 - min_b;
+  const int width = span_a + span_b + static_cast<int>(std::ceil(std::log2(std::max(k, 1))));
+  return span_a <= 63 && span_b <= 63 && width <= 126 && min_a + min_b >= -126 && width + min_a + min_b <= 127;
 }
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,

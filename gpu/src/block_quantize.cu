@@ -160,15 +160,44 @@ __global__ void block_gemm_kernel(const float* a, const double* a_scales, int a_
   }
 }
 
+// Binary32 scales with one block spanning k (per tensor, or per row tile):
+// each output the exact sum rounded once, times alpha = sa sb (one binary32
+// product each), as block_gemm's per-tensor path.
+__global__ void per_tensor_gemm_kernel(const float* a, const double* a_scales, int a_block_rows, int min_a,
+                                       const float* b, const double* b_scales, int b_block_rows, int min_b, float* c,
+                                       int m, int n, int k, float alpha) {
+  const std::int64_t total = static_cast<std::int64_t>(m) * n;
+  for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(idx / n), j = static_cast<int>(idx % n);
+    float d = per_tensor_exact_dot(a + static_cast<std::int64_t>(i) * k, min_a, b + static_cast<std::int64_t>(j) * k,
+                                   min_b, k);
+    d *= static_cast<float>(a_scales[i / a_block_rows]) * static_cast<float>(b_scales[j / b_block_rows]);
+    if (alpha != 1.0f) d = d * alpha;
+    c[idx] = d;
+  }
+}
+
 }  // namespace
 
-std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b) {
-  for (const BlockFormat* f : {&a, &b}) {
+std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b, int k) {
+  for (const BlockFormat* f : {&a, &b})
     if (!f->element.floating)
       return f->name() + " has integer elements; the device kernels quantize floating-point elements only";
-    if (f->scale == ScaleFormat::binary32)
-      return f->name() + " has binary32 (software) scales (DeepSeek-V3's tiles, per-tensor FP8); the device GEMM "
-             "takes E8M0 and UE4M3 scales only";
+  if ((a.scale == ScaleFormat::binary32) != (b.scale == ScaleFormat::binary32))
+    return "one operand has binary32 scales and the other not; the device GEMM takes both or neither";
+  if (a.scale == ScaleFormat::binary32) {
+    // Software scales: the device takes them where one block spans k (per tensor, or k within a tile), as
+    // block_gemm without a tensor-core model; shorter blocks need DeepSeek-V3's promotion.
+    const auto spans_k = [k](const BlockFormat& f) {
+      return (f.block_rows == 0 && f.block_cols == 0) || (k > 0 && f.block_cols >= k);
+    };
+    if (!spans_k(a) || !spans_k(b))
+      return (spans_k(a) ? b : a).name() + " has binary32 (software) scales on blocks shorter than k (DeepSeek-V3's " +
+             "tiles), which take a tensor-core promotion model; the device GEMM takes binary32 scales per tensor only";
+    if (!per_tensor_sums_fit_int128(a.element, b.element, k > 0 ? k : (1 << 30)))
+      return "sums of " + a.element.name() + " and " + b.element.name() + " can exceed the device's 128-bit sum";
+    return {};
   }
   if (a.block_cols != b.block_cols) return "the operands' blocks along k differ";
   if (!block_partials_fit_binary64(a, b, a.block_cols))
@@ -194,8 +223,9 @@ BlockOperand quantize_block_operand_on_device(const BlockFormat& format_in, std:
 void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const BlockFormat& fb_in,
                           const BlockOperand& bt, float* c, int m, int n, int k) {
   const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
-  if (const std::string why = block_gemm_refusal_on_device(fa, fb); !why.empty())
+  if (const std::string why = block_gemm_refusal_on_device(fa, fb, k); !why.empty())
     throw std::invalid_argument("block_gemm_on_device: " + why);
+  const bool per_tensor = fa.scale == ScaleFormat::binary32 || fb.scale == ScaleFormat::binary32;
   const int grid_cols = (k + fa.block_cols - 1) / fa.block_cols;
   const auto grid = [&](const BlockFormat& f, int rows) {
     return static_cast<std::size_t>((rows + f.block_rows - 1) / f.block_rows) * static_cast<std::size_t>(grid_cols);
@@ -214,8 +244,13 @@ void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const
   const auto alpha = static_cast<float>(static_cast<float>(a.tensor_scale) * static_cast<float>(bt.tensor_scale));
   if (outputs > 0) {
     const auto blocks = static_cast<unsigned>(std::min<std::size_t>((outputs + kThreads - 1) / kThreads, 4096));
-    block_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, d_b.p, d_sb.p, fb.block_rows, d_c.p, m, n, k,
-                                            fa.block_cols, grid_cols, alpha);
+    if (per_tensor)
+      per_tensor_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, smallest_exponent(fa.element), d_b.p,
+                                                   d_sb.p, fb.block_rows, smallest_exponent(fb.element), d_c.p, m, n, k,
+                                                   alpha);
+    else
+      block_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, d_b.p, d_sb.p, fb.block_rows, d_c.p, m, n,
+                                              k, fa.block_cols, grid_cols, alpha);
     MPSIM_CUDA_CHECK(cudaGetLastError());
   }
   MPSIM_CUDA_CHECK(cudaMemcpy(c, d_c.p, outputs * sizeof(float), cudaMemcpyDeviceToHost));

@@ -1147,6 +1147,58 @@ TEST_CASE("block_scaled_dot (the host/device routine of the CUDA block GEMM) giv
         1.0f + 0x1p-23f);
 }
 
+TEST_CASE("per_tensor_exact_dot (the CUDA per-tensor FP8 GEMM's routine) gives block_gemm's bits, E5M2 included",
+          "[block][gemm][device]") {
+  // Against block_gemm's per-tensor path (binary64 where the sum fits, its 640-bit fixed point where not) and,
+  // for the rounding, against sums worked out by hand.
+  std::mt19937_64 rng(20261126);
+  const std::pair<const char*, const char*> pairs[] = {{"fp8-e4m3-tensor", "fp8-e4m3-tensor"},
+                                                       {"fp8-e5m2-tensor", "fp8-e4m3-tensor"},
+                                                       {"fp8-e5m2-tensor", "fp8-e5m2-tensor"}};
+  for (const auto& [a_name, b_name] : pairs) {
+    const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+    const int m = 5, n = 23, k = 300;
+    REQUIRE(per_tensor_sums_fit_int128(fa.element, fb.element, k));
+    std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+    // Exponents over 40 binades: after the per-tensor scale most values are E5M2 subnormals or zero, and the
+    // sums of E5M2 products need more than binary64's 53 bits.
+    for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 40) - 20);
+    for (float& v : y) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 40) - 20);
+    const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+    std::vector<float> want(static_cast<std::size_t>(m) * n);
+    block_gemm({}, fa, a, fb, bt, want.data(), m, n, k);
+    const int min_a = smallest_exponent(fa.element), min_b = smallest_exponent(fb.element);
+    std::size_t bad = 0, nonzero = 0;
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) {
+        float got = per_tensor_exact_dot(a.elements.data() + static_cast<std::size_t>(i) * k, min_a,
+                                         bt.elements.data() + static_cast<std::size_t>(j) * k, min_b, k);
+        got *= static_cast<float>(a.scales[0]) * static_cast<float>(bt.scales[0]);
+        const float expected = want[static_cast<std::size_t>(i) * n + j];
+        nonzero += got != 0.0f;
+        if (!same(static_cast<double>(got), static_cast<double>(expected)) && bad++ < 3)
+          FAIL_CHECK(a_name << " x " << b_name << " C(" << i << ", " << j << "): dot " << got << ", block_gemm "
+                            << expected);
+      }
+    CHECK(bad == 0);
+    CHECK(nonzero > static_cast<std::size_t>(m * n) / 2);
+  }
+  // Rounding, by hand: E5M2 products 4096 x 4096 = 2^24 and 1 x 1 (and 1.5 x 2 = 3): 2^24 + 1 is a tie and
+  // rounds to the even 2^24; 2^24 + 3 rounds up to 2^24 + 4; a sum of 2^30 and 2^-32 (no binary64 could hold
+  // it exactly with the -2^30 that follows) leaves 2^-32; opposite products cancel to +0.
+  const int e5 = smallest_exponent(parse_block_format("fp8-e5m2-tensor")->element);
+  const auto dot = [e5](std::vector<float> a, std::vector<float> b) {
+    return per_tensor_exact_dot(a.data(), e5, b.data(), e5, static_cast<int>(a.size()));
+  };
+  CHECK(dot({4096, 1}, {4096, 1}) == 0x1p24f);
+  CHECK(dot({4096, 1.5f}, {4096, 2}) == 0x1p24f + 4);
+  CHECK(dot({-4096, -1.5f}, {4096, 2}) == -(0x1p24f + 4));
+  CHECK(dot({32768, 0x1p-16f, -32768}, {32768, 0x1p-16f, 32768}) == 0x1p-32f);
+  const float zero = dot({3, -3}, {2, 2});
+  CHECK((zero == 0.0f && !std::signbit(zero)));
+  CHECK(std::isnan(dot({NAN, 1}, {1, 1})));
+}
+
 TEST_CASE("Block GEMM: E8M0 and UE4M3 scales inside a tensor-core accumulator, promoted every N products or never",
           "[block][gemm]") {
   // The scaled products (element x scale: the reference quantizer's exact values) through the tensor-core model

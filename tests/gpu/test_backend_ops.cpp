@@ -564,7 +564,8 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
   const std::pair<const char*, const char*> pairs[] = {{"mxfp8-e4m3/ceil", "mxfp8-e4m3/ceil"},
                                                        {"nvfp4", "nvfp4-16x16"},
                                                        {"nvfp4/stochastic/rht", "nvfp4/rht"},
-                                                       {"mxfp6-e2m3/stochastic", "mxfp4"}};
+                                                       {"mxfp6-e2m3/stochastic", "mxfp4"},
+                                                       {"fp8-e5m2-tensor", "fp8-e4m3-tensor"}};
   const auto parse = [](const char* text) {
     std::string error;
     const auto point = core::parse_block_point(text, &error);
@@ -607,10 +608,10 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
   auto numerics = gemm_numerics(formats::binary32, formats::binary32);
   numerics.a_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-1x128"), {}};
   numerics.b_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-128x128"), {}};
-  const auto at = b.upload(FVec(8 * 128, 1.0f), {8, 128}), bt = b.upload(FVec(128 * 8, 1.0f), {128, 8});
+  const auto at = b.upload(FVec(8 * 256, 1.0f), {8, 256}), bt = b.upload(FVec(256 * 8, 1.0f), {256, 8});
   auto c = b.empty({8, 8});
   CHECK_THROWS_WITH(b.gpu->gemm(at.gpu, false, bt.gpu, false, c.gpu, numerics, {}),
-                    Catch::Contains("binary32 (software) scales"));
+                    Catch::Contains("blocks shorter than k"));
 }
 
 // Narrow storage (issue #4 §1): a tensor rounded to a format of at most 16
@@ -956,15 +957,15 @@ TEST_CASE("a training step of every preset policy agrees with the CPU", "[gpu][b
   // share is about the binary32 difference over the format's ulp), so normwise the gradients and updates of the
   // two backends differ by far less than 2^-8. A wrong op (an index, a formula, a rounding point) differs by O(1).
   const double bound = 0x1p-8;
-  // The presets whose block-scaled GEMMs the device kernels do not cover are refused before a run (binary32
-  // scales: per-tensor FP8, DeepSeek-V3's tiles); exactly these, so that a new refusal fails here.
+  // The presets whose block-scaled GEMMs the device kernels do not cover are refused before a run (DeepSeek-V3's
+  // tiles, promoted through the H100's tensor-core model); exactly these, so that a new refusal fails here.
   std::vector<std::string> refused;
   for (const std::string& name : core::preset_policy_names())
     if (const std::string why = core::block_gemm_refusal(*b.gpu, *core::preset_policy(name)); !why.empty()) {
       WARN("not on the cuda backend: " << name << ": " << why);
       refused.push_back(name);
     }
-  CHECK(refused == std::vector<std::string>{"fp8-current", "deepseek-fp8"});
+  CHECK(refused == std::vector<std::string>{"deepseek-fp8"});
   for (const std::string& name : core::preset_policy_names()) {
     if (std::find(refused.begin(), refused.end(), name) != refused.end()) continue;
     for (const std::string model : {"mlp", "mlp-gelu-layernorm", "cnn"}) {

@@ -180,8 +180,12 @@ TEST_CASE("the device block GEMM names the formats it cannot take", "[gpu][block
   CHECK(why("mxfp8-e4m3", "mxfp8-e4m3").empty());
   CHECK(why("nvfp4", "nvfp4-16x16").empty());
   CHECK(why("mxfp6-e3m2", "mxfp4").empty());
-  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-128x128"), Catch::Contains("binary32 (software) scales"));
-  CHECK_THAT(why("mxfp8-e4m3", "fp8-e4m3-tensor"), Catch::Contains("binary32 (software) scales"));
+  CHECK(why("fp8-e4m3-tensor", "fp8-e4m3-tensor").empty());
+  CHECK(why("fp8-e5m2-tensor", "fp8-e5m2-tensor").empty());  // 128-bit sums: E5M2 too
+  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-128x128"), Catch::Contains("blocks shorter than k"));
+  CHECK(gpu::block_gemm_refusal_on_device(*parse_block_format("fp8-e4m3-1x128"), *parse_block_format("fp8-e4m3-1x128"),
+                                          128).empty());  // one tile spans k
+  CHECK_THAT(why("mxfp8-e4m3", "fp8-e4m3-tensor"), Catch::Contains("binary32 scales and the other not"));
   CHECK_THAT(why("mxint8", "mxint8"), Catch::Contains("integer elements"));
   CHECK_THAT(why("mxfp8-e5m2", "mxfp8-e5m2"), Catch::Contains("can exceed binary64"));
   CHECK_THAT(why("mxfp8-e4m3", "nvfp4"), Catch::Contains("blocks along k differ"));
@@ -195,10 +199,13 @@ TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_ope
   // B^T in 16 x 16 tiles (NVFP4's weights) beside 1 x 16 blocks of A: the tile's scale serves 16 rows.
   const std::pair<const char*, const char*> pairs[] = {{"mxfp8-e4m3", "mxfp8-e4m3"}, {"mxfp6-e2m3", "mxfp6-e2m3"},
                                                        {"mxfp4", "mxfp4"}, {"nvfp4", "nvfp4"},
-                                                       {"nvfp4", "nvfp4-16x16"}};
+                                                       {"nvfp4", "nvfp4-16x16"},
+                                                       {"fp8-e4m3-tensor", "fp8-e4m3-tensor"},
+                                                       {"fp8-e5m2-tensor", "fp8-e4m3-tensor"},
+                                                       {"fp8-e5m2-tensor", "fp8-e5m2-tensor"}};
   for (const auto& [a_name, b_name] : pairs) {
     const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
-    const int m = 33, n = 65, k = 4 * fa.block_cols + 3;
+    const int m = 33, n = 65, k = 4 * std::max(fa.block_cols, 32) + 3;  // per tensor: one block of 131
     const std::vector<float> x = mixed_values(static_cast<std::size_t>(m) * k, 7);
     const std::vector<float> y = mixed_values(static_cast<std::size_t>(n) * k, 8);
     BlockQuantizeOptions options;
@@ -225,11 +232,11 @@ TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_ope
       REQUIRE((std::isnan(cpu[i]) ? std::isnan(gpu_out[i]) : bits_of(cpu[i]) == bits_of(gpu_out[i])));
     }
   }
-  // Refused: binary32 scales, E5M2 block sums that binary64 cannot hold.
+  // Refused: binary32 scales on blocks shorter than k, E5M2 block sums that binary64 cannot hold.
   const BlockFormat tiles = *parse_block_format("fp8-e4m3-1x128"), e5m2 = *parse_block_format("mxfp8-e5m2");
-  const std::vector<float> v = mixed_values(128, 9);
-  const BlockOperand q = quantize_block_operand(tiles, v, 1, 128), q5 = quantize_block_operand(e5m2, v, 1, 128);
+  const std::vector<float> v = mixed_values(256, 9);
+  const BlockOperand q = quantize_block_operand(tiles, v, 1, 256), q5 = quantize_block_operand(e5m2, v, 1, 256);
   float out = 0;
-  CHECK_THROWS_AS(gpu::block_gemm_on_device(tiles, q, tiles, q, &out, 1, 1, 128), std::invalid_argument);
-  CHECK_THROWS_AS(gpu::block_gemm_on_device(e5m2, q5, e5m2, q5, &out, 1, 1, 128), std::invalid_argument);
+  CHECK_THROWS_AS(gpu::block_gemm_on_device(tiles, q, tiles, q, &out, 1, 1, 256), std::invalid_argument);
+  CHECK_THROWS_AS(gpu::block_gemm_on_device(e5m2, q5, e5m2, q5, &out, 1, 1, 256), std::invalid_argument);
 }

@@ -7,6 +7,10 @@
 // equal to block_gemm on the host.
 #pragma once
 
+#include <bit>
+#include <cstdint>
+#include <limits>
+
 #include "mpsim/emulation/host_device.hpp"
 #include "mpsim/emulation/round_to_odd.hpp"
 
@@ -30,6 +34,53 @@ MPSIM_HOST_DEVICE inline float block_scaled_dot(const float* a, const double* a_
     acc = static_cast<float>(add_round_to_odd(acc, term));
   }
   return acc;
+}
+
+// |x| / 2^min as an integer, x a nonzero finite multiple of 2^min whose
+// quotient fits 64 bits (from the binary32 pattern: significand times a power of two).
+MPSIM_HOST_DEVICE inline std::uint64_t integer_of(float x, int min) {
+  const std::uint32_t bits = std::bit_cast<std::uint32_t>(x) & 0x7FFFFFFFu;
+  const int biased = static_cast<int>(bits >> 23);
+  const std::uint64_t significand = biased == 0 ? bits : (bits & 0x7FFFFFu) | 0x800000u;
+  const int exponent = (biased == 0 ? 1 : biased) - 127 - 23 - min;  // x = significand * 2^(exponent + min)
+  return exponent >= 0 ? significand << exponent : significand >> -exponent;
+}
+
+// One output of block_gemm's per-tensor path (binary32 scales, one block
+// spanning k, no tensor-core model), before its alpha: the exact sum of
+// a_t b_t rounded once to binary32, to nearest even, +0 for an exact zero;
+// NaN when an element is. Every element is an integer times 2^min_a (2^min_b:
+// smallest_exponent of its format), so the sum is an integer in a 128-bit
+// fixed-point accumulator times 2^(min_a + min_b): exact where
+// per_tensor_sums_fit_int128 (block_gemm.hpp) says so, MXFP8 E5M2 included,
+// whose sums block_scaled_dot's binary64 cannot hold.
+MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, const float* b, int min_b, int k) {
+  __int128 sum = 0;
+  for (int t = 0; t < k; ++t) {
+    const float x = a[t], y = b[t];
+    if (x != x || y != y) return std::numeric_limits<float>::quiet_NaN();
+    if (x == 0.0f || y == 0.0f) continue;
+    const auto p = static_cast<__int128>(static_cast<unsigned __int128>(integer_of(x, min_a)) * integer_of(y, min_b));
+    sum += (x < 0.0f) != (y < 0.0f) ? -p : p;
+  }
+  if (sum == 0) return 0.0f;
+  const bool negative = sum < 0;
+  const auto u = static_cast<unsigned __int128>(negative ? -sum : sum);
+  const auto hi = static_cast<std::uint64_t>(u >> 64), lo = static_cast<std::uint64_t>(u);
+  const int width = hi != 0 ? 128 - std::countl_zero(hi) : 64 - std::countl_zero(lo);
+  // The top 24 bits, rounded to nearest even on the bits below.
+  const int shift = width > 24 ? width - 24 : 0;
+  auto significand = static_cast<std::uint32_t>(u >> shift);
+  if (shift > 0) {
+    const unsigned __int128 rest = u & ((static_cast<unsigned __int128>(1) << shift) - 1);
+    const unsigned __int128 half = static_cast<unsigned __int128>(1) << (shift - 1);
+    if (rest > half || (rest == half && (significand & 1u) != 0)) ++significand;
+  }
+  // significand (at most 2^24, exact in binary32) times 2^e: one exact multiplication while the result is
+  // normal, which per_tensor_sums_fit_int128 guarantees (-126 <= e, e + 25 <= 127).
+  const int e = shift + min_a + min_b;
+  const float value = static_cast<float>(significand) * std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
+  return negative ? -value : value;
 }
 
 }  // namespace mpsim

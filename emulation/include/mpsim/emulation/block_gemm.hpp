@@ -44,9 +44,16 @@ struct BlockGemmModel {
 // that differ, binary32 scales of several blocks along k without promotion,
 // elements or scales that do not match the shapes, or wide sums with scales
 // that are not powers of two.
+// The exponent of an element format's smallest positive value: every element
+// is an integer times 2 to this power.
+int smallest_exponent(const ElementFormat& e);
 // Whether the exact sum of `block` element products of these formats always
 // fits binary64 (every preset pair but MXFP8 E5M2 x E5M2; block_dot.hpp).
 bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block);
+// Whether per_tensor_exact_dot (block_dot.hpp) sums k products of these
+// element formats exactly and returns a normal binary32: every FP8, FP6 and
+// FP4 pair for any k below 2^31.
+bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, int k);
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& a_format, const BlockOperand& a,
                 const BlockFormat& b_format, const BlockOperand& bt, float* c, int m, int n, int k,

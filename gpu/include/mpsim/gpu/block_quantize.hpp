@@ -32,17 +32,21 @@ BlockOperand quantize_block_operand_on_device(const BlockFormat& format, std::sp
 
 // block_gemm(BlockGemmModel{}, a_format, a, b_format, bt, c, m, n, k) with
 // the work on the device: C = A B from A (m x k) and B^T (n x k), exact block
-// partials accumulated in binary32, NVFP4's alpha last. Host memory in and
+// partials accumulated in binary32 (binary32 scales per tensor: the exact sum
+// rounded once, times the scales), NVFP4's alpha last. Host memory in and
 // out. Refused with std::invalid_argument: what block_gemm_refusal_on_device
 // names, and sizes that do not match.
 void block_gemm_on_device(const BlockFormat& a_format, const BlockOperand& a, const BlockFormat& b_format,
                           const BlockOperand& bt, float* c, int m, int n, int k);
 
 // Why block_gemm_on_device (with the quantizer before it) cannot take
-// operands in formats a and b, resolved for their shapes (for_shape); empty
-// when it can: integer elements, binary32 scales, blocks of different lengths
-// along k, or block sums that can exceed binary64 (block_partials_fit_binary64:
-// MXFP8 E5M2).
-std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b);
+// operands in formats a and b with k products per output (0: any k); empty
+// when it can. Refused: integer elements; binary32 scales on blocks shorter
+// than k (DeepSeek-V3's tiles, which take a tensor-core promotion model); and
+// E8M0/UE4M3 blocks of different lengths along k or whose sums can exceed
+// binary64 (block_partials_fit_binary64: MXFP8 E5M2). Binary32 scales per
+// tensor (one block spans k) are summed exactly in 128-bit fixed point
+// (per_tensor_exact_dot), E5M2 included.
+std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b, int k = 0);
 
 }  // namespace mpsim::gpu
