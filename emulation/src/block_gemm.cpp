@@ -200,12 +200,13 @@ bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int
 }
 
 bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, int k) {
-  // Each element an integer of span bits times 2^min; k products add ceil(log2 k) bits; the rounded sum,
+  // Each element an integer of span bits times 2^min, each product within 64 bits; k products add
+  // ceil(log2 k) bits, with the sign within 128; the rounded sum,
   // 24 bits at 2^(width - 24 + min_a + min_b), must be a normal binary32.
   const int min_a = smallest_exponent(a), min_b = smallest_exponent(b);
   const int span_a = a.emax() + 1 - min_a, span_b = b.emax() + 1 - min_b;
   const int width = span_a + span_b + static_cast<int>(std::ceil(std::log2(std::max(k, 1))));
-  return span_a <= 63 && span_b <= 63 && width <= 126 && min_a + min_b >= -126 && width + min_a + min_b <= 127;
+  return span_a + span_b <= 64 && width <= 127 && min_a + min_b >= -126 && width + min_a + min_b <= 127;
 }
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,

@@ -1197,6 +1197,13 @@ TEST_CASE("per_tensor_exact_dot (the CUDA per-tensor FP8 GEMM's routine) gives b
   const float zero = dot({3, -3}, {2, 2});
   CHECK((zero == 0.0f && !std::signbit(zero)));
   CHECK(std::isnan(dot({NAN, 1}, {1, 1})));
+  // Beyond 64 bits of the accumulator: 57344^2 is 2^63.6 in units of 2^-32; four of them carry into the high
+  // word, and a negative sum borrows from it.
+  const float big = 57344;  // E5M2's largest value, 1.75 * 2^15; big^2 = 1.53125 * 2^31
+  CHECK(dot({big, big, big, big}, {big, big, big, big}) == 4 * (big * big));
+  CHECK(dot({big, big, big}, {big, -big, -big}) == -(big * big));
+  CHECK(dot({big, big, big, big, 0x1p-16f}, {big, big, -big, -big, 0x1p-16f}) == 0x1p-32f);
+  CHECK(dot({0x1p-16f, -big, 0x1p-16f}, {0x1p-16f, big, 0x1p-16f}) == -(big * big));  // 2^-31 is far below its ulp
 }
 
 TEST_CASE("Block GEMM: E8M0 and UE4M3 scales inside a tensor-core accumulator, promoted every N products or never",

@@ -46,36 +46,59 @@ MPSIM_HOST_DEVICE inline std::uint64_t integer_of(float x, int min) {
   return exponent >= 0 ? significand << exponent : significand >> -exponent;
 }
 
+// The index one past the highest set bit of x (0 for 0), from 32-bit
+// countl_zero, which the device kernels of block_scaling.hpp already use.
+MPSIM_HOST_DEVICE inline int bit_width_64(std::uint64_t x) {
+  const auto high = static_cast<std::uint32_t>(x >> 32), low = static_cast<std::uint32_t>(x);
+  return high != 0 ? 64 - std::countl_zero(high) : 32 - std::countl_zero(low);
+}
+
 // One output of block_gemm's per-tensor path (binary32 scales, one block
 // spanning k, no tensor-core model), before its alpha: the exact sum of
 // a_t b_t rounded once to binary32, to nearest even, +0 for an exact zero;
 // NaN when an element is. Every element is an integer times 2^min_a (2^min_b:
 // smallest_exponent of its format), so the sum is an integer in a 128-bit
-// fixed-point accumulator times 2^(min_a + min_b): exact where
-// per_tensor_sums_fit_int128 (block_gemm.hpp) says so, MXFP8 E5M2 included,
-// whose sums block_scaled_dot's binary64 cannot hold.
+// two's-complement fixed-point accumulator (two 64-bit words, written out so
+// that host and device run the same integer code) times 2^(min_a + min_b):
+// exact where per_tensor_sums_fit_int128 (block_gemm.hpp) says so, MXFP8 E5M2
+// included, whose sums block_scaled_dot's binary64 cannot hold.
 MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, const float* b, int min_b, int k) {
-  __int128 sum = 0;
+  std::uint64_t hi = 0, lo = 0;  // the sum, two's complement
   for (int t = 0; t < k; ++t) {
     const float x = a[t], y = b[t];
     if (x != x || y != y) return std::numeric_limits<float>::quiet_NaN();
     if (x == 0.0f || y == 0.0f) continue;
-    const auto p = static_cast<__int128>(static_cast<unsigned __int128>(integer_of(x, min_a)) * integer_of(y, min_b));
-    sum += (x < 0.0f) != (y < 0.0f) ? -p : p;
+    const std::uint64_t p = integer_of(x, min_a) * integer_of(y, min_b);  // < 2^64: checked by the caller
+    if ((x < 0.0f) == (y < 0.0f)) {
+      const std::uint64_t sum = lo + p;
+      hi += sum < p ? 1u : 0u;
+      lo = sum;
+    } else {
+      hi -= lo < p ? 1u : 0u;
+      lo -= p;
+    }
   }
-  if (sum == 0) return 0.0f;
-  const bool negative = sum < 0;
-  const auto u = static_cast<unsigned __int128>(negative ? -sum : sum);
-  const auto hi = static_cast<std::uint64_t>(u >> 64), lo = static_cast<std::uint64_t>(u);
-  const int width = hi != 0 ? 128 - std::countl_zero(hi) : 64 - std::countl_zero(lo);
+  if (hi == 0 && lo == 0) return 0.0f;
+  const bool negative = (hi >> 63) != 0;
+  if (negative) {  // the magnitude
+    lo = ~lo + 1;
+    hi = ~hi + (lo == 0 ? 1u : 0u);
+  }
+  const int width = hi != 0 ? 64 + bit_width_64(hi) : bit_width_64(lo);
+  const auto bit = [&](int i) -> std::uint64_t { return i >= 64 ? (hi >> (i - 64)) & 1u : (lo >> i) & 1u; };
+  const auto any_below = [&](int i) {  // any of bits 0 .. i-1 set
+    if (i <= 0) return false;
+    if (i < 64) return (lo & ((std::uint64_t{1} << i) - 1)) != 0;
+    return lo != 0 || (i > 64 && (hi & ((std::uint64_t{1} << (i - 64)) - 1)) != 0);
+  };
   // The top 24 bits, rounded to nearest even on the bits below.
   const int shift = width > 24 ? width - 24 : 0;
-  auto significand = static_cast<std::uint32_t>(u >> shift);
-  if (shift > 0) {
-    const unsigned __int128 rest = u & ((static_cast<unsigned __int128>(1) << shift) - 1);
-    const unsigned __int128 half = static_cast<unsigned __int128>(1) << (shift - 1);
-    if (rest > half || (rest == half && (significand & 1u) != 0)) ++significand;
-  }
+  std::uint64_t top = 0;
+  if (shift == 0) top = lo;
+  else if (shift >= 64) top = hi >> (shift - 64);
+  else top = (lo >> shift) | (hi << (64 - shift));
+  auto significand = static_cast<std::uint32_t>(top);
+  if (shift > 0 && bit(shift - 1) != 0 && (any_below(shift - 1) || (significand & 1u) != 0)) ++significand;
   // significand (at most 2^24, exact in binary32) times 2^e: one exact multiplication while the result is
   // normal, which per_tensor_sums_fit_int128 guarantees (-126 <= e, e + 25 <= 127).
   const int e = shift + min_a + min_b;

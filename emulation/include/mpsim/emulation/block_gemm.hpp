@@ -51,7 +51,8 @@ int smallest_exponent(const ElementFormat& e);
 // fits binary64 (every preset pair but MXFP8 E5M2 x E5M2; block_dot.hpp).
 bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block);
 // Whether per_tensor_exact_dot (block_dot.hpp) sums k products of these
-// element formats exactly and returns a normal binary32: every FP8, FP6 and
+// element formats exactly and returns a normal binary32: each product of the
+// elements' integers within 64 bits, their sum within 128; every FP8, FP6 and
 // FP4 pair for any k below 2^31.
 bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, int k);
 
