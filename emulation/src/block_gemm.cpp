@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "mpsim/emulation/block_dot.hpp"
 #include "mpsim/emulation/round_to_odd.hpp"
 #include "exact_accumulator.hpp"
 
@@ -269,7 +270,16 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
       // cuBLAS's FP8 GEMMs take scale_a and scale_b: the exact sum rounded
       // once to binary32, then times alpha = sa * sb (one binary32 product
       // each).
-      if (wide && !block_sums_fit(ea, eb, k0, width)) {
+      if (wide && !block_sums_fit(ea, eb, k0, width) && per_tensor_sums_fit_int128(fa.element, fb.element, width)) {
+        // The device's routine (block_dot.hpp): 128-bit integer sums, many times faster than the general
+        // fixed point below, and the same bits by construction.
+        const int min_a = smallest_exponent(fa.element), min_b = smallest_exponent(fb.element);
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j)
+            acc[static_cast<std::size_t>(i) * n + j] =
+                per_tensor_exact_dot(a.elements.data() + static_cast<std::size_t>(i) * k + k0, min_a,
+                                     bt.elements.data() + static_cast<std::size_t>(j) * k + k0, min_b, width);
+      } else if (wide && !block_sums_fit(ea, eb, k0, width)) {
         accumulate_wide(ea, eb, Matrix::Ones(m, 1), Matrix::Ones(n, 1), smallest_exponent(fa.element),
                         smallest_exponent(fb.element), 0, k0, width, acc, m, n);
       } else {

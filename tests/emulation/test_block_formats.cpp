@@ -1149,8 +1149,10 @@ TEST_CASE("block_scaled_dot (the host/device routine of the CUDA block GEMM) giv
 
 TEST_CASE("per_tensor_exact_dot (the CUDA per-tensor FP8 GEMM's routine) gives block_gemm's bits, E5M2 included",
           "[block][gemm][device]") {
-  // Against block_gemm's per-tensor path (binary64 where the sum fits, its 640-bit fixed point where not) and,
-  // for the rounding, against sums worked out by hand.
+  // Against the exact rational reference of the per-tensor product (the sum rounded once to binary32, times
+  // alpha = sa sb, each product rounded once), which block_gemm's per-tensor path must also give (binary64
+  // where the sums fit; this routine or the 640-bit fixed point where not); and, for the rounding, against
+  // sums worked out by hand.
   std::mt19937_64 rng(20261126);
   const std::pair<const char*, const char*> pairs[] = {{"fp8-e4m3-tensor", "fp8-e4m3-tensor"},
                                                        {"fp8-e5m2-tensor", "fp8-e4m3-tensor"},
@@ -1168,17 +1170,22 @@ TEST_CASE("per_tensor_exact_dot (the CUDA per-tensor FP8 GEMM's routine) gives b
     std::vector<float> want(static_cast<std::size_t>(m) * n);
     block_gemm({}, fa, a, fb, bt, want.data(), m, n, k);
     const int min_a = smallest_exponent(fa.element), min_b = smallest_exponent(fb.element);
+    const float alpha = to_binary32(exact(static_cast<float>(a.scales[0])) * exact(static_cast<float>(bt.scales[0])));
     std::size_t bad = 0, nonzero = 0;
     for (int i = 0; i < m; ++i)
       for (int j = 0; j < n; ++j) {
+        Q sum = 0;
+        for (int t = 0; t < k; ++t)
+          sum += exact(a.elements[static_cast<std::size_t>(i) * k + t]) * exact(bt.elements[static_cast<std::size_t>(j) * k + t]);
+        const float reference = to_binary32(exact(to_binary32(sum)) * exact(alpha));
         float got = per_tensor_exact_dot(a.elements.data() + static_cast<std::size_t>(i) * k, min_a,
                                          bt.elements.data() + static_cast<std::size_t>(j) * k, min_b, k);
         got *= static_cast<float>(a.scales[0]) * static_cast<float>(bt.scales[0]);
-        const float expected = want[static_cast<std::size_t>(i) * n + j];
+        const float from_gemm = want[static_cast<std::size_t>(i) * n + j];
         nonzero += got != 0.0f;
-        if (!same(static_cast<double>(got), static_cast<double>(expected)) && bad++ < 3)
+        if ((!same_float(got, reference) || !same_float(from_gemm, reference)) && bad++ < 3)
           FAIL_CHECK(a_name << " x " << b_name << " C(" << i << ", " << j << "): dot " << got << ", block_gemm "
-                            << expected);
+                            << from_gemm << ", reference " << reference);
       }
     CHECK(bad == 0);
     CHECK(nonzero > static_cast<std::size_t>(m * n) / 2);
