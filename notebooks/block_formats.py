@@ -6,8 +6,9 @@ bf16-mixed, the FP8 recipes, MXFP8/6/4 and NVFP4 with parts of its recipe taken 
 
 - the training loss of every policy (mean over seeds, the band from the lowest to the highest seed);
 - each policy's final test accuracy minus bf16-mixed's, seed by seed (paired: a seed fixes the initial
-  weights and the batches in every arm), with the mean and its 95% t-interval. A difference whose
-  interval holds 0 is reported as inconclusive, never as parity (no equivalence test is run here);
+  weights and the batches in every arm), with the mean and its 95% t-interval, and an equivalence test
+  (TOST, margin 0.5 point fixed in advance: the 90% t-interval inside +-0.5). A difference whose 95%
+  interval holds 0 is inconclusive unless the equivalence test passes; it is never called parity;
 - the per-block statistics that explain a gap: per GEMM operand, the share of nonzero elements
   flushed to zero inside their block and the share saturated, and the median per-block quantization
   error in units of the element format's epsilon, summed over the instrumented steps and layers;
@@ -43,6 +44,13 @@ OPERANDS = ("fprop_activations", "fprop_weights", "dgrad_gradients", "dgrad_weig
 T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
        2.045, 2.042]
+# One-sided 95% Student t quantiles by degrees of freedom (1..30); normal beyond: TOST at alpha = 0.05.
+T90 = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
+       1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
+       1.699, 1.697]
+# The equivalence margin, fixed before any run: a policy is "equivalent" to bf16-mixed when both one-sided
+# tests reject a difference of this many accuracy points or more (TOST; the 90% interval inside the margin).
+MARGIN_POINTS = 0.5
 
 
 def policies(f) -> dict[str, dict[int, str]]:
@@ -59,21 +67,36 @@ def final_accuracy(f, arm: str) -> float:
     return float(e["test_accuracy"][-1]) if len(e["test_accuracy"]) else math.nan
 
 
-def paired_difference(f, arms: dict[int, str], base: dict[int, str]) -> dict:
-    """Accuracy minus the baseline's, seed by seed, in points; mean and 95% t-interval."""
-    seeds = sorted(set(arms) & set(base))
-    d = np.array([100 * (final_accuracy(f, arms[s]) - final_accuracy(f, base[s])) for s in seeds])
+def compare_paired(d: np.ndarray) -> dict:
+    """Paired differences d (points): mean, 95% t-interval (the difference test) and 90% t-interval (TOST
+    against +-MARGIN_POINTS, the equivalence test), and the verdict they give."""
     n = len(d)
     mean = float(d.mean()) if n else math.nan
+    low = high = low90 = high90 = math.nan
+    equivalent = False
     if n >= 2:
-        half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * float(d.std(ddof=1)) / math.sqrt(n)
-        low, high = mean - half, mean + half
-        verdict = "lower" if high < 0 else "higher" if low > 0 else "inconclusive"
+        se = float(d.std(ddof=1)) / math.sqrt(n)
+        half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * se
+        half90 = (T90[n - 2] if n - 1 <= len(T90) else 1.645) * se
+        low, high, low90, high90 = mean - half, mean + half, mean - half90, mean + half90
+        equivalent = -MARGIN_POINTS < low90 and high90 < MARGIN_POINTS
+        different = "lower" if high < 0 else "higher" if low > 0 else ""
+        if equivalent:
+            verdict = f"equivalent within +-{MARGIN_POINTS} (TOST)" + (f", and {different}" if different else "")
+        else:
+            verdict = different or "inconclusive"
     else:
-        low = high = math.nan
         verdict = "inconclusive (one seed: no interval)"
-    return {"seeds": seeds, "differences_points": d.tolist(), "mean_points": mean, "ci95_points": [low, high],
+    return {"differences_points": d.tolist(), "mean_points": mean, "ci95_points": [low, high],
+            "ci90_points": [low90, high90], "margin_points": MARGIN_POINTS, "equivalent": equivalent,
             "verdict": verdict}
+
+
+def paired_difference(f, arms: dict[int, str], base: dict[int, str]) -> dict:
+    """Accuracy minus the baseline's, seed by seed, in points (compare_paired)."""
+    seeds = sorted(set(arms) & set(base))
+    d = np.array([100 * (final_accuracy(f, arms[s]) - final_accuracy(f, base[s])) for s in seeds])
+    return {"seeds": seeds, **compare_paired(d)}
 
 
 def block_summary(f, arm: str) -> dict:
@@ -205,14 +228,16 @@ def scale_figure(f, found: dict, operand: str = "wgrad_gradients") -> Figure:
 
 
 def verdict(found: dict) -> str:
-    lines = [f"Final test accuracy against {BASELINE} (paired by seed, points, mean [95% t-interval]):"]
+    lines = [f"Final test accuracy against {BASELINE} (paired by seed, points, mean [95% t-interval] "
+             f"[90% t-interval, TOST margin +-{MARGIN_POINTS}]):"]
     for name, e in found["policies"].items():
         if "vs_baseline" not in e:
             continue
         v = e["vs_baseline"]
         low, high = v["ci95_points"]
-        lines.append(f"  {name:<14} {v['mean_points']:+.2f} [{low:+.2f}, {high:+.2f}] over seeds {v['seeds']}: "
-                     f"{v['verdict']}")
+        low90, high90 = v["ci90_points"]
+        lines.append(f"  {name:<14} {v['mean_points']:+.2f} [{low:+.2f}, {high:+.2f}] [{low90:+.2f}, {high90:+.2f}] "
+                     f"over seeds {v['seeds']}: {v['verdict']}")
     lines.append("Inside the blocks (first seed; share of nonzero elements flushed / saturated, median block error "
                  "in element epsilons):")
     for name, e in found["policies"].items():
