@@ -74,8 +74,19 @@ int main(int argc, char** argv) {
   scaled_tc.tensor_core = *tensor_core_preset("H100", formats::e4m3, formats::binary32);
   rows.push_back({"mxfp8-e4m3, scaled products in H100's accumulator", *parse_block_format("mxfp8-e4m3"),
                   *parse_block_format("mxfp8-e4m3"), scaled_tc, {}, {}, {}});
+  // Per-tensor FP8 (fp8-current): E4M3 x E4M3 sums fit binary64; E5M2 x E4M3 (its backward GEMMs) may not.
+  rows.push_back({"fp8-e4m3 per tensor", *parse_block_format("fp8-e4m3-tensor"), *parse_block_format("fp8-e4m3-tensor"),
+                  {}, {}, {}, {}});
+  rows.push_back({"fp8-e5m2 x fp8-e4m3 per tensor", *parse_block_format("fp8-e5m2-tensor"),
+                  *parse_block_format("fp8-e4m3-tensor"), {}, {}, {}, {}});
+  // The same with A spread over 24 binades, as gradients are: its sums exceed binary64 (two exact binary64
+  // GEMMs, split at 2^0).
+  std::vector<float> spread = x;
+  for (float& v : spread) v = std::ldexp(v, static_cast<int>(rng() % 24) - 12);
+  rows.push_back({"fp8-e5m2 (A over 24 binades) x fp8-e4m3 per tensor", *parse_block_format("fp8-e5m2-tensor"),
+                  *parse_block_format("fp8-e4m3-tensor"), {}, {}, {}, {}});
   for (Row& r : rows) {
-    r.qa = quantize_block_operand(r.a, x, m, k);
+    r.qa = quantize_block_operand(r.a, r.name.find("24 binades") != std::string::npos ? spread : x, m, k);
     r.qb = quantize_block_operand(r.b, y, n, k);
   }
   std::vector<float> c(static_cast<std::size_t>(m) * n);

@@ -54,11 +54,13 @@ bool block_sums_fit(const Matrix& ea, const Matrix& eb, int k0, int width) {
       for (int t = k0; t < k0 + width; ++t) {
         const double v = e(r, t);
         if (v == 0 || !std::isfinite(v)) continue;
-        int exponent = 0;
-        const double mantissa = std::frexp(v, &exponent);  // v = mantissa 2^exponent
-        std::uint64_t bits = static_cast<std::uint64_t>(std::fabs(std::ldexp(mantissa, 53)));
+        // v = significand 2^(exponent - 53), the significand a 53-bit integer (frexp's exponent), read from
+        // the pattern: every element is a binary32 value, a normal binary64.
+        const auto bits = std::bit_cast<std::uint64_t>(v);
+        const int exponent = static_cast<int>((bits >> 52) & 0x7FF) - 1022;
+        const std::uint64_t significand = (bits & 0xFFFFFFFFFFFFFull) | (1ull << 52);
         top = std::max(top, exponent);
-        lsb = std::min(lsb, exponent - 53 + std::countr_zero(bits));
+        lsb = std::min(lsb, exponent - 53 + std::countr_zero(significand));
       }
   };
   int top_a = 0, lsb_a = 0, top_b = 0, lsb_b = 0;
@@ -200,6 +202,23 @@ bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int
   return span <= 53;
 }
 
+namespace {
+
+// The split s for which A's elements below 2^(s + min_a) and those at or above
+// it, each times B's, sum exactly in binary64 over k products (every partial
+// sum on its products' grid within 53 bits); -1 when no split does. Elements
+// at or above 2^(s + min_a) lie on the grid 2^(s + min_a - mantissa bits).
+int two_part_split(const ElementFormat& a, const ElementFormat& b, int k) {
+  if (!a.floating) return -1;
+  const int min_a = smallest_exponent(a), min_b = smallest_exponent(b);
+  const int span_a = a.emax() + 1 - min_a, span_b = b.emax() + 1 - min_b;
+  const int room = 53 - span_b - static_cast<int>(std::ceil(std::log2(std::max(k, 1))));
+  const int s = room;  // the low part as wide as it may be
+  return s > 0 && span_a + a.floating->mantissa_bits - s <= room ? s : -1;
+}
+
+}  // namespace
+
 bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, int k) {
   // Each element an integer of span bits times 2^min, each product within 64 bits; k products add
   // ceil(log2 k) bits, with the sign within 128; the rounded sum,
@@ -270,7 +289,24 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
       // cuBLAS's FP8 GEMMs take scale_a and scale_b: the exact sum rounded
       // once to binary32, then times alpha = sa * sb (one binary32 product
       // each).
-      if (wide && !block_sums_fit(ea, eb, k0, width) && per_tensor_sums_fit_int128(fa.element, fb.element, width)) {
+      const bool exceeds_binary64 = wide && !block_sums_fit(ea, eb, k0, width);
+      const int split = exceeds_binary64 ? two_part_split(fa.element, fb.element, width) : -1;
+      if (split >= 0) {
+        // Two binary64 GEMMs, each exact: A's elements of at least 2^(split + min_a) and the rest (FP8 E5M2
+        // against E4M3: 2^0 and below), then each output's two exact sums added with one rounding to odd
+        // and rounded to binary32: the exact sum rounded once (Boldo and Melquiond, round_to_odd.hpp).
+        const double threshold = std::ldexp(1.0, split + smallest_exponent(fa.element));
+        const auto a_block = ea.middleCols(k0, width);
+        Matrix part = (a_block.array().abs() >= threshold).select(a_block, 0.0);  // the high elements
+        partial.noalias() = part * eb.middleCols(k0, width).transpose();
+        part = a_block - part;  // the low ones: exact, each element is one or the other (NaN stays NaN)
+        Matrix rest(m, n);
+        rest.noalias() = part * eb.middleCols(k0, width).transpose();
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j)
+            acc[static_cast<std::size_t>(i) * n + j] =
+                static_cast<float>(add_round_to_odd(partial(i, j), rest(i, j)) + 0.0);
+      } else if (exceeds_binary64 && per_tensor_sums_fit_int128(fa.element, fb.element, width)) {
         // The device's routine (block_dot.hpp): 128-bit integer sums, many times faster than the general
         // fixed point below, and the same bits by construction.
         const int min_a = smallest_exponent(fa.element), min_b = smallest_exponent(fb.element);
@@ -279,7 +315,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
             acc[static_cast<std::size_t>(i) * n + j] =
                 per_tensor_exact_dot(a.elements.data() + static_cast<std::size_t>(i) * k + k0, min_a,
                                      bt.elements.data() + static_cast<std::size_t>(j) * k + k0, min_b, width);
-      } else if (wide && !block_sums_fit(ea, eb, k0, width)) {
+      } else if (exceeds_binary64) {
         accumulate_wide(ea, eb, Matrix::Ones(m, 1), Matrix::Ones(n, 1), smallest_exponent(fa.element),
                         smallest_exponent(fb.element), 0, k0, width, acc, m, n);
       } else {
