@@ -1,8 +1,10 @@
-// Block-scaled GEMM operands on the CPU: each operand laid out k-major
-// (as the hardware reads it), optionally Hadamard-transformed along k,
-// quantized by the fast path (quantize_block_operand: the reference's bits,
-// proven in tests/emulation/test_block_formats.cpp), counted, and
-// multiplied by block_gemm (exact block sums, as block-scaled tensor cores).
+// Block-scaled GEMM operands, for every backend: each operand laid out
+// k-major (as the hardware reads it), optionally Hadamard-transformed along
+// k, quantized by the backend's step (the CPU's: quantize_block_operand, the
+// reference's bits, proven in tests/emulation/test_block_formats.cpp),
+// counted, and multiplied by its other step (the CPU's: block_gemm, exact
+// block sums, as block-scaled tensor cores). Also the block statistics'
+// accumulation (stats.hpp).
 
 #include "mpsim/core/block_scaled_gemm.hpp"
 
