@@ -61,6 +61,9 @@ struct TensorCoreModel {
   int groups = 1;
   int group_run = 1;
   bool c_added_last = false;  // the products start from +0; c is added by one rounded addition at the end
+  // With c_added_last: the rounding of that addition, when not `rounding`
+  // (B200 FP8: the products truncated, c added to nearest-even).
+  std::optional<RoundingMode> c_rounding;
   TensorCoreSum sum = TensorCoreSum::fused;  // exact, pairwise, late_c: groups 1, result_precision 0, c in the block
   // A product of magnitude >= 2^(emax + 1) of the output makes the block an
   // infinity (NaN for both signs), whatever else it holds (AMD, "prd_limit").
