@@ -61,8 +61,7 @@ BlockOperand quantize_operand(const GemmNumerics::BlockOperand& o, const std::ve
 
 BlockGemmSteps cpu_block_gemm_steps() {
   BlockGemmSteps steps;
-  steps.quantize = [](const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
-                      const BlockQuantizeOptions& options) { return quantize_block_operand(f, x, rows, cols, options); };
+  steps.quantize = quantize_block_operand;
   steps.multiply = [](const BlockGemmModel& model, const BlockFormat& fa, const BlockOperand& a, const BlockFormat& fb,
                       const BlockOperand& bt, float* c, int m, int n, int k) { block_gemm(model, fa, a, fb, bt, c, m, n, k); };
   return steps;

@@ -193,13 +193,21 @@ int smallest_exponent(const ElementFormat& e) {
   return -e.fraction_bits;
 }
 
+namespace {
+
+// The bits of an element's magnitude as an integer times 2^smallest_exponent:
+// every element lies below 2^(emax + 1).
+int integer_span(const ElementFormat& e) { return e.emax() + 1 - smallest_exponent(e); }
+
+// The bits that a sum of `count` terms adds to its largest term's.
+int carry_bits(int count) { return static_cast<int>(std::ceil(std::log2(std::max(count, 1)))); }
+
+}  // namespace
+
 bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block) {
   // The products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and `block` of them add at most
   // log2(block) bits.
-  const int span = (a.element.emax() + 1 - smallest_exponent(a.element)) +
-                   (b.element.emax() + 1 - smallest_exponent(b.element)) +
-                   static_cast<int>(std::ceil(std::log2(std::max(block, 1))));
-  return span <= 53;
+  return integer_span(a.element) + integer_span(b.element) + carry_bits(block) <= 53;
 }
 
 namespace {
@@ -210,11 +218,9 @@ namespace {
 // at or above 2^(s + min_a) lie on the grid 2^(s + min_a - mantissa bits).
 int two_part_split(const ElementFormat& a, const ElementFormat& b, int k) {
   if (!a.floating) return -1;
-  const int min_a = smallest_exponent(a), min_b = smallest_exponent(b);
-  const int span_a = a.emax() + 1 - min_a, span_b = b.emax() + 1 - min_b;
-  const int room = 53 - span_b - static_cast<int>(std::ceil(std::log2(std::max(k, 1))));
-  const int s = room;  // the low part as wide as it may be
-  return s > 0 && span_a + a.floating->mantissa_bits - s <= room ? s : -1;
+  // The low part as wide as binary64 allows (`room` bits); the high part then spans the rest.
+  const int room = 53 - integer_span(b) - carry_bits(k);
+  return room > 0 && integer_span(a) + a.floating->mantissa_bits - room <= room ? room : -1;
 }
 
 }  // namespace
@@ -224,9 +230,8 @@ bool per_tensor_sums_fit_int128(const ElementFormat& a, const ElementFormat& b, 
   // ceil(log2 k) bits, with the sign within 128; the rounded sum,
   // 24 bits at 2^(width - 24 + min_a + min_b), must be a normal binary32.
   const int min_a = smallest_exponent(a), min_b = smallest_exponent(b);
-  const int span_a = a.emax() + 1 - min_a, span_b = b.emax() + 1 - min_b;
-  const int width = span_a + span_b + static_cast<int>(std::ceil(std::log2(std::max(k, 1))));
-  return span_a + span_b <= 64 && width <= 127 && min_a + min_b >= -126 && width + min_a + min_b <= 127;
+  const int span = integer_span(a) + integer_span(b), width = span + carry_bits(k);
+  return span <= 64 && width <= 127 && min_a + min_b >= -126 && width + min_a + min_b <= 127;
 }
 
 void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const BlockQuantized& a,

@@ -504,10 +504,7 @@ class CudaBackend final : public core::Backend {
     to_host_impl(a, host_a);  // waits for the stream
     to_host_impl(b, host_b);
     core::BlockGemmSteps steps;
-    steps.quantize = [](const BlockFormat& f, std::span<const float> x, std::int64_t rows, std::int64_t cols,
-                        const BlockQuantizeOptions& options) {
-      return quantize_block_operand_on_device(f, x, rows, cols, options);
-    };
+    steps.quantize = quantize_block_operand_on_device;
     steps.multiply = [](const BlockGemmModel&, const BlockFormat& fa, const BlockOperand& qa, const BlockFormat& fb,
                         const BlockOperand& qb, float* out, int m, int n, int k) {
       block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);  // the model is {} here: promotion was refused above

@@ -42,6 +42,14 @@ std::vector<float> mixed_values(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
+// Values fit for a tensor under one scale (per-tensor FP8, NVFP4's second level): a single NaN or Inf would make
+// every element NaN, and binary32's largest value a scale whose square overflows; either would leave a
+// comparison with nothing to compare (as an H100 run of 2026-11-26 showed). Such values become 1.
+void keep_one_scale_meaningful(std::vector<float>& v) {
+  for (float& e : v)
+    if (!std::isfinite(e) || std::fabs(e) > 0x1p20f) e = 1.0f;
+}
+
 }  // namespace
 
 TEST_CASE("the rounding kernel matches the emulator bit for bit, counters included", "[gpu]") {
@@ -154,9 +162,7 @@ TEST_CASE("block quantization on the device gives quantize_blocks' bits, scale c
     for (const RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
       const std::int64_t rows = 37, cols = 3 * std::max(f.block_cols, 16) + 5;
       std::vector<float> x = mixed_values(static_cast<std::size_t>(rows * cols), 42);
-      if (f.block_rows == 0)  // one scale for the tensor: no NaN or Inf, or every value would be NaN
-        for (float& e : x)
-          if (!std::isfinite(e) || std::fabs(e) > 0x1p20f) e = 1.0f;
+      if (f.block_rows == 0) keep_one_scale_meaningful(x);
       BlockQuantizeOptions options;
       options.rounding = Rounding{mode};
       options.key = {11, 3};
@@ -212,12 +218,8 @@ TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_ope
     std::vector<float> x = mixed_values(static_cast<std::size_t>(m) * k, 7);
     std::vector<float> y = mixed_values(static_cast<std::size_t>(n) * k, 8);
     if (fa.scale != ScaleFormat::e8m0) {
-      // A scale for the whole tensor (per-tensor FP8, NVFP4's second level): one NaN or Inf would make every
-      // element NaN, and binary32's largest value a scale whose square overflows; either leaves the
-      // comparison below with nothing to compare (as an H100 run of 2026-11-26 showed).
-      for (auto* v : {&x, &y})
-        for (float& e : *v)
-          if (!std::isfinite(e) || std::fabs(e) > 0x1p20f) e = 1.0f;
+      keep_one_scale_meaningful(x);
+      keep_one_scale_meaningful(y);
     }
     BlockQuantizeOptions options;
     options.rounding = Rounding{RoundingMode::stochastic};
