@@ -153,8 +153,11 @@ pack() {
 # --- tests -----------------------------------------------------------------
 stage_tests() {
   local dir=$work/gpu-tests name bin log c rc pass fail skip notrun t0 any_run=0 failed=()
-  mkdir -p "$dir"
-  for name in test_gpu_device test_gpu_backend_ops test_gpu_tensor_core_check; do
+  mkdir -p "$dir/fp8-dumps"
+  # The FP8 tensor-core check writes each device result there, for models compared off the device.
+  export MPSIM_TC_DUMP=$dir/fp8-dumps
+  # MPSIM_GPU_TESTS: which test binaries (all three by default).
+  for name in ${MPSIM_GPU_TESTS:-test_gpu_device test_gpu_backend_ops test_gpu_tensor_core_check}; do
     bin=$build/tests/gpu/$name
     if [ ! -x "$bin" ]; then add_row "  $name" "absent" "" "not in the bundle"; continue; fi
     log=$dir/$name.log
