@@ -11,6 +11,9 @@
 //   ulp difference, per case) and checked against the binary32 accumulation
 //   bound around the exact result.
 //
+// FP8 inputs (issue #19 §7, below): mma.sync.m16n8k32 chains and cuBLASLt's
+// FP8 GEMM, with and without fast accumulation, each against its rule.
+//
 // Every test case skips (exit 77, CTest "Skipped") without a CUDA device, and
 // also on a device that is not compute capability 9.x: the model is the H100's.
 // The hidden case "[.host-check]" runs the host half alone (data, exact
@@ -224,8 +227,8 @@ std::string hex(float x) {
   return text;
 }
 
-std::string describe_element(const Case& c, std::size_t at, float got, float expected) {
-  const int i = static_cast<int>(at / c.shape.n), j = static_cast<int>(at % c.shape.n);
+std::string describe_element(int n, std::size_t at, float got, float expected) {
+  const int i = static_cast<int>(at / n), j = static_cast<int>(at % n);
   char text[160];
   std::snprintf(text, sizeof text, "c[%d][%d]: got %.9g (%s), model %.9g (%s)", i, j, got, hex(got).c_str(),
                 expected, hex(expected).c_str());
@@ -246,7 +249,7 @@ TEST_CASE("an mma.sync GEMM is bit-identical to the emulator's H100 tensor-core 
     const std::string first =
         cmp.identical == cmp.total
             ? std::string("none differs")
-            : "first difference " + describe_element(c, cmp.first_difference, got[cmp.first_difference],
+            : "first difference " + describe_element(c.shape.n, cmp.first_difference, got[cmp.first_difference],
                                                      expected[cmp.first_difference]);
     INFO(c.label() << ": " << first);
     CHECK(cmp.identical == cmp.total);  // the bar: 100% on an H100
@@ -273,7 +276,7 @@ TEST_CASE("cuBLAS 16-bit GEMMs against the H100 model: fraction identical, and w
     char where[96] = "";
     if (outside != 0) std::snprintf(where, sizeof where, ", exact %.17g, bound %.3g", r.exact[first], r.bound[first]);
     INFO((outside == 0 ? std::string("none outside the bound")
-                       : "first outside the bound: " + describe_element(c, first, got[first], expected[first]) + where));
+                       : "first outside the bound: " + describe_element(c.shape.n, first, got[first], expected[first]) + where));
     CHECK(outside == 0);
   }
   std::fflush(stdout);
@@ -282,17 +285,23 @@ TEST_CASE("cuBLAS 16-bit GEMMs against the H100 model: fraction identical, and w
 // ---- FP8 inputs (issue #19 §7) --------------------------------------------
 // The H100's FP8 tensor-core model (block of 32, a 13-bit aligned sum,
 // truncation; docs/tensor_cores.md) was fitted to vectors measured with wgmma
-// and c = 0. Here the device computes FP8 GEMMs along long K two ways: a chain
-// of mma.sync.m16n8k32 (c carried from one instruction to the next) and
-// cuBLASLt's FP8 GEMM, with and without its fast accumulation. What is checked:
-// on "exact" data (every product and every partial sum a small integer, exact
-// in any accumulator) both engines give the exact sums, which proves the
-// operand layout and the conversions; the rest is reported per case: the
-// fraction of outputs identical to the emulator's H100 FP8 model and to the
-// exact sum rounded to nearest binary32. With MPSIM_TC_DUMP=DIR every device
-// result is also written there (raw binary32, one file per case and engine)
-// so that other candidate models can be compared off the device: the operands
-// are regenerated from the case's seed ("[.fp8-dump]" below).
+// and c = 0. Here the device computes FP8 GEMMs along K up to 2048, E4M3 and
+// E5M2 in every pairing, three ways, and each must equal its rule bit for bit:
+// - cuBLASLt with CUBLASLT_MATMUL_DESC_FAST_ACCUM: the wgmma model chained
+//   along all of K (c carried), i.e. "h100" for FP8 inputs;
+// - cuBLASLt without it: that model over chunks of 128 products from +0, each
+//   added into a binary32 sum (DeepSeek-V3's promotion interval);
+// - mma.sync.m16n8k32 chains: two fp16-style groups of interleaved pairs
+//   (block 32, 25 bits, truncation), then c added with one nearest-even
+//   binary32 addition: "h100:e4m3:fp16"'s shape with a binary32 output.
+// The rules were found off the device from the first run's dumped results
+// (2026-11-26; candidates that fail are listed in docs/tensor_cores.md). On
+// "exact" data (every partial sum a small integer) both engines must also give
+// the exact sums, which proves the operand layout and the conversions apart
+// from any rule. With MPSIM_TC_DUMP=DIR every device result is written there
+// (raw binary32, one file per case and engine) so that other models can be
+// compared off the device: the operands are regenerated from the case's seed
+// ("[.fp8-dump]" below).
 namespace {
 
 enum class Fp8Data { exact, uniform, normal, wide };
@@ -378,11 +387,54 @@ Operands make_operands(const Fp8Case& c) {
 
 // mpsim::gemm under a model given by name (the H100's FP8 row: "h100" with an
 // FP8 input format; its parameters are the same for E4M3 and E5M2).
+// A format holding both operands' values exactly: the model rounds its inputs
+// to its input format first, and E4M3 x E5M2 needs E5M3 (E4M3's subnormals are
+// normal there). The H100 FP8 rows are the same for every FP8 input.
+Format joint_format(const Fp8Case& c) {
+  if (c.a_type == c.b_type) return fp8_format(c.a_type);
+  return Format{5, 3};
+}
+
+// The three rules the H100 follows, found from the first device run's results
+// (docs/tensor_cores.md, "FP8 on the H100 itself"): cuBLASLt with fast
+// accumulation is the wgmma model chained along all of K; cuBLASLt without it
+// promotes that model's sum into binary32 every 128 products; mma.sync is two
+// fp16-style groups of interleaved pairs, truncated, then c added with one
+// nearest-even binary32 addition.
+std::string wgmma_model(const Fp8Case& c) {
+  return "tc:input=" + joint_format(c).name() + ",output=fp32,block=32,bits=13,rounding=rtz,precision=14";
+}
+std::string promoted_wgmma_model(const Fp8Case& c) { return "promote=128:" + wgmma_model(c); }
+std::string mma_sync_model(const Fp8Case& c) {
+  return "tc:input=" + joint_format(c).name() +
+         ",output=fp32,block=32,bits=25,rounding=rtz,groups=2,run=2,c=last,c_rounding=rne";
+}
+
+// "promote=N:MODEL": the model along chunks of N products from +0, each
+// chunk's result added into a binary32 sum (nearest-even) in increasing K,
+// from +0 as block_gemm's promotion does.
 std::vector<float> fp8_model_result(std::string_view model_name, const Fp8Case& c, const Operands& ops) {
-  const auto model = parse_accumulation_model(model_name, fp8_format(c.a_type));
+  const int m = c.shape.m, n = c.shape.n, k = c.shape.k;
+  int interval = k;
+  const bool promoted = model_name.rfind("promote=", 0) == 0;
+  if (promoted) {
+    const auto colon = model_name.find(':');
+    REQUIRE(colon != std::string_view::npos);
+    interval = std::stoi(std::string(model_name.substr(8, colon - 8)));
+    model_name = model_name.substr(colon + 1);
+  }
+  const auto model = parse_accumulation_model(model_name, joint_format(c));
   REQUIRE(model.has_value());
-  std::vector<float> out(static_cast<std::size_t>(c.shape.m) * c.shape.n);
-  gemm(*model, ops.a.data(), ops.b.data(), out.data(), c.shape.m, c.shape.n, c.shape.k, false, 0);
+  std::vector<float> out(static_cast<std::size_t>(m) * n, 0.0f), part(out.size());
+  for (int k0 = 0; k0 < k; k0 += interval) {
+    const int w = std::min(interval, k - k0);
+    std::vector<float> a(static_cast<std::size_t>(m) * w), b(ops.b.begin() + static_cast<std::ptrdiff_t>(k0) * n,
+                                                             ops.b.begin() + static_cast<std::ptrdiff_t>(k0 + w) * n);
+    for (int i = 0; i < m; ++i)
+      std::copy_n(ops.a.begin() + static_cast<std::ptrdiff_t>(i) * k + k0, w, a.begin() + static_cast<std::ptrdiff_t>(i) * w);
+    gemm(*model, a.data(), b.data(), part.data(), m, n, w, false, 0);
+    for (std::size_t e = 0; e < out.size(); ++e) out[e] = promoted ? out[e] + part[e] : part[e];
+  }
   return out;
 }
 
@@ -431,17 +483,20 @@ void report_fp8(const char* engine, const Fp8Case& c, const std::vector<float>& 
 
 }  // namespace
 
-TEST_CASE("FP8 GEMMs on the device: mma.sync and cuBLASLt against the H100 FP8 model", "[gpu]") {
+TEST_CASE("FP8 GEMMs on the H100 follow three tensor-core rules: mma.sync, cuBLASLt, cuBLASLt fast accumulation",
+          "[gpu]") {
   require_hopper();
-  std::size_t exact_checked = 0;
+  std::size_t exact_checked = 0, lt_checked = 0;
   for (const Fp8Case& c : fp8_cases()) {
     const Operands ops = make_operands(c);
-    const std::vector<float> model = fp8_model_result("h100", c, ops), nearest = fp8_exact_rounded(c, ops);
+    const std::vector<float> nearest = fp8_exact_rounded(c, ops);
     INFO(c.label());
     const std::vector<float> mma = gpu::mma_gemm_fp8(c.a_type, c.b_type, ops.a, ops.b, c.shape.m, c.shape.n,
                                                      c.shape.k);
     dump(c, "mma", mma);
-    report_fp8("mma.sync", c, mma, model, nearest);
+    const std::vector<float> mma_model = fp8_model_result(mma_sync_model(c), c, ops);
+    report_fp8("mma.sync", c, mma, mma_model, nearest);
+    CHECK(gpu::compare_bits(mma, mma_model).identical == mma.size());
     if (c.data == Fp8Data::exact) {  // the layout and the conversions: every sum is exact
       CHECK(gpu::compare_bits(mma, nearest).identical == mma.size());
       ++exact_checked;
@@ -454,24 +509,34 @@ TEST_CASE("FP8 GEMMs on the device: mma.sync and cuBLASLt against the H100 FP8 m
       if (!run.ran) {
         std::printf("%-14s %-44s not run: %s\n", fast ? "cuBLASLt fast" : "cuBLASLt", c.label().c_str(),
                     run.why_not.c_str());
+        CHECK((c.a_type == gpu::Fp8::e5m2 && c.b_type == gpu::Fp8::e5m2));  // the only pair without a kernel
         continue;
       }
       dump(c, engine, run.c);
+      const std::vector<float> model =
+          fp8_model_result(fast ? wgmma_model(c) : promoted_wgmma_model(c), c, ops);
       char what[64];
       std::snprintf(what, sizeof what, "%s a%d s%d", fast ? "cuBLASLt fast" : "cuBLASLt", run.algorithm_id,
                     run.split_k);
       report_fp8(what, c, run.c, model, nearest);
+      // The rule is cuBLASLt's kernel's, and the heuristic may pick another kernel (split K) elsewhere; the
+      // figures printed say which (algorithm id, split-K count).
+      CHECK(gpu::compare_bits(run.c, model).identical == run.c.size());
       if (c.data == Fp8Data::exact) CHECK(gpu::compare_bits(run.c, nearest).identical == run.c.size());
+      ++lt_checked;
     }
   }
   CHECK(exact_checked == 20);
+  CHECK(lt_checked == 2 * 3 * 4 * 4);  // three type pairs, four data kinds, four shapes of whole tiles
   std::fflush(stdout);
 }
 
 // Off the device: MPSIM_TC_DUMP=DIR holds a device run's results;
 // MPSIM_TC_MODELS lists accumulation models (';'-separated, e.g.
-// "h100;tc:input=e4m3,output=fp32,block=16,bits=25,rounding=rtz") to compare
-// with each dumped result, operands regenerated from the seeds. Reports only.
+// "h100;tc:input=e4m3,output=fp32,block=16,bits=25,rounding=rtz", "promote=128:MODEL",
+// or "rule": each engine's rule checked above) to compare with each dumped
+// result, operands regenerated from the seeds; MPSIM_TC_ENGINE=mma|lt-fast|lt
+// reads one engine's results. Reports only.
 TEST_CASE("FP8 device dumps against candidate models", "[.fp8-dump]") {
   const char* dir = std::getenv("MPSIM_TC_DUMP");
   const char* models = std::getenv("MPSIM_TC_MODELS");
@@ -486,14 +551,25 @@ TEST_CASE("FP8 device dumps against candidate models", "[.fp8-dump]") {
     const Operands ops = make_operands(c);
     const std::vector<float> nearest = fp8_exact_rounded(c, ops);
     for (const char* engine : {"mma", "lt-fast", "lt"}) {
+      const char* only = std::getenv("MPSIM_TC_ENGINE");  // one engine's dumps only
+      if (only != nullptr && std::string_view(only) != engine) continue;
       bool found = false;
       const std::vector<float> got = read_dump(c, dir, engine, found);
       if (!found) continue;
-      for (const std::string& model_name : names) {
-        const auto model = parse_accumulation_model(model_name, fp8_format(c.a_type));
-        if (!model) FAIL("not a model: " << model_name);
-        report_fp8((std::string(engine) + " " + model_name).c_str(), c, got, fp8_model_result(model_name, c, ops),
-                   nearest);
+      for (std::string model_name : names) {
+        if (model_name == "rule")  // the rule the "[gpu]" test checks for this engine
+          model_name = engine == std::string_view("mma")       ? mma_sync_model(c)
+                       : engine == std::string_view("lt-fast") ? wgmma_model(c)
+                                                               : promoted_wgmma_model(c);
+        const std::vector<float> expected = fp8_model_result(model_name, c, ops);
+        report_fp8((std::string(engine) + " " + model_name).c_str(), c, got, expected, nearest);
+        const gpu::GemmComparison cmp = gpu::compare_bits(got, expected);
+        if (cmp.identical != cmp.total)
+          std::printf("  first difference: %s, exact rounded %.9g\n",
+                      describe_element(c.shape.n, cmp.first_difference, got[cmp.first_difference],
+                                       expected[cmp.first_difference])
+                          .c_str(),
+                      nearest[cmp.first_difference]);
       }
     }
   }
