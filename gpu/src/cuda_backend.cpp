@@ -486,18 +486,23 @@ class CudaBackend final : public core::Backend {
 
   // Block-scaled GEMMs: core's one orchestration (layout, Hadamard transform, statistics) on the host, the
   // quantization and the GEMM in the device kernels of block_quantize.cu, which give the CPU's bits
-  // (tests/gpu/test_device.cpp). Staged through host memory and waiting on the device: a numerics path, not a
-  // fast one (docs/gpu.md).
-  std::string block_gemm_refusal(const core::BlockPoint& a, const core::BlockPoint& b, bool promotion) const override {
-    if (promotion)
-      return "block-scaled GEMM sums through a tensor-core model (policy gemm), which the device kernels do not "
-             "emulate";
+  // (tests/gpu/test_device.cpp); through the H100's FP8 tensor-core model (deepseek-fp8), the partials from the
+  // tensor cores themselves (tensor_core_block_gemm.cu). Staged through host memory and waiting on the device: a
+  // numerics path, not a fast one (docs/gpu.md).
+  std::string block_gemm_refusal(const core::BlockPoint& a, const core::BlockPoint& b,
+                                 const std::optional<TensorCoreModel>& promotion) const override {
+    if (promotion) {
+      // The quantizer's kernels must take both operands too (k = 0: any, as the GEMM runs one block at a time).
+      for (const BlockFormat* f : {&a.format, &b.format})
+        if (!f->element.floating) return f->name() + " has integer elements; the device kernels quantize floating-point elements only";
+      return tensor_core_block_gemm_refusal(a.format, b.format, *promotion);
+    }
     return block_gemm_refusal_on_device(a.format, b.format);
   }
   void block_scaled_gemm_staged(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
                                 const core::GemmNumerics& numerics) {
     const std::string why = block_gemm_refusal(numerics.a_block->point, numerics.b_block->point,
-                                               numerics.block_promotion.has_value());
+                                               numerics.block_promotion);
     require(why.empty(), ("gemm: " + why + "; run the arm on cpu").c_str());
     std::vector<float> host_a(static_cast<std::size_t>(a.numel())), host_b(static_cast<std::size_t>(b.numel()));
     std::vector<float> host_c(static_cast<std::size_t>(c.numel()));
@@ -505,9 +510,10 @@ class CudaBackend final : public core::Backend {
     to_host_impl(b, host_b);
     core::BlockGemmSteps steps;
     steps.quantize = quantize_block_operand_on_device;
-    steps.multiply = [](const BlockGemmModel&, const BlockFormat& fa, const BlockOperand& qa, const BlockFormat& fb,
-                        const BlockOperand& qb, float* out, int m, int n, int k) {
-      block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);  // the model is {} here: promotion was refused above
+    steps.multiply = [](const BlockGemmModel& model, const BlockFormat& fa, const BlockOperand& qa,
+                        const BlockFormat& fb, const BlockOperand& qb, float* out, int m, int n, int k) {
+      if (model.tensor_core) tensor_core_block_gemm_on_device(model, fa, qa, fb, qb, out, m, n, k);
+      else block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);
     };
     core::block_scaled_gemm(host_a.data(), ta, a.rows(), a.cols(), host_b.data(), tb, b.rows(), b.cols(),
                             host_c.data(), numerics, steps);

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "check.hpp"
+#include "cublaslt_fp8.hpp"
 #include "mpsim/gpu/tensor_core_check.hpp"
 
 namespace mpsim::gpu {
@@ -27,17 +28,6 @@ int round_up(int x, int to) { return (x + to - 1) / to * to; }
 const char* name(Fp8 t) { return t == Fp8::e4m3 ? "E4M3" : "E5M2"; }
 __nv_fp8_interpretation_t interpretation(Fp8 t) { return t == Fp8::e4m3 ? __NV_E4M3 : __NV_E5M2; }
 
-// x's FP8 code; std::invalid_argument when x is not a value of the format
-// (the conversion, nearest-even without saturation, then changes nothing).
-std::uint8_t fp8_code(float x, Fp8 t, const char* operand) {
-  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(x, __NV_NOSAT, interpretation(t));
-  const float back = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, interpretation(t))));
-  if (!(back == x) && !(std::isnan(x) && std::isnan(back)))
-    throw std::invalid_argument(std::string("FP8 GEMM check: operand ") + operand + " holds " + std::to_string(x) +
-                                ", not an " + name(t) + " value (round the inputs first)");
-  return code;
-}
-
 // rows x cols row-major (or its transpose) as FP8 codes in an out_rows x
 // out_cols row-major array, zero-padded: what both engines read, K innermost.
 std::vector<std::uint8_t> to_codes(std::span<const float> in, int rows, int cols, bool transpose, Fp8 t,
@@ -45,7 +35,7 @@ std::vector<std::uint8_t> to_codes(std::span<const float> in, int rows, int cols
   std::vector<std::uint8_t> out(static_cast<std::size_t>(out_rows) * out_cols, 0);  // code 0 is +0 in both
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) {
-      const std::uint8_t code = fp8_code(in[static_cast<std::size_t>(r) * cols + c], t, operand);
+      const std::uint8_t code = detail::fp8_code(in[static_cast<std::size_t>(r) * cols + c], t, operand);
       const int orow = transpose ? c : r, ocol = transpose ? r : c;
       out[static_cast<std::size_t>(orow) * out_cols + ocol] = code;
     }
@@ -187,27 +177,51 @@ Fp8GemmRun cublaslt_gemm_fp8(Fp8 a_type, Fp8 b_type, std::span<const float> a, s
   if (m % 16 != 0 || n % 16 != 0 || k % 16 != 0)
     throw std::invalid_argument("gpu::cublaslt_gemm_fp8: cuBLASLt's FP8 GEMM needs m, n and k multiples of 16");
   require_capability("gpu::cublaslt_gemm_fp8", 8, 9);
-  Fp8GemmRun run;
-  if (a_type == Fp8::e5m2 && b_type == Fp8::e5m2) {
-    run.why_not = "cuBLASLt has no E5M2 x E5M2 GEMM";
-    return run;
-  }
-  // Row-major C (m x n) is column-major C^T (n x m) = B^T A^T. cuBLASLt's FP8
-  // kernels take only "TN": the first operand transposed, i.e. both K-major.
-  // First operand: B^T stored n x k row-major = column-major k x n, op T.
-  // Second: A stored m x k row-major = column-major k x m, op N.
-  const auto bt8 = to_codes(b, k, n, true, b_type, n, k, "b");
   const auto a8 = to_codes(a, m, k, false, a_type, m, k, "a");
-  detail::DeviceArray<std::uint8_t> dbt(bt8.size()), da(a8.size());
+  const auto bt8 = to_codes(b, k, n, true, b_type, n, k, "b");
+  detail::DeviceArray<std::uint8_t> da(a8.size()), dbt(bt8.size());
   detail::DeviceArray<float> dc(static_cast<std::size_t>(m) * n);
-  constexpr std::size_t kWorkspace = std::size_t{32} << 20;
-  detail::DeviceArray<std::uint8_t> workspace(kWorkspace);
-  upload(dbt.data(), bt8);
   upload(da.data(), a8);
-  MPSIM_CUDA_CHECK(cudaMemset(dc.data(), 0, static_cast<std::size_t>(m) * n * sizeof(float)));
+  upload(dbt.data(), bt8);
+  const detail::LtChoice choice =
+      detail::cublaslt_fp8_matmul(a_type, da.data(), k, b_type, dbt.data(), k, dc.data(), n, m, n, k, fast_accumulation);
+  Fp8GemmRun run;
+  run.ran = choice.ran;
+  run.why_not = choice.why_not;
+  run.algorithm_id = choice.algorithm_id;
+  run.split_k = choice.split_k;
+  if (run.ran) run.c = download(dc.data(), static_cast<std::size_t>(m) * n);
+  return run;
+}
 
+namespace detail {
+
+std::uint8_t fp8_code(float x, Fp8 t, const char* what) {
+  const __nv_fp8_storage_t code = __nv_cvt_float_to_fp8(x, __NV_NOSAT, interpretation(t));
+  const float back = __half2float(__half(__nv_cvt_fp8_to_halfraw(code, interpretation(t))));
+  if (!(back == x) && !(std::isnan(x) && std::isnan(back)))
+    throw std::invalid_argument(std::string(what) + " holds " + std::to_string(x) + ", not an " + name(t) +
+                                " value (round the inputs first)");
+  return code;
+}
+
+LtChoice cublaslt_fp8_matmul(Fp8 a_type, const std::uint8_t* a, int lda, Fp8 b_type, const std::uint8_t* bt, int ldb,
+                             float* c, int ldc, int m, int n, int k, bool fast_accumulation) {
+  LtChoice choice;
+  if (a_type == Fp8::e5m2 && b_type == Fp8::e5m2) {
+    choice.why_not = "cuBLASLt has no E5M2 x E5M2 GEMM";
+    return choice;
+  }
+  // Row-major C (m x n) is column-major C^T (n x m) = B^T A^T. First operand: B^T, n rows of k codes = column-major
+  // k x n (leading dimension ldb), op T. Second: A, m rows of k codes = column-major k x m, op N.
+  static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
+  static DeviceArray<std::uint8_t> workspace(kWorkspace);  // one per process, as the cuBLAS handle
+  static const cublasLtHandle_t lt = [] {
+    cublasLtHandle_t h = nullptr;
+    MPSIM_CUBLAS_CHECK(cublasLtCreate(&h));
+    return h;
+  }();
   auto lt_type = [](Fp8 t) { return t == Fp8::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  cublasLtHandle_t lt = nullptr;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
   cublasLtMatmulPreference_t preference = nullptr;
@@ -217,10 +231,8 @@ Fp8GemmRun cublaslt_gemm_fp8(Fp8 a_type, Fp8 b_type, std::span<const float> a, s
     if (second) cublasLtMatrixLayoutDestroy(second);
     if (first) cublasLtMatrixLayoutDestroy(first);
     if (op) cublasLtMatmulDescDestroy(op);
-    if (lt) cublasLtDestroy(lt);
   };
   try {
-    MPSIM_CUBLAS_CHECK(cublasLtCreate(&lt));
     MPSIM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
     MPSIM_CUBLAS_CHECK(
@@ -228,39 +240,52 @@ Fp8GemmRun cublaslt_gemm_fp8(Fp8 a_type, Fp8 b_type, std::span<const float> a, s
     MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
     const std::int8_t fast = fast_accumulation ? 1 : 0;
     MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first, lt_type(b_type), k, n, k));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second, lt_type(a_type), k, m, k));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n, m, n));
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first, lt_type(b_type), k, n, ldb));
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second, lt_type(a_type), k, m, lda));
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n, m, ldc));
     MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
     MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                             &kWorkspace, sizeof kWorkspace));
-    cublasLtMatmulHeuristicResult_t heuristic{};
+    // The first of the heuristic's choices that does not split k: a split sums the parts in another order
+    // than the tensor-core rules say.
+    constexpr int kAsked = 8;
+    cublasLtMatmulHeuristicResult_t results[kAsked]{};
     int found = 0;
     const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(lt, op, first, second, out, out, preference, 1, &heuristic, &found);
-    if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-      run.why_not = std::string("cuBLASLt offers no algorithm for ") + name(b_type) + " x " + name(a_type) +
-                    " -> binary32 (" + cublasGetStatusName(status) + ")";
-      release();
-      return run;
+        cublasLtMatmulAlgoGetHeuristic(lt, op, first, second, out, out, preference, kAsked, results, &found);
+    const cublasLtMatmulHeuristicResult_t* heuristic = nullptr;
+    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && heuristic == nullptr; ++i) {
+      std::uint32_t split = 1;
+      std::size_t written = 0;
+      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split,
+                                           &written);
+      if (split <= 1) {
+        heuristic = &results[i];
+        choice.split_k = static_cast<int>(split);
+        cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_ID, &choice.algorithm_id,
+                                             sizeof choice.algorithm_id, &written);
+      }
     }
-    std::size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&heuristic.algo, CUBLASLT_ALGO_CONFIG_ID, &run.algorithm_id,
-                                         sizeof run.algorithm_id, &written);
-    cublasLtMatmulAlgoConfigGetAttribute(&heuristic.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &run.split_k,
-                                         sizeof run.split_k, &written);
+    if (heuristic == nullptr) {
+      choice.why_not = std::string("cuBLASLt offers no algorithm without split-k for ") + name(b_type) + " x " +
+                       name(a_type) + " -> binary32 (" + cublasGetStatusName(status) + ", " +
+                       std::to_string(found) + " found)";
+      release();
+      return choice;
+    }
     const float alpha = 1.0f, beta = 0.0f;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, dbt.data(), first, da.data(), second, &beta, dc.data(), out,
-                                      dc.data(), out, &heuristic.algo, workspace.data(), kWorkspace, nullptr));
-    MPSIM_CUDA_CHECK(cudaDeviceSynchronize());
+    MPSIM_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, bt, first, a, second, &beta, c, out, c, out, &heuristic->algo,
+                                      workspace.data(), kWorkspace, nullptr));
+    MPSIM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   } catch (...) {
     release();
     throw;
   }
   release();
-  run.c = download(dc.data(), static_cast<std::size_t>(m) * n);
-  run.ran = true;
-  return run;
+  choice.ran = true;
+  return choice;
 }
+
+}  // namespace detail
 
 }  // namespace mpsim::gpu

@@ -32,6 +32,7 @@
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/gpu/backend.hpp"
 #include "mpsim/gpu/device.hpp"
+#include "mpsim/gpu/tensor_core_check.hpp"
 #include "require_device.hpp"
 #include "support/test_support.hpp"
 
@@ -604,6 +605,34 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
       }
     }
   }
+  // DeepSeek-V3's tiles through the H100's FP8 tensor-core model, promoted every 128 products: on an H100 or
+  // H200 the partials are the tensor cores' own (tensor_core_block_gemm.cu); the same bits and statistics.
+  if (gpu::compute_capability().major == 9) {
+    for (const bool ta : {false, true})
+      for (const bool tb : {false, true}) {
+        INFO("deepseek-fp8 tiles" << (ta ? ", a transposed" : "") << (tb ? ", b transposed" : ""));
+        const std::int64_t m = 35, n = 40, k = 300;  // two whole tiles along k and one of 44
+        const FVec a = normal_values(static_cast<std::size_t>(m * k), ++seed, 4.0f);
+        const FVec bv = normal_values(static_cast<std::size_t>(k * n), ++seed, 4.0f);
+        core::BlockStats stats_cpu[2], stats_gpu[2];
+        auto numerics = gemm_numerics(formats::binary32, formats::binary32);
+        numerics.a_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-1x128"), {}};
+        numerics.b_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-128x128"), {}};
+        numerics.block_promotion = tensor_core_preset("h100", formats::e4m3, formats::binary32);
+        const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+        const auto at = b.upload(a, sa), bt = b.upload(bv, sb);
+        auto c = b.empty({m, n});
+        numerics.a_block->stats = &stats_cpu[0];
+        numerics.b_block->stats = &stats_cpu[1];
+        b.cpu->gemm(at.cpu, ta, bt.cpu, tb, c.cpu, numerics, {});
+        numerics.a_block->stats = &stats_gpu[0];
+        numerics.b_block->stats = &stats_gpu[1];
+        b.gpu->gemm(at.gpu, ta, bt.gpu, tb, c.gpu, numerics, {});
+        check_same("deepseek-fp8 GEMM", b.cpu_values(c.cpu), b.gpu_values(c.gpu));
+        CHECK(stats_cpu[0] == stats_gpu[0]);
+        CHECK(stats_cpu[1] == stats_gpu[1]);
+      }
+  }
   // What the kernels do not cover is refused by name, never computed another way.
   auto numerics = gemm_numerics(formats::binary32, formats::binary32);
   numerics.a_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-1x128"), {}};
@@ -957,15 +986,17 @@ TEST_CASE("a training step of every preset policy agrees with the CPU", "[gpu][b
   // share is about the binary32 difference over the format's ulp), so normwise the gradients and updates of the
   // two backends differ by far less than 2^-8. A wrong op (an index, a formula, a rounding point) differs by O(1).
   const double bound = 0x1p-8;
-  // The presets whose block-scaled GEMMs the device kernels do not cover are refused before a run (DeepSeek-V3's
-  // tiles, promoted through the H100's tensor-core model); exactly these, so that a new refusal fails here.
+  // The presets whose block-scaled GEMMs the device does not cover are refused before a run: none on an H100 or
+  // H200; elsewhere DeepSeek-V3's tiles, whose partials are the H100's own tensor-core sums. Exactly these, so that
+  // a new refusal fails here.
   std::vector<std::string> refused;
   for (const std::string& name : core::preset_policy_names())
     if (const std::string why = core::block_gemm_refusal(*b.gpu, *core::preset_policy(name)); !why.empty()) {
       WARN("not on the cuda backend: " << name << ": " << why);
       refused.push_back(name);
     }
-  CHECK(refused == std::vector<std::string>{"deepseek-fp8"});
+  CHECK(refused == (gpu::compute_capability().major == 9 ? std::vector<std::string>{}
+                                                         : std::vector<std::string>{"deepseek-fp8"}));
   for (const std::string& name : core::preset_policy_names()) {
     if (std::find(refused.begin(), refused.end(), name) != refused.end()) continue;
     for (const std::string model : {"mlp", "mlp-gelu-layernorm", "cnn"}) {

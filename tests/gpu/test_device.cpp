@@ -14,10 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
 #include "mpsim/gpu/block_quantize.hpp"
 #include "mpsim/gpu/device.hpp"
+#include "mpsim/gpu/tensor_core_check.hpp"
 #include "require_device.hpp"
 #include "support/test_support.hpp"
 
@@ -254,4 +256,59 @@ TEST_CASE("block-scaled operands and GEMMs on the device give quantize_block_ope
   float out = 0;
   CHECK_THROWS_AS(gpu::block_gemm_on_device(tiles, q, tiles, q, &out, 1, 1, 256), std::invalid_argument);
   CHECK_THROWS_AS(gpu::block_gemm_on_device(e5m2, q5, e5m2, q5, &out, 1, 1, 256), std::invalid_argument);
+}
+
+TEST_CASE("the device's tensor-core block GEMM names what it cannot take", "[gpu][block]") {
+  // The reasons that need no device come first: on every machine with CUDA built.
+  const TensorCoreModel h100 = *tensor_core_preset("h100", formats::e4m3, formats::binary32);
+  const auto why = [](const char* a, const char* b, const TensorCoreModel& model) {
+    return gpu::tensor_core_block_gemm_refusal(*parse_block_format(a), *parse_block_format(b), model);
+  };
+  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-128x128", *tensor_core_preset("a100", formats::binary16, formats::binary32)),
+             Catch::Contains("does not emulate"));
+  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-128x128", *tensor_core_preset("h100", formats::e4m3, formats::binary16)),
+             Catch::Contains("does not emulate"));  // the mma.sync binary16-output row is not what cuBLASLt sums
+  CHECK_THAT(why("mxfp8-e4m3", "mxfp8-e4m3", h100), Catch::Contains("binary32 (software) scales only"));
+  CHECK_THAT(why("mxfp4", "mxfp4", h100), Catch::Contains("FP8 (E4M3, E5M2) elements only"));
+  CHECK_THAT(why("fp8-e5m2-tensor", "fp8-e5m2-tensor", h100), Catch::Contains("E5M2 x E5M2"));
+  // The formats and model it takes: refused only for want of an H100/H200 (or accepted on one).
+  const std::string deepseek = why("fp8-e4m3-1x128", "fp8-e4m3-128x128", h100);
+  if (gpu::compute_capability().major == 9) CHECK(deepseek.empty());
+  else CHECK_THAT(deepseek, Catch::Contains("compute capability 9.x"));
+}
+
+TEST_CASE("DeepSeek-V3's FP8 GEMM on the H100's tensor cores gives block_gemm's bits", "[gpu][block]") {
+  // The CPU's block_gemm through the h100 FP8 model, promoted to binary32 every 128 products with the tiles'
+  // scales, against the same with each block's partials from cuBLASLt's FP8 GEMM (fast accumulation).
+  require_device();
+  if (gpu::compute_capability().major != 9) test::skip("the tensor cores' FP8 sums are the H100's: needs an sm_90 device");
+  BlockGemmModel model;
+  model.tensor_core = *tensor_core_preset("h100", formats::e4m3, formats::binary32);
+  model.promotion_interval = 128;
+  const std::pair<const char*, const char*> pairs[] = {{"fp8-e4m3-1x128", "fp8-e4m3-128x128"},
+                                                       {"fp8-e4m3-1x128", "fp8-e4m3-1x128"}};
+  // m, n: not multiples of 16; k: two whole tiles and one of 44 (padded to 48 for cuBLASLt), or a single tile.
+  const int shapes[][3] = {{35, 40, 300}, {130, 17, 128}, {16, 16, 64}};
+  std::uint64_t seed = 40;
+  for (const auto& [a_name, b_name] : pairs)
+    for (const auto& shape : shapes) {
+      const int m = shape[0], n = shape[1], k = shape[2];
+      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+      std::mt19937_64 rng(++seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_int_distribution<int> binade(-12, 12);
+      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+      for (auto& v : x) v = std::ldexp(normal(rng), binade(rng));  // elements far from their tile's amax flush
+      for (auto& v : y) v = normal(rng);
+      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
+      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
+      gpu::tensor_core_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
+      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k);
+      CHECK(std::count_if(cpu.begin(), cpu.end(), [](float v) { return std::isfinite(v) && v != 0; }) ==
+            static_cast<std::ptrdiff_t>(cpu.size()));
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < cpu.size(); ++i) same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
+      CHECK(same == cpu.size());
+    }
 }

@@ -144,10 +144,13 @@ class Backend {
   // the backend supports Op::activation.
   virtual bool supports_activation(Activation) const { return true; }
   // Why this backend cannot run a block-scaled GEMM (GemmNumerics::a_block)
-  // whose operands round to points a and b, through a tensor-core model when
-  // `promotion` (GemmNumerics::block_promotion); empty when it can. Checked
-  // for every arm before a run starts (block_scaled_gemm.hpp).
-  virtual std::string block_gemm_refusal(const BlockPoint&, const BlockPoint&, bool /*promotion*/) const { return {}; }
+  // whose operands round to points a and b, through the tensor-core model
+  // `promotion` when set (GemmNumerics::block_promotion); empty when it can.
+  // Checked for every arm before a run starts (block_scaled_gemm.hpp).
+  virtual std::string block_gemm_refusal(const BlockPoint&, const BlockPoint&,
+                                         const std::optional<TensorCoreModel>& /*promotion*/) const {
+    return {};
+  }
   virtual void set_threads(int threads) = 0;
   // Which binary32 GEMM the products without an accumulation model use; a
   // backend with one GEMM (the GPU's cuBLAS) ignores it.
