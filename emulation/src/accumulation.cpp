@@ -380,6 +380,10 @@ std::optional<std::string> invalid_reason(const TensorCoreModel& m) {
   if (m.sum == TensorCoreSum::late_c && m.fraction_bits > 90) return "sum=late-c takes bits up to 90";
   if (m.c_rounding && !m.c_added_last) return "c_rounding goes with c=last";
   if (m.c_rounding == RoundingMode::stochastic) return "c_rounding must be deterministic, not stochastic";
+  if (m.promotion < 0 || m.promotion % m.block_size != 0)
+    return "promote " + std::to_string(m.promotion) + " is not 0 or a multiple of the block (" +
+           std::to_string(m.block_size) + ")";
+  if (m.promotion > 0 && m.output != formats::binary32) return "promote needs a binary32 output";
   return std::nullopt;
 }
 
@@ -678,6 +682,7 @@ std::string to_string(const TensorCoreModel& m) {
   if (m.c_rounding) s += ",c_rounding=" + std::string(to_string(*m.c_rounding));
   if (m.sum != TensorCoreSum::fused) s += ",sum=" + std::string(sum_name(m.sum));
   if (m.products_overflow) s += ",overflow=products";
+  if (m.promotion > 0) s += ",promote=" + std::to_string(m.promotion);
   return s;
 }
 
@@ -749,6 +754,8 @@ TensorCoreModel parse_tensor_core_model(std::string_view text) {
         }
       if (!found)
         throw std::invalid_argument("tensor-core model: sum=" + value + " is not fused, exact, pairwise or late-c");
+    } else if (key == "promote") {
+      m.promotion = number();
     } else if (key == "overflow") {
       if (value != "ieee" && value != "products")
         throw std::invalid_argument("tensor-core model: overflow=" + value + " is neither 'ieee' nor 'products'");
@@ -756,7 +763,7 @@ TensorCoreModel parse_tensor_core_model(std::string_view text) {
     } else {
       throw std::invalid_argument("tensor-core model: unknown key '" + key +
                                   "' (keys: input, output, block, bits, extra, precision, rounding, groups, run, c, "
-                                  "c_rounding, sum, overflow)");
+                                  "c_rounding, sum, overflow, promote)");
     }
   }
   if (has_bits && has_extra) throw std::invalid_argument("tensor-core model: give bits or extra, not both");
@@ -767,6 +774,17 @@ TensorCoreModel parse_tensor_core_model(std::string_view text) {
 float tensor_core_dot(const TensorCoreModel& m, std::span<const float> a, std::span<const float> b, float c) {
   check_model(m);
   if (a.size() != b.size()) throw std::invalid_argument("tensor_core_dot: a and b differ in size");
+  if (m.promotion > 0) {  // runs of `promotion` products from +0, each added to a binary32 sum that starts at c
+    TensorCoreModel run = m;
+    run.promotion = 0;
+    float sum = to_format(m.output, c);
+    const auto step = static_cast<std::size_t>(m.promotion);
+    for (std::size_t start = 0; start < a.size(); start += step) {
+      const std::size_t count = std::min(step, a.size() - start);
+      sum += tensor_core_dot(run, a.subspan(start, count), b.subspan(start, count), 0.0f);
+    }
+    return std::isnan(sum) ? canonical_nan(m.output) : sum;
+  }
   std::array<float, 64> x, y;
   float acc = to_format(m.output, c);
   for (std::size_t start = 0; start < a.size(); start += static_cast<std::size_t>(m.block_size)) {

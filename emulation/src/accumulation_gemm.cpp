@@ -584,6 +584,29 @@ void gemm(const AccumulationModel& model, const float* a, const float* b, float*
           bool accumulate_c, int threads, Path path) {
   if (m < 0 || n < 0 || k < 0) throw std::invalid_argument("gemm: negative size");
   if (m == 0 || n == 0) return;
+  if (model.kind == AccumulationKind::tensor_core && model.tensor_core.promotion > 0) {
+    // tensor_core_dot's promotion, a GEMM per run of `promotion` products: each from +0, then added (nearest
+    // even, binary32) into C, which starts at +0 or at c.
+    if (model.tensor_core.promotion % model.tensor_core.block_size != 0 || model.tensor_core.output != formats::binary32)
+      throw std::invalid_argument("gemm: unsupported tensor-core model " + to_string(model.tensor_core) +
+                                  ": promote must be a multiple of the block, with a binary32 output");
+    AccumulationModel run = model;
+    run.tensor_core.promotion = 0;
+    const int step = model.tensor_core.promotion;
+    std::vector<float> sum(static_cast<std::size_t>(m) * n, 0.0f), part(sum.size());
+    if (accumulate_c) std::copy_n(c, sum.size(), sum.begin());  // the output is binary32 (invalid_reason)
+    for (int k0 = 0; k0 < k; k0 += step) {
+      const int width = std::min(step, k - k0);
+      std::vector<float> a_run(static_cast<std::size_t>(m) * width);
+      for (int i = 0; i < m; ++i)
+        std::copy_n(a + static_cast<std::size_t>(i) * k + k0, width, a_run.begin() + static_cast<std::ptrdiff_t>(i) * width);
+      gemm(run, a_run.data(), b + static_cast<std::size_t>(k0) * n, part.data(), m, n, width, false, threads, path);
+      for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+    }
+    for (std::size_t i = 0; i < sum.size(); ++i)
+      c[i] = std::isnan(sum[i]) ? std::bit_cast<float>(0x7FFFFFFFu) : sum[i];  // tensor_core_dot's NaN
+    return;
+  }
   const auto plan = gemm_kernels::fast_plan(model);
   if (plan && (path == Path::automatic || path == Path::vector)) return gemm_kernels::gemm_fast(model, *plan, a, b, c, m, n, k, accumulate_c, threads);
   if (path == Path::vector && !plan) throw std::invalid_argument("gemm: no vector kernel for " + to_string(model));

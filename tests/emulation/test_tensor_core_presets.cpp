@@ -9,11 +9,13 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "mpsim/emulation/accumulation.hpp"
+#include "mpsim/emulation/quantize.hpp"
 
 namespace mpsim {
 namespace {
@@ -300,4 +302,48 @@ TEST_CASE("custom tensor cores: errors name the problem", "[accumulation][preset
 }
 
 }  // namespace
+
+TEST_CASE("tensor-core promotion: runs of products from +0, each added to a binary32 sum (cuBLASLt's FP8 GEMM)",
+          "[accumulation][presets]") {
+  // The H100's FP8 accumulator keeps 13 bits below a block's largest term. One product 1 * 1, then 255 of
+  // 2^-7 * 2^-7 = 2^-14 (E5M2 normals): chained along K, every block after the first sees c = 1 and truncates
+  // each 2^-14 away (below 2^-13), so the sum stays 1. Promoted every 128 products (cuBLASLt's default FP8
+  // GEMM on an H100, measured): the second run starts from +0, sums its 128 products exactly to 2^-7, and
+  // 1 + 2^-7 is a binary32 value. The exact sum is 1 + 255 * 2^-14.
+  TensorCoreModel chained = preset("h100", e5m2, binary32), promoted = chained;
+  promoted.promotion = 128;
+  std::vector<float> a(256, 0x1p-7f), b(256, 0x1p-7f);
+  a[0] = b[0] = 1.0f;
+  CHECK(tensor_core_dot(chained, a, b, 0.0f) == 1.0f);
+  CHECK(tensor_core_dot(promoted, a, b, 0.0f) == 1.0f + 0x1p-7f);
+  CHECK(tensor_core_dot(promoted, a, b, 0.5f) == 1.5f + 0x1p-7f);  // c starts the binary32 sum
+  // The spelling, and gemm against dot (the GEMM runs per run of 128 on the model's vector kernel).
+  const auto model = parse_accumulation_model("tc:input=e5m2,output=fp32,block=32,bits=13,precision=14,"
+                                              "rounding=rtz,promote=128");
+  REQUIRE(model);
+  CHECK(model->tensor_core == promoted);
+  CHECK(parse_accumulation_model(to_string(*model)) == model);
+  const int m = 3, n = 5, k = 300;  // two whole runs and a part
+  std::mt19937_64 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(k) * n), c(m * n, 0.25f);
+  for (auto& v : x) v = std::ldexp(normal(rng), static_cast<int>(rng() % 12) - 6);
+  for (auto& v : y) v = normal(rng);
+  quantize(e5m2, x, x);
+  quantize(e5m2, y, y);
+  std::vector<float> got = c;
+  gemm(*model, x.data(), y.data(), got.data(), m, n, k, true, 1);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      std::vector<float> col(k);
+      for (int t = 0; t < k; ++t) col[t] = y[static_cast<std::size_t>(t) * n + j];
+      const float want = tensor_core_dot(promoted, std::span(x).subspan(static_cast<std::size_t>(i) * k, k), col, 0.25f);
+      CHECK(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(i) * n + j]) == std::bit_cast<std::uint32_t>(want));
+    }
+  CHECK_THROWS_WITH(parse_tensor_core_model("tc:input=e4m3,output=fp32,block=32,bits=13,promote=100"),
+                    Catch::Contains("multiple of the block"));
+  CHECK_THROWS_WITH(parse_tensor_core_model("tc:input=e4m3,output=fp16,block=32,bits=25,rounding=rne,promote=128"),
+                    Catch::Contains("binary32 output"));
+}
+
 }  // namespace mpsim

@@ -20,8 +20,10 @@
 // reference, bound, model) on any machine:
 //   build/.../tests/gpu/test_gpu_tensor_core_check "[.host-check]"
 #include <catch2/catch.hpp>
+#include <zlib.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +39,7 @@
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "mpsim/gpu/tensor_core_check.hpp"
+#include "support/fp8_gemm_cases.hpp"
 #include "support/test_support.hpp"
 
 using namespace mpsim;
@@ -283,170 +286,12 @@ TEST_CASE("cuBLAS 16-bit GEMMs against the H100 model: fraction identical, and w
 }
 
 // ---- FP8 inputs (issue #19 §7) --------------------------------------------
-// The H100's FP8 tensor-core model (block of 32, a 13-bit aligned sum,
-// truncation; docs/tensor_cores.md) was fitted to vectors measured with wgmma
-// and c = 0. Here the device computes FP8 GEMMs along K up to 2048, E4M3 and
-// E5M2 in every pairing, three ways, and each must equal its rule bit for bit:
-// - cuBLASLt with CUBLASLT_MATMUL_DESC_FAST_ACCUM: the wgmma model chained
-//   along all of K (c carried), i.e. "h100" for FP8 inputs;
-// - cuBLASLt without it: that model over chunks of 128 products from +0, each
-//   added into a binary32 sum (DeepSeek-V3's promotion interval);
-// - mma.sync.m16n8k32 chains: two fp16-style groups of interleaved pairs
-//   (block 32, 25 bits, truncation), then c added with one nearest-even
-//   binary32 addition: "h100:e4m3:fp16"'s shape with a binary32 output.
-// The rules were found off the device from the first run's dumped results
-// (2026-11-26; candidates that fail are listed in docs/tensor_cores.md). On
-// "exact" data (every partial sum a small integer) both engines must also give
-// the exact sums, which proves the operand layout and the conversions apart
-// from any rule. With MPSIM_TC_DUMP=DIR every device result is written there
-// (raw binary32, one file per case and engine) so that other models can be
-// compared off the device: the operands are regenerated from the case's seed
-// ("[.fp8-dump]" below).
 namespace {
 
-enum class Fp8Data { exact, uniform, normal, wide };
-const char* name(Fp8Data d) {
-  switch (d) {
-    case Fp8Data::exact: return "exact";
-    case Fp8Data::uniform: return "uniform";
-    case Fp8Data::normal: return "normal";
-    case Fp8Data::wide: return "wide";
-  }
-  return "?";
-}
+using test::Fp8Case;
+using test::Fp8Operands;
 
-Format fp8_format(gpu::Fp8 t) { return t == gpu::Fp8::e4m3 ? formats::e4m3 : formats::e5m2; }
-
-struct Fp8Case {
-  gpu::Fp8 a_type, b_type;
-  Fp8Data data;
-  Shape shape;
-  std::uint64_t seed;
-  std::string label() const {
-    return fp8_format(a_type).name() + "x" + fp8_format(b_type).name() + " " + name(data) + " " +
-           std::to_string(shape.m) + "x" + std::to_string(shape.n) + "x" + std::to_string(shape.k) + " (seed " +
-           std::to_string(seed) + ")";
-  }
-  std::string slug() const {  // a file name
-    return fp8_format(a_type).name() + "x" + fp8_format(b_type).name() + "_" + name(data) + "_" +
-           std::to_string(shape.m) + "x" + std::to_string(shape.n) + "x" + std::to_string(shape.k) + "_" +
-           std::to_string(seed);
-  }
-  bool cublaslt_shape() const { return shape.m % 16 == 0 && shape.n % 16 == 0 && shape.k % 16 == 0; }
-};
-
-// One instruction; whole tiles; a long K not a multiple of 32 (1000); a longer
-// K (2048 = 64 instructions); nothing a multiple of the tile.
-constexpr Shape kFp8Shapes[] = {{16, 16, 32}, {64, 64, 64}, {128, 96, 1008}, {128, 128, 2048}, {33, 17, 100}};
-
-std::vector<Fp8Case> fp8_cases() {
-  std::vector<Fp8Case> cases;
-  std::uint64_t seed = 20261126;
-  for (const auto a_type : {gpu::Fp8::e4m3, gpu::Fp8::e5m2})
-    for (const auto b_type : {gpu::Fp8::e4m3, gpu::Fp8::e5m2})
-      for (const Fp8Data data : {Fp8Data::exact, Fp8Data::uniform, Fp8Data::normal, Fp8Data::wide})
-        for (const Shape& shape : kFp8Shapes) cases.push_back({a_type, b_type, data, shape, seed++});
-  return cases;
-}
-
-// Values of `format`: "exact" draws -1, 0, 1 (partial sums stay integers below
-// 2^11 for K <= 2048, exact in a 13-bit aligned sum); uniform on (-1, 1);
-// standard normal; "wide": random sign, binade and significand over the
-// format's normal range (E4M3 2^-6 .. 2^8, E5M2 2^-14 .. 2^15), clamped to its
-// largest finite value; then rounded to the format (nearest-even).
-std::vector<float> fp8_values(Fp8Data data, const Format& format, std::size_t n, std::mt19937_64& rng) {
-  std::vector<float> raw(n);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f), significand(1.0f, 2.0f);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> trit(-1, 1);
-  const bool e4m3 = format == formats::e4m3;
-  const float largest = e4m3 ? 448.0f : 57344.0f;
-  std::uniform_int_distribution<int> binade(e4m3 ? -6 : -14, e4m3 ? 8 : 15);
-  for (auto& x : raw) {
-    switch (data) {
-      case Fp8Data::exact: x = static_cast<float>(trit(rng)); break;
-      case Fp8Data::uniform: x = uniform(rng); break;
-      case Fp8Data::normal: x = normal(rng); break;
-      case Fp8Data::wide:
-        x = std::clamp((rng() & 1 ? -1.0f : 1.0f) * std::ldexp(significand(rng), binade(rng)), -largest, largest);
-        break;
-    }
-  }
-  std::vector<float> values(n);
-  quantize(format, raw, values);
-  return values;
-}
-
-Operands make_operands(const Fp8Case& c) {
-  std::mt19937_64 rng(c.seed);
-  Operands ops;
-  ops.a = fp8_values(c.data, fp8_format(c.a_type), static_cast<std::size_t>(c.shape.m) * c.shape.k, rng);
-  ops.b = fp8_values(c.data, fp8_format(c.b_type), static_cast<std::size_t>(c.shape.k) * c.shape.n, rng);
-  return ops;
-}
-
-// mpsim::gemm under a model given by name (the H100's FP8 row: "h100" with an
-// FP8 input format; its parameters are the same for E4M3 and E5M2).
-// A format holding both operands' values exactly: the model rounds its inputs
-// to its input format first, and E4M3 x E5M2 needs E5M3 (E4M3's subnormals are
-// normal there). The H100 FP8 rows are the same for every FP8 input.
-Format joint_format(const Fp8Case& c) {
-  if (c.a_type == c.b_type) return fp8_format(c.a_type);
-  return Format{5, 3};
-}
-
-// The three rules the H100 follows, found from the first device run's results
-// (docs/tensor_cores.md, "FP8 on the H100 itself"): cuBLASLt with fast
-// accumulation is the wgmma model chained along all of K; cuBLASLt without it
-// promotes that model's sum into binary32 every 128 products; mma.sync is two
-// fp16-style groups of interleaved pairs, truncated, then c added with one
-// nearest-even binary32 addition.
-std::string wgmma_model(const Fp8Case& c) {
-  return "tc:input=" + joint_format(c).name() + ",output=fp32,block=32,bits=13,rounding=rtz,precision=14";
-}
-std::string promoted_wgmma_model(const Fp8Case& c) { return "promote=128:" + wgmma_model(c); }
-std::string mma_sync_model(const Fp8Case& c) {
-  return "tc:input=" + joint_format(c).name() +
-         ",output=fp32,block=32,bits=25,rounding=rtz,groups=2,run=2,c=last,c_rounding=rne";
-}
-
-// "promote=N:MODEL": the model along chunks of N products from +0, each
-// chunk's result added into a binary32 sum (nearest-even) in increasing K,
-// from +0 as block_gemm's promotion does.
-std::vector<float> fp8_model_result(std::string_view model_name, const Fp8Case& c, const Operands& ops) {
-  const int m = c.shape.m, n = c.shape.n, k = c.shape.k;
-  int interval = k;
-  const bool promoted = model_name.rfind("promote=", 0) == 0;
-  if (promoted) {
-    const auto colon = model_name.find(':');
-    REQUIRE(colon != std::string_view::npos);
-    interval = std::stoi(std::string(model_name.substr(8, colon - 8)));
-    model_name = model_name.substr(colon + 1);
-  }
-  const auto model = parse_accumulation_model(model_name, joint_format(c));
-  REQUIRE(model.has_value());
-  std::vector<float> out(static_cast<std::size_t>(m) * n, 0.0f), part(out.size());
-  for (int k0 = 0; k0 < k; k0 += interval) {
-    const int w = std::min(interval, k - k0);
-    std::vector<float> a(static_cast<std::size_t>(m) * w), b(ops.b.begin() + static_cast<std::ptrdiff_t>(k0) * n,
-                                                             ops.b.begin() + static_cast<std::ptrdiff_t>(k0 + w) * n);
-    for (int i = 0; i < m; ++i)
-      std::copy_n(ops.a.begin() + static_cast<std::ptrdiff_t>(i) * k + k0, w, a.begin() + static_cast<std::ptrdiff_t>(i) * w);
-    gemm(*model, a.data(), b.data(), part.data(), m, n, w, false, 0);
-    for (std::size_t e = 0; e < out.size(); ++e) out[e] = promoted ? out[e] + part[e] : part[e];
-  }
-  return out;
-}
-
-// The exact sums (FP8 products are exact in binary64; TwoSum carries the
-// rounding errors), each rounded once to nearest binary32.
-std::vector<float> fp8_exact_rounded(const Fp8Case& c, const Operands& ops) {
-  const Case plain{gpu::GemmInput::binary16, formats::binary16, Data::uniform, c.shape, c.seed};  // shape only
-  const Reference r = reference(plain, ops);
-  std::vector<float> out(r.exact.size());
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(r.exact[i]);
-  return out;
-}
+gpu::Fp8 device_type(const Format& f) { return f == formats::e4m3 ? gpu::Fp8::e4m3 : gpu::Fp8::e5m2; }
 
 void dump(const Fp8Case& c, const char* engine, const std::vector<float>& values) {
   const char* dir = std::getenv("MPSIM_TC_DUMP");
@@ -483,46 +328,51 @@ void report_fp8(const char* engine, const Fp8Case& c, const std::vector<float>& 
 
 }  // namespace
 
+// The FP8 cases (tests/support/fp8_gemm_cases.hpp) on the device, three ways,
+// each against its rule bit for bit. On "exact" data (every partial sum a
+// small integer) every engine must also give the exact sums, which proves the
+// operand layout and the conversions apart from any rule. The rules were found
+// off the device from the first run's outputs (2026-11-26; the candidates that
+// fail are in docs/tensor_cores.md). With MPSIM_TC_DUMP=DIR every device
+// result is written there (raw binary32, one file per case and engine).
 TEST_CASE("FP8 GEMMs on the H100 follow three tensor-core rules: mma.sync, cuBLASLt, cuBLASLt fast accumulation",
           "[gpu]") {
   require_hopper();
   std::size_t exact_checked = 0, lt_checked = 0;
-  for (const Fp8Case& c : fp8_cases()) {
-    const Operands ops = make_operands(c);
-    const std::vector<float> nearest = fp8_exact_rounded(c, ops);
+  for (const Fp8Case& c : test::fp8_cases()) {
+    const Fp8Operands ops = test::make_operands(c);
+    const std::vector<float> nearest = test::fp8_exact_rounded(c, ops);
+    const gpu::Fp8 ta = device_type(c.a_format), tb = device_type(c.b_format);
     INFO(c.label());
-    const std::vector<float> mma = gpu::mma_gemm_fp8(c.a_type, c.b_type, ops.a, ops.b, c.shape.m, c.shape.n,
-                                                     c.shape.k);
+    const std::vector<float> mma = gpu::mma_gemm_fp8(ta, tb, ops.a, ops.b, c.shape.m, c.shape.n, c.shape.k);
     dump(c, "mma", mma);
-    const std::vector<float> mma_model = fp8_model_result(mma_sync_model(c), c, ops);
+    const std::vector<float> mma_model = test::fp8_model_result(test::rule_for("mma", c), c, ops);
     report_fp8("mma.sync", c, mma, mma_model, nearest);
     CHECK(gpu::compare_bits(mma, mma_model).identical == mma.size());
-    if (c.data == Fp8Data::exact) {  // the layout and the conversions: every sum is exact
+    if (c.data == test::Fp8Data::exact) {
       CHECK(gpu::compare_bits(mma, nearest).identical == mma.size());
       ++exact_checked;
     }
     if (!c.cublaslt_shape()) continue;
     for (const bool fast : {true, false}) {
       const char* engine = fast ? "lt-fast" : "lt";
-      const gpu::Fp8GemmRun run =
-          gpu::cublaslt_gemm_fp8(c.a_type, c.b_type, ops.a, ops.b, c.shape.m, c.shape.n, c.shape.k, fast);
+      const gpu::Fp8GemmRun run = gpu::cublaslt_gemm_fp8(ta, tb, ops.a, ops.b, c.shape.m, c.shape.n, c.shape.k, fast);
+      CHECK(run.ran == c.runs_on(engine));  // cuBLASLt has no E5M2 x E5M2 kernel, and only that is missing
       if (!run.ran) {
         std::printf("%-14s %-44s not run: %s\n", fast ? "cuBLASLt fast" : "cuBLASLt", c.label().c_str(),
                     run.why_not.c_str());
-        CHECK((c.a_type == gpu::Fp8::e5m2 && c.b_type == gpu::Fp8::e5m2));  // the only pair without a kernel
         continue;
       }
       dump(c, engine, run.c);
-      const std::vector<float> model =
-          fp8_model_result(fast ? wgmma_model(c) : promoted_wgmma_model(c), c, ops);
+      const std::vector<float> model = test::fp8_model_result(test::rule_for(engine, c), c, ops);
       char what[64];
       std::snprintf(what, sizeof what, "%s a%d s%d", fast ? "cuBLASLt fast" : "cuBLASLt", run.algorithm_id,
                     run.split_k);
       report_fp8(what, c, run.c, model, nearest);
-      // The rule is cuBLASLt's kernel's, and the heuristic may pick another kernel (split K) elsewhere; the
-      // figures printed say which (algorithm id, split-K count).
+      // The rule is that of cuBLASLt's kernel without split-K (the printed algorithm id and split count say
+      // which ran).
       CHECK(gpu::compare_bits(run.c, model).identical == run.c.size());
-      if (c.data == Fp8Data::exact) CHECK(gpu::compare_bits(run.c, nearest).identical == run.c.size());
+      if (c.data == test::Fp8Data::exact) CHECK(gpu::compare_bits(run.c, nearest).identical == run.c.size());
       ++lt_checked;
     }
   }
@@ -531,12 +381,14 @@ TEST_CASE("FP8 GEMMs on the H100 follow three tensor-core rules: mma.sync, cuBLA
   std::fflush(stdout);
 }
 
-// Off the device: MPSIM_TC_DUMP=DIR holds a device run's results;
+// Off the device: MPSIM_TC_DUMP=DIR holds a device run's results.
 // MPSIM_TC_MODELS lists accumulation models (';'-separated, e.g.
-// "h100;tc:input=e4m3,output=fp32,block=16,bits=25,rounding=rtz", "promote=128:MODEL",
-// or "rule": each engine's rule checked above) to compare with each dumped
-// result, operands regenerated from the seeds; MPSIM_TC_ENGINE=mma|lt-fast|lt
-// reads one engine's results. Reports only.
+// "h100;tc:input=e4m3,output=fp32,block=16,bits=25,rounding=rtz,promote=128",
+// or "rule": each engine's rule) to compare with each dumped result, operands
+// regenerated from the seeds; MPSIM_TC_ENGINE=mma|lt-fast|lt reads one
+// engine's results. Reports only. MPSIM_TC_PACK=FILE also writes the first
+// four rows of every result as gzip text, the form of data/tensor-cores/
+// that tests/emulation/test_h100_fp8_gemm.cpp reads.
 TEST_CASE("FP8 device dumps against candidate models", "[.fp8-dump]") {
   const char* dir = std::getenv("MPSIM_TC_DUMP");
   const char* models = std::getenv("MPSIM_TC_MODELS");
@@ -547,21 +399,30 @@ TEST_CASE("FP8 device dumps against candidate models", "[.fp8-dump]") {
     names.emplace_back(rest.substr(0, cut));
     rest = cut == std::string_view::npos ? std::string_view{} : rest.substr(cut + 1);
   }
-  for (const Fp8Case& c : fp8_cases()) {
-    const Operands ops = make_operands(c);
-    const std::vector<float> nearest = fp8_exact_rounded(c, ops);
-    for (const char* engine : {"mma", "lt-fast", "lt"}) {
+  const char* pack_path = std::getenv("MPSIM_TC_PACK");
+  gzFile pack = pack_path != nullptr ? gzopen(pack_path, "wb9") : nullptr;
+  if (pack_path != nullptr) REQUIRE(pack != nullptr);
+  if (pack != nullptr)
+    gzprintf(pack, "# H100 FP8 GEMM outputs (tests/support/fp8_gemm_cases.hpp; docs/tensor_cores.md): "
+                   "CASE ENGINE ROW, then the row's binary32 bits in hex\n");
+  for (const Fp8Case& c : test::fp8_cases()) {
+    const Fp8Operands ops = test::make_operands(c);
+    const std::vector<float> nearest = test::fp8_exact_rounded(c, ops);
+    for (const char* engine : test::fp8_engines) {
       const char* only = std::getenv("MPSIM_TC_ENGINE");  // one engine's dumps only
       if (only != nullptr && std::string_view(only) != engine) continue;
       bool found = false;
       const std::vector<float> got = read_dump(c, dir, engine, found);
       if (!found) continue;
+      for (int row = 0; pack != nullptr && row < 4; ++row) {
+        gzprintf(pack, "%s %s %d", c.slug().c_str(), engine, row);
+        for (int j = 0; j < c.shape.n; ++j)
+          gzprintf(pack, " %08x", static_cast<unsigned>(std::bit_cast<std::uint32_t>(got[static_cast<std::size_t>(row) * c.shape.n + j])));
+        gzprintf(pack, "\n");
+      }
       for (std::string model_name : names) {
-        if (model_name == "rule")  // the rule the "[gpu]" test checks for this engine
-          model_name = engine == std::string_view("mma")       ? mma_sync_model(c)
-                       : engine == std::string_view("lt-fast") ? wgmma_model(c)
-                                                               : promoted_wgmma_model(c);
-        const std::vector<float> expected = fp8_model_result(model_name, c, ops);
+        if (model_name == "rule") model_name = test::rule_for(engine, c);
+        const std::vector<float> expected = test::fp8_model_result(model_name, c, ops);
         report_fp8((std::string(engine) + " " + model_name).c_str(), c, got, expected, nearest);
         const gpu::GemmComparison cmp = gpu::compare_bits(got, expected);
         if (cmp.identical != cmp.total)
@@ -573,6 +434,7 @@ TEST_CASE("FP8 device dumps against candidate models", "[.fp8-dump]") {
       }
     }
   }
+  if (pack != nullptr) REQUIRE(gzclose(pack) == Z_OK);
   std::fflush(stdout);
 }
 

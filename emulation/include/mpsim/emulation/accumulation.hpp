@@ -68,6 +68,13 @@ struct TensorCoreModel {
   // A product of magnitude >= 2^(emax + 1) of the output makes the block an
   // infinity (NaN for both signs), whatever else it holds (AMD, "prd_limit").
   bool products_overflow = false;
+  // > 0: the sum is promoted out of the tensor core every `promotion` products
+  // (a multiple of block_size): each run of that many starts from +0 and its
+  // result is added to a binary32 accumulator that starts at c (one
+  // nearest-even addition each). cuBLASLt's default FP8 GEMM on an H100 is the
+  // H100 FP8 model with 128 (docs/tensor_cores.md, "FP8 on the H100 itself"),
+  // DeepSeek-V3's recipe. Binary32 output only. 0: never.
+  int promotion = 0;
   friend bool operator==(const TensorCoreModel&, const TensorCoreModel&) = default;
 };
 
