@@ -20,6 +20,15 @@
 namespace mpsim::cli {
 namespace {
 
+// A CSV field (RFC 4180): quoted when it holds a comma, a quote or a line break, as a spelled-out tensor-core
+// model ("tc:input=e4m3,output=fp32,...") does.
+std::string csv_field(const std::string& text) {
+  if (text.find_first_of(",\"\n") == std::string::npos) return text;
+  std::string quoted = "\"";
+  for (const char ch : text) quoted += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return quoted + "\"";
+}
+
 namespace fs = std::filesystem;
 
 struct SweepConfig {
@@ -218,7 +227,7 @@ int run_sweep(const Args& args) {
           const double exact = reference_dot(a.data(), b.data(), k, 1);
           const double computed = dot(arm.model, a, b, 0.0f);
           const double error = computed - exact;  // signed: truncation shows as a bias toward zero
-          out << fmt::format("{},{},{},{},dot,{},{:.9g},{:.9g},{:.9g}\n", arm.model_name, arm.input_name, dist, k, t,
+          out << fmt::format("{},{},{},{},dot,{},{:.9g},{:.9g},{:.9g}\n", csv_field(arm.model_name), arm.input_name, dist, k, t,
                              exact != 0.0 ? error / std::abs(exact) : (error == 0.0 ? 0.0 : error * INFINITY),
                              std::abs(error) / absolute_dot(a.data(), b.data(), k, 1), u);
         }
@@ -239,7 +248,7 @@ int run_sweep(const Args& args) {
               worst = std::max(worst, error / absolute_dot(row, B.data() + j, k, static_cast<std::size_t>(n)));
               if (exact != 0.0) worst_relative = std::max(worst_relative, error / std::abs(exact));
             }
-          out << fmt::format("{},{},{},{},gemm,0,{:.9g},{:.9g},{:.9g}\n", arm.model_name, arm.input_name, dist, k,
+          out << fmt::format("{},{},{},{},gemm,0,{:.9g},{:.9g},{:.9g}\n", csv_field(arm.model_name), arm.input_name, dist, k,
                              worst_relative, worst, u);
         }
       }
