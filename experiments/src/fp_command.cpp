@@ -13,6 +13,7 @@
 
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
+#include "mpsim/emulation/scale_format.hpp"
 #include "mpsim/emulation/testfloat.hpp"
 #include "usage_error.hpp"
 #include "value_text.hpp"
@@ -22,15 +23,43 @@ namespace {
 
 constexpr std::string_view all_formats[] = {"binary16", "bfloat16", "tf32", "e4m3", "e5m2", "binary32"};
 
-Format format_from(const std::string& token) {
-  if (auto f = parse_format(token)) return *f;
-  throw UsageError(fmt::format("unknown format '{}'. Accepted: {}", token, format_names()));
+// A format to round into: a Format, or a block scale's format (OCP MX's E8M0,
+// NVFP4's UE4M3: no sign, E8M0 no zero; scale_format.hpp), which `fp round`
+// and `fp info` take by those names ("e8m0" is the scale, not an eXmY format
+// with a sign bit and no mantissa).
+struct Target {
+  Format format;
+  std::optional<ScaleFormat> scale;
+  bool saturate = true;  // scales: overflow gives the largest scale (":nosat": NaN, as neither has an infinity)
+  std::string name() const {
+    return scale ? std::string(to_string(*scale)) + (saturate ? "" : ":nosat") : format.name();
+  }
+};
+
+std::optional<Target> scale_target(std::string token) {
+  std::transform(token.begin(), token.end(), token.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  Target t;
+  if (token.size() > 6 && token.ends_with(":nosat")) {
+    token.resize(token.size() - 6);
+    t.saturate = false;
+  }
+  if (token != "e8m0" && token != "ue4m3") return std::nullopt;
+  t.scale = parse_scale_format(token);
+  return t.scale ? std::optional<Target>(t) : std::nullopt;
 }
 
-std::vector<Format> formats_from(const std::string& list) {
-  std::vector<Format> result;
+Target format_from(const std::string& token) {
+  if (auto t = scale_target(token)) return *t;
+  if (auto f = parse_format(token)) return Target{*f};
+  throw UsageError(fmt::format("unknown format '{}'. Accepted: {}; the block scales e8m0 and ue4m3 (add :nosat "
+                               "for NaN on overflow)",
+                               token, format_names()));
+}
+
+std::vector<Target> formats_from(const std::string& list) {
+  std::vector<Target> result;
   if (list == "all") {
-    for (auto name : all_formats) result.push_back(*parse_format(name));
+    for (auto name : all_formats) result.push_back(Target{*parse_format(name)});
     return result;
   }
   std::size_t start = 0;
@@ -89,7 +118,26 @@ int run_round(const RoundArgs& args) {
   // Rows first, then print_table.
   std::vector<std::array<std::string, 7>> rows{{"input", "format", "value (exact)", "hex", "bits", "class", "flags"}};
   for (std::size_t i = 0; i < numbers.size(); ++i) {
-    for (const auto& f : formats) {
+    for (const auto& target : formats) {
+      if (target.scale) {
+        // Scales have at most 4 significant bits: rounding the text's round-to-odd binary64 neighbour is the
+        // text rounded once, in every deterministic mode (Boldo and Melquiond 2008).
+        const ScaleFormat s = *target.scale;
+        const Rounded r = round_to_scale(s, rounding, numbers[i].odd, target.saturate, random_draw(key, i));
+        const auto code = static_cast<std::uint32_t>(r.bits.value);
+        const double value = scale_value(s, code);
+        const bool e8m0 = s == ScaleFormat::e8m0;
+        const std::string bits = e8m0 ? fmt::format("{:08b}", code)
+                                      : fmt::format("{:04b} {:03b}", code >> 3, code & 7);
+        const char* kind = std::isnan(value)               ? "nan"
+                           : value == 0                    ? "zero"
+                           : !e8m0 && (code >> 3) == 0     ? "subnormal"
+                                                           : "normal";
+        rows.push_back({values[i], target.name(), exact_scientific(value), hex_float(value),
+                        fmt::format("0x{:02x} {}", code, bits), kind, flags_to_string(r.flags)});
+        continue;
+      }
+      const Format& f = target.format;
       std::string note;
       const Rounded r = round_text(f, rounding, numbers[i], random_draw(key, i), note);
       const double value = to_double(f, r.bits);
@@ -104,9 +152,25 @@ int run_round(const RoundArgs& args) {
 }
 
 int run_info(const std::string& format_text) {
-  for (const auto& f : formats_from(format_text)) {
+  for (const auto& target : formats_from(format_text)) {
     auto line = [](std::string_view key, const std::string& value) { fmt::print("  {:<20} {}\n", key, value); };
     auto number = [](double v) { return fmt::format("{}  ({})", hex_float(v), exact_scientific(v)); };
+    if (target.scale) {
+      const bool e8m0 = *target.scale == ScaleFormat::e8m0;
+      fmt::print("{}\n", target.name());
+      line("layout", e8m0 ? "no sign, 8 exponent bits, no mantissa (OCP MX v1.0 block scale)"
+                          : "no sign, 4 exponent, 3 mantissa bits (NVFP4's block scale: E4M3 without its sign)");
+      line("bias", e8m0 ? "127" : "7");
+      line("zero", e8m0 ? "none: below 2^-127 rounds to 2^-127 (underflow)" : "code 0x00");
+      line("smallest", number(scale_value(*target.scale, e8m0 ? 0x00 : 0x01)));
+      line("largest finite", number(scale_value(*target.scale, e8m0 ? 0xFE : kUe4m3Largest)));
+      line("NaN encodings", e8m0 ? "0xFF" : "0x7F");
+      line("infinity", "no");
+      line("negative values", "NaN (invalid); UE4M3 takes -0 as +0");
+      line("overflow", target.saturate ? "saturates to the largest scale" : "NaN (:nosat)");
+      continue;
+    }
+    const Format& f = target.format;
     fmt::print("{}\n", f.name());
     line("layout", fmt::format("1 sign, {} exponent, {} mantissa bits ({} in all)", f.exponent_bits,
                                f.mantissa_bits, f.total_bits()));
@@ -248,7 +312,8 @@ void add_fp_command(CLI::App& app, std::function<int()>& run) {
   auto round_args = std::make_shared<RoundArgs>();
   auto* round = fp->add_subcommand("round", "Round values into formats once, with the result's bits, class and flags");
   round->add_option("--format,-f", round_args->formats,
-                    "Format, comma-separated formats, or 'all' (the presets): " + std::string(format_names()))
+                    "Format, comma-separated formats, or 'all' (the presets): " + std::string(format_names()) +
+                        "; the block scales e8m0 (OCP MX) and ue4m3 (NVFP4), :nosat for NaN on overflow")
       ->capture_default_str();
   round->add_option("--rounding,-r", round_args->mode, "Rounding mode: " + std::string(rounding_mode_names()))
       ->capture_default_str();
