@@ -918,7 +918,7 @@ std::string_view accumulation_model_names() {
          "an optional :MODE; a GPU (v100, a100, a30, a2, h100, h200, ada, l40s, rtx6000ada, b200, b200rn, rtxpro6000, "
          "mi100, mi210, mi250, mi300a, mi300x), or GPU:INPUT[:OUTPUT] (e.g. h100:e4m3:fp16); a custom tensor core "
          "tc:input=fp16,output=fp32,block=16,bits=25,rounding=rtz[,precision=P,groups=G,run=R,c=last,c_rounding=M,sum=exact|"
-         "pairwise|late-c,overflow=products]";
+         "pairwise|late-c,overflow=products,promote=N]";
 }
 
 }  // namespace mpsim

@@ -594,10 +594,10 @@ void gemm(const AccumulationModel& model, const float* a, const float* b, float*
     run.tensor_core.promotion = 0;
     const int step = model.tensor_core.promotion;
     std::vector<float> sum(static_cast<std::size_t>(m) * n, 0.0f), part(sum.size());
+    std::vector<float> a_run(static_cast<std::size_t>(m) * std::min(step, k));  // one run of A's columns
     if (accumulate_c) std::copy_n(c, sum.size(), sum.begin());  // the output is binary32 (invalid_reason)
     for (int k0 = 0; k0 < k; k0 += step) {
       const int width = std::min(step, k - k0);
-      std::vector<float> a_run(static_cast<std::size_t>(m) * width);
       for (int i = 0; i < m; ++i)
         std::copy_n(a + static_cast<std::size_t>(i) * k + k0, width, a_run.begin() + static_cast<std::ptrdiff_t>(i) * width);
       gemm(run, a_run.data(), b + static_cast<std::size_t>(k0) * n, part.data(), m, n, width, false, threads, path);

@@ -574,6 +574,25 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
     REQUIRE(point);
     return *point;
   };
+  // Both backends on the same operands (a m x k, b k x n, either stored transposed): the same output bits and
+  // the same statistics of both operands' quantizations; returns the blocks A's quantization counted.
+  const auto same_on_both = [&b](const char* what, core::GemmNumerics numerics, const FVec& a, const FVec& bv,
+                                 std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb) {
+    core::BlockStats stats_cpu[2], stats_gpu[2];
+    const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
+    const auto at = b.upload(a, sa), bt = b.upload(bv, sb);
+    auto c = b.empty({m, n});
+    numerics.a_block->stats = &stats_cpu[0];
+    numerics.b_block->stats = &stats_cpu[1];
+    b.cpu->gemm(at.cpu, ta, bt.cpu, tb, c.cpu, numerics, {});
+    numerics.a_block->stats = &stats_gpu[0];
+    numerics.b_block->stats = &stats_gpu[1];
+    b.gpu->gemm(at.gpu, ta, bt.gpu, tb, c.gpu, numerics, {});
+    check_same(what, b.cpu_values(c.cpu), b.gpu_values(c.gpu));
+    CHECK(stats_cpu[0] == stats_gpu[0]);
+    CHECK(stats_cpu[1] == stats_gpu[1]);
+    return stats_cpu[0][core::BlockCounter::blocks];
+  };
   std::uint64_t seed = 700;
   for (const auto& [a_text, b_text] : pairs) {
     for (const bool ta : {false, true}) {
@@ -584,24 +603,11 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
         const FVec bv = normal_values(static_cast<std::size_t>(k * n), ++seed, 4.0f);
         a[5] = 3e-30f;  // flushed inside its block
         a[6] = 1e4f;    // saturates under the OCP rule, sets the scale under the rounded-up one
-        core::BlockStats stats_cpu[2], stats_gpu[2];
         auto numerics = gemm_numerics(formats::binary32, formats::binary32);
         numerics.a_block = core::GemmNumerics::BlockOperand{parse(a_text), stream_of(3, 77, std::uint64_t{5} << 32)};
         numerics.b_block = core::GemmNumerics::BlockOperand{parse(b_text), stream_of(3, 78, std::uint64_t{5} << 32)};
         numerics.hadamard_seed = 0x5eed;
-        const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
-        const auto at = b.upload(a, sa), bt = b.upload(bv, sb);
-        auto c = b.empty({m, n});
-        numerics.a_block->stats = &stats_cpu[0];
-        numerics.b_block->stats = &stats_cpu[1];
-        b.cpu->gemm(at.cpu, ta, bt.cpu, tb, c.cpu, numerics, {});
-        numerics.a_block->stats = &stats_gpu[0];
-        numerics.b_block->stats = &stats_gpu[1];
-        b.gpu->gemm(at.gpu, ta, bt.gpu, tb, c.gpu, numerics, {});
-        check_same("block-scaled GEMM", b.cpu_values(c.cpu), b.gpu_values(c.gpu));
-        CHECK(stats_cpu[0][core::BlockCounter::blocks] > 0);
-        CHECK(stats_cpu[0] == stats_gpu[0]);
-        CHECK(stats_cpu[1] == stats_gpu[1]);
+        CHECK(same_on_both("block-scaled GEMM", numerics, a, bv, m, n, k, ta, tb) > 0);
       }
     }
   }
@@ -614,23 +620,11 @@ TEST_CASE("block-scaled GEMMs on the cuda backend give the CPU backend's bits an
         const std::int64_t m = 35, n = 40, k = 300;  // two whole tiles along k and one of 44
         const FVec a = normal_values(static_cast<std::size_t>(m * k), ++seed, 4.0f);
         const FVec bv = normal_values(static_cast<std::size_t>(k * n), ++seed, 4.0f);
-        core::BlockStats stats_cpu[2], stats_gpu[2];
         auto numerics = gemm_numerics(formats::binary32, formats::binary32);
         numerics.a_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-1x128"), {}};
         numerics.b_block = core::GemmNumerics::BlockOperand{parse("fp8-e4m3-128x128"), {}};
         numerics.block_promotion = tensor_core_preset("h100", formats::e4m3, formats::binary32);
-        const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{n, k} : Shape{k, n};
-        const auto at = b.upload(a, sa), bt = b.upload(bv, sb);
-        auto c = b.empty({m, n});
-        numerics.a_block->stats = &stats_cpu[0];
-        numerics.b_block->stats = &stats_cpu[1];
-        b.cpu->gemm(at.cpu, ta, bt.cpu, tb, c.cpu, numerics, {});
-        numerics.a_block->stats = &stats_gpu[0];
-        numerics.b_block->stats = &stats_gpu[1];
-        b.gpu->gemm(at.gpu, ta, bt.gpu, tb, c.gpu, numerics, {});
-        check_same("deepseek-fp8 GEMM", b.cpu_values(c.cpu), b.gpu_values(c.gpu));
-        CHECK(stats_cpu[0] == stats_gpu[0]);
-        CHECK(stats_cpu[1] == stats_gpu[1]);
+        same_on_both("deepseek-fp8 GEMM", numerics, a, bv, m, n, k, ta, tb);
       }
   }
   // What the kernels do not cover is refused by name, never computed another way.
