@@ -249,6 +249,102 @@ void Backend::max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& 
   max_pool_backward_impl(dy, argmax, dx);
 }
 
+void Backend::add(Tensor& x, const Tensor& y) {
+  require_support(Op::add, "add");
+  require_tensor(x, "add", "x");
+  require_tensor(y, "add", "y");
+  require_shape(same_size({&x, &y}), "add", "x and y differ in size");
+  add_impl(x, y);
+}
+
+namespace {
+// Checks an AttentionShape and the tensors' sizes against it.
+std::string attention_shape_problem(const AttentionShape& s) {
+  if (s.batch < 0 || s.tokens < 0 || s.heads <= 0 || s.head_dim <= 0)
+    return "batch " + std::to_string(s.batch) + ", tokens " + std::to_string(s.tokens) + ", heads " +
+           std::to_string(s.heads) + ", head_dim " + std::to_string(s.head_dim) +
+           ": heads and head_dim must be positive, batch and tokens not negative";
+  return {};
+}
+}  // namespace
+
+void Backend::require_attention(const AttentionShape& s, std::string_view call,
+                                std::initializer_list<std::pair<const Tensor*, const char*>> qkv_sized,
+                                std::initializer_list<std::pair<const Tensor*, const char*>> score_sized,
+                                std::initializer_list<std::pair<const Tensor*, const char*>> output_sized) const {
+  require_support(Op::attention, call);
+  const std::string problem = attention_shape_problem(s);
+  require_shape(problem.empty(), call, problem);
+  const auto check = [&](const auto& list, std::int64_t rows, std::int64_t cols, const char* what) {
+    for (const auto& [t, n] : list) {
+      require_tensor(*t, call, n);
+      require_shape(t->numel() == rows * cols && (t->rows() == rows || rows == 0), call,
+                    std::string(n) + " of shape " + shape_text(t->shape()) + " where " + what + " [" +
+                        std::to_string(rows) + ", " + std::to_string(cols) + "] fits");
+    }
+  };
+  check(qkv_sized, s.rows(), 3 * s.width(), "qkv");
+  check(score_sized, s.score_rows(), s.tokens, "scores");
+  check(output_sized, s.rows(), s.width(), "the output");
+}
+
+void Backend::attention_scores(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) {
+  require_attention(shape, "attention_scores", {{&qkv, "qkv"}}, {{&scores, "scores"}}, {});
+  attention_scores_impl(qkv, shape, scores);
+}
+void Backend::attention_values(const Tensor& probs, const Tensor& qkv, const AttentionShape& shape, Tensor& out) {
+  require_attention(shape, "attention_values", {{&qkv, "qkv"}}, {{&probs, "probs"}}, {{&out, "out"}});
+  attention_values_impl(probs, qkv, shape, out);
+}
+void Backend::attention_values_backward(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
+                                        const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv) {
+  require_attention(shape, "attention_values_backward", {{&qkv, "qkv"}, {&dqkv, "dqkv"}},
+                    {{&probs, "probs"}, {&dprobs, "dprobs"}}, {{&dout, "dout"}});
+  attention_values_backward_impl(probs, qkv, dout, shape, dprobs, dqkv);
+}
+void Backend::attention_scores_backward(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
+                                        Tensor& dqkv) {
+  require_attention(shape, "attention_scores_backward", {{&qkv, "qkv"}, {&dqkv, "dqkv"}}, {{&dscores, "dscores"}},
+                    {});
+  attention_scores_backward_impl(dscores, qkv, shape, dqkv);
+}
+
+void Backend::softmax_forward(const Tensor& x, Tensor& probs) {
+  require_support(Op::softmax, "softmax_forward");
+  require_tensor(x, "softmax_forward", "x");
+  require_tensor(probs, "softmax_forward", "probs");
+  require_shape(same_size({&x, &probs}), "softmax_forward", "x and probs differ in size");
+  softmax_forward_impl(x, probs);
+}
+void Backend::softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx) {
+  require_support(Op::softmax, "softmax_backward");
+  require_tensor(probs, "softmax_backward", "probs");
+  require_tensor(dprobs, "softmax_backward", "dprobs");
+  require_tensor(dx, "softmax_backward", "dx");
+  require_shape(same_size({&probs, &dprobs, &dx}), "softmax_backward", "probs, dprobs and dx differ in size");
+  softmax_backward_impl(probs, dprobs, dx);
+}
+
+void Backend::sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y) {
+  require_support(Op::sequence_mean, "sequence_mean_forward");
+  require_tensor(x, "sequence_mean_forward", "x");
+  require_tensor(y, "sequence_mean_forward", "y");
+  require_shape(tokens > 0 && x.rows() % tokens == 0 && y.rows() == x.rows() / tokens && y.cols() == x.cols(),
+                "sequence_mean_forward",
+                "x " + shape_text(x.shape()) + " of " + std::to_string(tokens) + " tokens per sample and y " +
+                    shape_text(y.shape()) + " do not fit: y needs x's rows / tokens rows and x's columns");
+  sequence_mean_forward_impl(x, tokens, y);
+}
+void Backend::sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tensor& dx) {
+  require_support(Op::sequence_mean, "sequence_mean_backward");
+  require_tensor(dy, "sequence_mean_backward", "dy");
+  require_tensor(dx, "sequence_mean_backward", "dx");
+  require_shape(tokens > 0 && dx.rows() == dy.rows() * tokens && dy.cols() == dx.cols(), "sequence_mean_backward",
+                "dy " + shape_text(dy.shape()) + " and dx " + shape_text(dx.shape()) + " do not fit " +
+                    std::to_string(tokens) + " tokens per sample");
+  sequence_mean_backward_impl(dy, tokens, dx);
+}
+
 namespace {
 // Logits [rows, classes], one label per row, a gradient of the logits' size.
 bool loss_shapes(const Tensor& logits, const Tensor& labels, const Tensor& d_logits) {

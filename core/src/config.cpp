@@ -372,12 +372,20 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
 });
 
 constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
-    enum_key<&ModelSpec::kind, model_kind_names>("kind", "`cnn`: LeNet-5 with ReLU and max pooling"),
+    enum_key<&ModelSpec::kind, model_kind_names>(
+        "kind", "`mlp`; `cnn`: LeNet-5 with ReLU and max pooling; `vit`: a Vision Transformer (pre-LayerNorm "
+                "blocks, learned position embeddings, mean pooling; docs/transformers.md)"),
     key<&ModelSpec::hidden>("hidden", "units", "MLP hidden widths", at_least(1)),
     enum_key<&ModelSpec::activation, activation_names>(
         "activation",
         "`gelu`: the exact erf form; the names come from `Activations` (core/include/mpsim/core/numerics_layers.hpp)"),
     key<&ModelSpec::layer_norm>("layer_norm", "", "MLP: LayerNorm after each hidden Linear"),
+    key<&ModelSpec::patch>("patch", "pixels", "vit: side of the square patches; divides the image's sides",
+                           at_least(1)),
+    key<&ModelSpec::depth>("depth", "blocks", "vit: transformer blocks", at_least(1)),
+    key<&ModelSpec::width>("width", "", "vit: model width; a multiple of heads", at_least(1)),
+    key<&ModelSpec::heads>("heads", "", "vit: attention heads of width / heads each", at_least(1)),
+    key<&ModelSpec::mlp_width>("mlp_width", "units", "vit: hidden width of each block's MLP", at_least(1)),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
     key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),
@@ -429,6 +437,9 @@ constexpr auto schedule_fields = std::to_array<ConfigField<ScheduleSpec>>({
     key<&ScheduleSpec::step_size>("step_size", "steps", "`step`: steps between multiplications by `gamma`"),
     key<&ScheduleSpec::gamma>("gamma", "", "`step`: the factor", finite_above(0)),
     key<&ScheduleSpec::min_lr>("min_lr", "", "`cosine`: the rate at the last step", finite_at_least(0)),
+    key<&ScheduleSpec::warmup>("warmup", "steps",
+                               "`> 0`: the rate rises linearly to `lr` over these first steps (lr (step + 1) / "
+                               "warmup); the schedule runs over the steps after them"),
 });
 
 // The rounding points come from their own table, rounding_points (policy.hpp).

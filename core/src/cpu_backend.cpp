@@ -255,6 +255,73 @@ class CpuBackend final : public Backend {
                        [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
   }
 
+  // Transformers: numerics_attention.hpp's rules, output by output, as the CUDA kernels run them.
+  void add_impl(Tensor& x, const Tensor& y) override {
+    float* out = data(x);
+    const float* in = data(y);
+    for (std::int64_t t = 0; t < x.numel(); ++t) out[t] += in[t];
+  }
+  void attention_scores_impl(const Tensor& qkv, const AttentionShape& s, Tensor& scores) override {
+    const float* q = data(qkv);
+    float* out = data(scores);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h)
+        for (std::int64_t i = 0; i < s.tokens; ++i)
+          for (std::int64_t j = 0; j < s.tokens; ++j) out[s.score_index(b, h, i, j)] = attention_score(q, s, b, h, i, j);
+  }
+  void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& s, Tensor& out) override {
+    const float *p = data(probs), *q = data(qkv);
+    float* o = data(out);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t i = 0; i < s.tokens; ++i)
+        for (std::int64_t h = 0; h < s.heads; ++h)
+          for (std::int64_t c = 0; c < s.head_dim; ++c) o[s.output_index(b, i, h, c)] = attention_value(p, q, s, b, h, i, c);
+  }
+  void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
+                                      const AttentionShape& s, Tensor& dprobs, Tensor& dqkv) override {
+    const float *p = data(probs), *q = data(qkv), *g = data(dout);
+    float *dp = data(dprobs), *dq = data(dqkv);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h)
+        for (std::int64_t i = 0; i < s.tokens; ++i) {
+          for (std::int64_t j = 0; j < s.tokens; ++j) dp[s.score_index(b, h, i, j)] = attention_probs_grad(g, q, s, b, h, i, j);
+          for (std::int64_t c = 0; c < s.head_dim; ++c)
+            dq[s.qkv_index(b, i, attention_v, h, c)] = attention_v_grad(p, g, s, b, h, i, c);
+        }
+  }
+  void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& s,
+                                      Tensor& dqkv) override {
+    const float *ds = data(dscores), *q = data(qkv);
+    float* dq = data(dqkv);
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t i = 0; i < s.tokens; ++i)
+        for (std::int64_t h = 0; h < s.heads; ++h)
+          for (std::int64_t c = 0; c < s.head_dim; ++c) {
+            dq[s.qkv_index(b, i, attention_q, h, c)] = attention_q_grad(ds, q, s, b, h, i, c);
+            dq[s.qkv_index(b, i, attention_k, h, c)] = attention_k_grad(ds, q, s, b, h, i, c);
+          }
+  }
+  void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
+    const std::int64_t cols = x.cols();
+    for (std::int64_t r = 0; r < x.rows(); ++r) softmax_row(data(x) + r * cols, cols, data(probs) + r * cols);
+  }
+  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) override {
+    const std::int64_t cols = probs.cols();
+    for (std::int64_t r = 0; r < probs.rows(); ++r)
+      softmax_backward_row(data(probs) + r * cols, data(dprobs) + r * cols, cols, data(dx) + r * cols);
+  }
+  void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
+    const std::int64_t width = x.cols();
+    for (std::int64_t b = 0; b < y.rows(); ++b)
+      for (std::int64_t c = 0; c < width; ++c) data(y)[b * width + c] = sequence_mean(data(x), tokens, width, b, c);
+  }
+  void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) override {
+    const std::int64_t width = dy.cols();
+    for (std::int64_t r = 0; r < dx.rows(); ++r)
+      for (std::int64_t c = 0; c < width; ++c)
+        data(dx)[r * width + c] = sequence_mean_grad(data(dy)[(r / tokens) * width + c], tokens);
+  }
+
   // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd) override {

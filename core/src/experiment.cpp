@@ -134,7 +134,17 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
                                      arm, backend, why));
     }
   }
-  if (c.model.kind != ModelKind::mlp) return;  // the CNN's sizes are fixed (LeNet-5)
+  if (c.model.kind == ModelKind::vit) {
+    const ModelSpec& m = c.model;
+    if (m.width % m.heads != 0)
+      throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
+                                   "heads values: use a width that {} divides",
+                                   m.width, m.heads, m.heads));
+    if (data.train.height % m.patch != 0 || data.train.width % m.patch != 0)
+      throw SetupError(fmt::format("model.patch = {} does not divide the {}x{} images; use a divisor of both sides",
+                                   m.patch, data.train.height, data.train.width));
+  }
+  if (c.model.kind != ModelKind::mlp) return;  // the CNN's sizes are fixed (LeNet-5); the ViT's are small
   double parameters = 0, activations = 0;
   double width = static_cast<double>(data.train.sample_size());
   std::vector<double> widths(c.model.hidden.begin(), c.model.hidden.end());

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "layer_operand.hpp"
 #include "mpsim/core/model.hpp"
 
 namespace mpsim::core {
@@ -12,18 +13,7 @@ namespace {
 
 Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
 
-// A GEMM operand: a copy of x rounded at `point` (policy.activations or
-// policy.gradient_operands), or x itself when that rounding would change no
-// value: at the identity, or when x already passed the same format unscaled.
-// Such operands are not counted as gemm_inputs either: their values were
-// counted where they were made.
-Tensor operand(StepContext& ctx, const Tensor& x, const RoundingPoint& point, Site site) {
-  if (point.is_identity() || (ctx.incoming && point.keeps_values_of(*ctx.incoming))) return x;
-  Tensor q = ctx.backend.empty(x.shape());
-  ctx.backend.copy(x, q);
-  ctx.round(q, point, TensorKind::gemm_inputs, site);
-  return q;
-}
+using detail::operand;
 
 class Linear final : public Layer {
  public:

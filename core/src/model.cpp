@@ -33,7 +33,8 @@ constexpr std::array<std::string_view, site_count> site_names{
     "input_grad",    "",               "weight_storage", "bias_storage", "weight_state1", "weight_state2",
     "bias_state1",   "bias_state2",    "output_sum",     "weight_grad_sum", "input_grad_sum",
     "fprop_activation_blocks", "fprop_weight_blocks", "dgrad_gradient_blocks", "dgrad_weight_blocks",
-    "wgrad_gradient_blocks", "wgrad_activation_blocks", "wgrad_hadamard"};
+    "wgrad_gradient_blocks", "wgrad_activation_blocks", "wgrad_hadamard", "attention_scores", "attention_probs",
+    "attention_probs_operand", "attention_probs_grad", "attention_scores_grad"};
 }  // namespace
 
 std::string_view to_string(Site site) { return site_names.at(static_cast<std::size_t>(site)); }
@@ -136,6 +137,35 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       ++i;
     }
     layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
+  } else if (spec.kind == ModelKind::vit) {
+    // A Vision Transformer (Dosovitskiy et al. 2021) with pre-LayerNorm
+    // blocks, learned position embeddings and mean pooling over the patches
+    // (no class token, as Beyer et al. 2022, "Better plain ViT baselines").
+    const std::int64_t d = spec.width;
+    const std::int64_t tokens = (in.height / spec.patch) * (in.width / spec.patch);
+    layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
+    layers.push_back(make_tokens("tokens"));
+    layers.push_back(make_position_embedding("pos", tokens, d));
+    for (std::int64_t l = 1; l <= spec.depth; ++l) {
+      const std::string b = "block" + std::to_string(l) + ".";
+      ResidualLayers attention = make_residual(b + "skip1", b + "add1");
+      layers.push_back(std::move(attention.branch));
+      layers.push_back(make_layer_norm(b + "ln1", d));
+      layers.push_back(make_linear(b + "qkv", d, 3 * d));
+      layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, false));
+      layers.push_back(make_linear(b + "proj", d, d));
+      layers.push_back(std::move(attention.add));
+      ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
+      layers.push_back(std::move(mlp.branch));
+      layers.push_back(make_layer_norm(b + "ln2", d));
+      layers.push_back(make_linear(b + "fc1", d, spec.mlp_width));
+      layers.push_back(activation(b + act));
+      layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
+      layers.push_back(std::move(mlp.add));
+    }
+    layers.push_back(make_layer_norm("ln", d));
+    layers.push_back(make_sequence_mean("mean", tokens));
+    layers.push_back(make_linear("head", d, in.classes));
   } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));

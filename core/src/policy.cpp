@@ -240,11 +240,13 @@ std::optional<Policy> preset_policy(std::string_view name) {
   }
   // Mixed precision (Micikevicius et al. 2018; PyTorch autocast): low-precision
   // GEMM operands and activations, FP32 accumulation, master weights and
-  // optimiser state; normalisation and the loss in FP32.
+  // optimiser state; normalisation, attention's softmax, the residual
+  // stream (a binary32 sum where autocast adds a low-precision branch to a
+  // binary32 stream) and the loss in FP32.
   const auto mixed = [&](const Format& f) {
     p.weights = p.activations = p.gemm_output = p.elementwise = point(f);
     p.gradient_operands = p.activation_grads = p.weight_grads = point(f);
-    p.fp32_ops = {"layer_norm", "softmax_cross_entropy"};
+    p.fp32_ops = {"layer_norm", "softmax", "residual", "softmax_cross_entropy"};
   };
   if (name == "fp16-mixed") {
     mixed(formats::binary16);

@@ -14,6 +14,11 @@
 namespace mpsim::core {
 
 double learning_rate(const OptimizerSpec& o, const ScheduleSpec& s, std::int64_t step, std::int64_t total) {
+  if (s.warmup > 0) {
+    if (step < s.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup);
+    step -= s.warmup;
+    total -= s.warmup;
+  }
   switch (s.kind) {
     case ScheduleKind::constant: return o.lr;
     case ScheduleKind::step:

@@ -48,6 +48,7 @@ namespace mpsim::gpu {
 namespace {
 
 using core::Activation;
+using core::AttentionShape;
 using core::ConvGeometry;
 using core::Counter;
 using core::RoundingPoint;
@@ -550,6 +551,44 @@ class CudaBackend final : public core::Backend {
   void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const Input v = in(x), g = in(dy);
     kernels::activation_backward(kind, v, g, out(dx), x.numel(), stream());
+  }
+  void add_impl(Tensor& x, const Tensor& y) override {
+    const Input v = in(y);
+    kernels::add(inout(x), v, x.numel(), stream());
+  }
+  void attention_scores_impl(const Tensor& qkv, const AttentionShape& s, Tensor& scores) override {
+    const Input q = in(qkv);
+    kernels::attention_scores(q, s, out(scores), stream());
+  }
+  void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& s, Tensor& o) override {
+    const Input p = in(probs), q = in(qkv);
+    kernels::attention_values(p, q, s, out(o), stream());
+  }
+  void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
+                                      const AttentionShape& s, Tensor& dprobs, Tensor& dqkv) override {
+    const Input p = in(probs), q = in(qkv), g = in(dout);
+    kernels::attention_values_backward(p, q, g, s, out(dprobs), inout(dqkv), stream());
+  }
+  void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& s,
+                                      Tensor& dqkv) override {
+    const Input d = in(dscores), q = in(qkv);
+    kernels::attention_scores_backward(d, q, s, inout(dqkv), stream());
+  }
+  void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
+    const Input v = in(x);
+    kernels::softmax_forward(v, x.rows(), x.cols(), out(probs), stream());
+  }
+  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) override {
+    const Input p = in(probs), g = in(dprobs);
+    kernels::softmax_backward(p, g, probs.rows(), probs.cols(), out(dx), stream());
+  }
+  void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
+    const Input v = in(x);
+    kernels::sequence_mean_forward(v, tokens, y.rows(), x.cols(), out(y), stream());
+  }
+  void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) override {
+    const Input g = in(dy);
+    kernels::sequence_mean_backward(g, tokens, dx.rows(), dx.cols(), out(dx), stream());
   }
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {

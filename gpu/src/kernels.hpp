@@ -17,6 +17,7 @@
 
 #include "check.hpp"
 #include "mpsim/core/numerics.hpp"
+#include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
@@ -50,6 +51,23 @@ void activation_backward(core::Activation kind, const float* x, const float* dy,
                          cudaStream_t stream);
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);
 void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
+
+// --- Transformers (kernels_attention.cu: numerics_attention.hpp's rules) -------
+void add(float* x, const float* y, std::int64_t n, cudaStream_t stream);
+void attention_scores(const float* qkv, const core::AttentionShape& s, float* scores, cudaStream_t stream);
+void attention_values(const float* probs, const float* qkv, const core::AttentionShape& s, float* out,
+                      cudaStream_t stream);
+void attention_values_backward(const float* probs, const float* qkv, const float* dout, const core::AttentionShape& s,
+                               float* dprobs, float* dqkv, cudaStream_t stream);
+void attention_scores_backward(const float* dscores, const float* qkv, const core::AttentionShape& s, float* dqkv,
+                               cudaStream_t stream);
+void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs, cudaStream_t stream);
+void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows, std::int64_t cols, float* dx,
+                      cudaStream_t stream);
+void sequence_mean_forward(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width, float* y,
+                           cudaStream_t stream);
+void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t rows, std::int64_t width, float* dx,
+                            cudaStream_t stream);
 
 // --- Reductions ---------------------------------------------------------------
 // sums[j] = sum_i x[i, j] in binary32: partial sums over chunks of rows, then

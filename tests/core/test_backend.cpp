@@ -97,6 +97,26 @@ TEST_CASE("shapes that do not fit are refused, naming the call", "[backend]") {
   CHECK_THROWS_WITH(cpu->softmax_cross_entropy(logits, labels, 1.0f, d), Contains("one label per row"));
   Tensor none;
   CHECK_THROWS_WITH(cpu->scale(none, 2.0f), Contains("scale: x is an empty tensor"));
+
+  // The transformer ops check their tensors against the attention shape.
+  AttentionShape s;
+  s.batch = 2;
+  s.tokens = 3;
+  s.heads = 2;
+  s.head_dim = 4;
+  Tensor qkv = cpu->zeros({6, 24}), scores = cpu->zeros({12, 3}), out = cpu->zeros({6, 8});
+  CHECK_NOTHROW(cpu->attention_scores(qkv, s, scores));
+  Tensor short_scores = cpu->zeros({12, 2});
+  CHECK_THROWS_WITH(cpu->attention_scores(qkv, s, short_scores),
+                    Contains("attention_scores: scores of shape [12, 2] where scores [12, 3] fits"));
+  Tensor wide_qkv = cpu->zeros({6, 25});
+  CHECK_THROWS_WITH(cpu->attention_values(scores, wide_qkv, s, out), Contains("qkv of shape [6, 25]"));
+  AttentionShape no_heads = s;
+  no_heads.heads = 0;
+  CHECK_THROWS_WITH(cpu->attention_scores(qkv, no_heads, scores), Contains("heads and head_dim must be positive"));
+  CHECK_THROWS_WITH(cpu->add(out, scores), Contains("add: x and y differ in size"));
+  Tensor means = cpu->zeros({3, 8});
+  CHECK_THROWS_WITH(cpu->sequence_mean_forward(out, 3, means), Contains("sequence_mean_forward: x [6, 8]"));
 }
 
 TEST_CASE("the optimiser step checks its state for the optimiser it runs", "[backend]") {

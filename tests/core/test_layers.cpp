@@ -970,4 +970,289 @@ TEST_CASE("CNN: backward gradients match finite differences of the binary32 loss
   check_model_gradients(spec, InputShape{1, 28, 28, 10}, 2, 1e-2f, 2025, 20);
 }
 
+// --- Transformer layers (layers_transformer.cpp) ----------------------------------
+
+// Self-attention on [q | k | v] rows in binary64: the logits, the
+// probabilities, the output (numerics_attention.hpp's layout).
+struct AttentionRef {
+  Index batch, tokens, heads, dim;
+  bool causal;
+  Index width() const { return heads * dim; }
+  double at(const Vec& x, Index b, Index i, int part, Index h, Index c) const {
+    return x[static_cast<std::size_t>((b * tokens + i) * 3 * width() + part * width() + h * dim + c)];
+  }
+  bool visible(Index i, Index j) const { return !causal || j <= i; }
+  // probs[((b * heads + h) * tokens + i) * tokens + j]
+  Vec probs(const Vec& x) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    Vec p(static_cast<std::size_t>(batch * heads * tokens * tokens), 0.0);
+    for (Index b = 0; b < batch; ++b)
+      for (Index h = 0; h < heads; ++h)
+        for (Index i = 0; i < tokens; ++i) {
+          Vec s(static_cast<std::size_t>(tokens), -std::numeric_limits<double>::infinity());
+          double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+          for (Index j = 0; j < tokens; ++j) {
+            if (!visible(i, j)) continue;
+            double d = 0.0;
+            for (Index c = 0; c < dim; ++c) d += at(x, b, i, 0, h, c) * at(x, b, j, 1, h, c);
+            s[j] = d * scale;
+            m = std::max(m, s[j]);
+          }
+          for (Index j = 0; j < tokens; ++j) sum += visible(i, j) ? std::exp(s[j] - m) : 0.0;
+          for (Index j = 0; j < tokens; ++j)
+            p[static_cast<std::size_t>(((b * heads + h) * tokens + i) * tokens + j)] =
+                visible(i, j) ? std::exp(s[j] - m) / sum : 0.0;
+        }
+    return p;
+  }
+  double prob(const Vec& p, Index b, Index h, Index i, Index j) const {
+    return p[static_cast<std::size_t>(((b * heads + h) * tokens + i) * tokens + j)];
+  }
+  Vec forward(const Vec& x) const {
+    const Vec p = probs(x);
+    Vec y(static_cast<std::size_t>(batch * tokens * width()), 0.0);
+    for (Index b = 0; b < batch; ++b)
+      for (Index i = 0; i < tokens; ++i)
+        for (Index h = 0; h < heads; ++h)
+          for (Index c = 0; c < dim; ++c) {
+            double sum = 0.0;
+            for (Index j = 0; j < tokens; ++j) sum += prob(p, b, h, i, j) * at(x, b, j, 2, h, c);
+            y[static_cast<std::size_t>((b * tokens + i) * width() + h * dim + c)] = sum;
+          }
+    return y;
+  }
+  // The relative error of a binary32 probability: the logits' dot products
+  // (dim terms, then the scale: (dim + 2) u sum |q k| scale, twice for the
+  // difference to the row's maximum) and softmax's few roundings (8u).
+  double prob_error(const Vec& x) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    double worst = 0.0;
+    for (Index b = 0; b < batch; ++b)
+      for (Index h = 0; h < heads; ++h)
+        for (Index i = 0; i < tokens; ++i)
+          for (Index j = 0; j < tokens; ++j) {
+            double d = 0.0;
+            for (Index c = 0; c < dim; ++c) d += std::fabs(at(x, b, i, 0, h, c) * at(x, b, j, 1, h, c));
+            worst = std::max(worst, 2.0 * static_cast<double>(dim + 2) * u * d * scale);
+          }
+    return worst + 8.0 * u;
+  }
+  // The backward pass with every value replaced by its magnitude and every
+  // difference by a sum: the size of the terms each binary32 gradient adds up.
+  Vec gradient_magnitudes(const Vec& x, const Vec& dy) const {
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dim));
+    const Vec p = probs(x);
+    Vec g(x.size(), 0.0);
+    const auto out = [&](Index b, Index i, Index h, Index c) {
+      return std::fabs(dy[static_cast<std::size_t>((b * tokens + i) * width() + h * dim + c)]);
+    };
+    const auto slot = [&](Index b, Index i, int part, Index h, Index c) -> double& {
+      return g[static_cast<std::size_t>((b * tokens + i) * 3 * width() + part * width() + h * dim + c)];
+    };
+    for (Index b = 0; b < batch; ++b)
+      for (Index h = 0; h < heads; ++h) {
+        Vec ds(static_cast<std::size_t>(tokens * tokens), 0.0);
+        for (Index i = 0; i < tokens; ++i) {
+          Vec dp(static_cast<std::size_t>(tokens), 0.0);
+          double row = 0.0;
+          for (Index j = 0; j < tokens; ++j) {
+            for (Index c = 0; c < dim; ++c) dp[j] += out(b, i, h, c) * std::fabs(at(x, b, j, 2, h, c));
+            row += prob(p, b, h, i, j) * dp[j];
+          }
+          for (Index j = 0; j < tokens; ++j) ds[static_cast<std::size_t>(i * tokens + j)] = prob(p, b, h, i, j) * (dp[j] + row);
+        }
+        for (Index i = 0; i < tokens; ++i)
+          for (Index j = 0; j < tokens; ++j)
+            for (Index c = 0; c < dim; ++c) {
+              const double d = ds[static_cast<std::size_t>(i * tokens + j)];
+              slot(b, i, 0, h, c) += scale * d * std::fabs(at(x, b, j, 1, h, c));
+              slot(b, j, 1, h, c) += scale * d * std::fabs(at(x, b, i, 0, h, c));
+              slot(b, j, 2, h, c) += prob(p, b, h, i, j) * out(b, i, h, c);
+            }
+      }
+    return g;
+  }
+};
+
+TEST_CASE("Self-attention forward and backward match binary64 references", "[layers][transformer]") {
+  for (const bool causal : {false, true}) {
+    const AttentionRef a{2, 5, 2, 4, causal};
+    Rng rng{causal ? 81u : 80u};
+    const Shape shape{a.batch * a.tokens, 3 * a.width()};
+    const FVec x = uniform(rng, size_of(shape), -1.5, 1.5);
+    auto layer = make_self_attention("attn", a.tokens, a.heads, causal);
+    // Bounds: a binary32 sum of at most n = tokens + dim terms of the
+    // magnitudes the reference adds up, 2 (n + 6) u of them, plus the
+    // probabilities' own relative error (prob_error) on the same magnitudes.
+    const double k = 2.0 * static_cast<double>(a.tokens + a.dim + 6) * u;
+    Reference ref;
+    ref.forward = [a](const std::vector<Vec>& args) { return a.forward(args[0]); };
+    ref.forward_bound = [a, k](const std::vector<Vec>& args) {
+      AttentionRef m = a;
+      Vec abs_x = abs_of(args[0]);
+      const Vec p = a.probs(args[0]);
+      Vec bound(static_cast<std::size_t>(a.batch * a.tokens * a.width()), 0.0);
+      const double e = a.prob_error(args[0]);
+      for (Index b = 0; b < a.batch; ++b)
+        for (Index i = 0; i < a.tokens; ++i)
+          for (Index h = 0; h < a.heads; ++h)
+            for (Index c = 0; c < a.dim; ++c) {
+              double s = 0.0;
+              for (Index j = 0; j < a.tokens; ++j) s += m.prob(p, b, h, i, j) * m.at(abs_x, b, j, 2, h, c);
+              bound[static_cast<std::size_t>((b * a.tokens + i) * a.width() + h * a.dim + c)] = (k + e) * s;
+            }
+      return bound;
+    };
+    ref.grad_bound = [a, k](std::size_t, const std::vector<Vec>& args, const Vec& dy, const Fd&) {
+      return scaled(a.gradient_magnitudes(args[0], dy), k + 2.0 * a.prob_error(args[0]));
+    };
+    const FVec y = check_layer(causal ? "causal attention" : "attention", *layer, x, shape, {}, ref, 82);
+    if (causal) {
+      // The first query sees only itself: its output is its own v.
+      for (Index h = 0; h < a.heads; ++h)
+        for (Index c = 0; c < a.dim; ++c)
+          CHECK(y[static_cast<std::size_t>(h * a.dim + c)] == x[static_cast<std::size_t>(2 * a.width() + h * a.dim + c)]);
+    }
+  }
+}
+
+// Runs layers as one: forward in order, backward in reverse (a residual
+// connection is a pair of layers around its branch).
+class LayerChain final : public Layer {
+ public:
+  explicit LayerChain(std::vector<std::unique_ptr<Layer>> layers) : Layer("chain"), layers_(std::move(layers)) {}
+  Shape output_shape(const Shape& in) const override {
+    Shape s = in;
+    for (const auto& l : layers_) s = l->output_shape(s);
+    return s;
+  }
+  std::vector<Parameter*> parameters() override {
+    std::vector<Parameter*> all;
+    for (auto& l : layers_)
+      for (Parameter* p : l->parameters()) all.push_back(p);
+    return all;
+  }
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>&) const override {
+    return std::nullopt;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    Tensor h = x;
+    for (auto& l : layers_) h = l->forward(ctx, h);
+    return h;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor g = dy;
+    for (std::size_t i = layers_.size(); i-- > 0;) g = layers_[i]->backward(ctx, g, i > 0 || need_input_grad);
+    return g;
+  }
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+};
+
+TEST_CASE("A residual connection around a Linear: y = x + W x + b, forward and backward", "[layers][transformer]") {
+  const Index batch = 3, n = 6;
+  Rng rng{90};
+  const FVec x = uniform(rng, static_cast<std::size_t>(batch * n), -1.0, 1.0);
+  const FVec w = uniform(rng, static_cast<std::size_t>(n * n), -1.0, 1.0);
+  const FVec bias = uniform(rng, static_cast<std::size_t>(n), -1.0, 1.0);
+  ResidualLayers residual = make_residual("skip", "add");
+  std::vector<std::unique_ptr<Layer>> layers;
+  layers.push_back(std::move(residual.branch));
+  layers.push_back(make_linear("fc", n, n));
+  layers.push_back(std::move(residual.add));
+  LayerChain chain(std::move(layers));
+  Reference ref;
+  ref.forward = [&](const std::vector<Vec>& a) {
+    Vec y = linear_ref(a, batch, n, n);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += a[0][i];
+    return y;
+  };
+  // The Linear's bound (n + 1 terms) plus the residual sum's rounding.
+  ref.forward_bound = [&](const std::vector<Vec>& a) {
+    Vec m = linear_ref(abs_of(a), batch, n, n);
+    for (std::size_t i = 0; i < m.size(); ++i) m[i] = 2.0 * static_cast<double>(n + 3) * u * (m[i] + std::fabs(a[0][i]));
+    return m;
+  };
+  ref.grad_bound = dot_bound(batch + n + 1);
+  check_layer("residual", chain, x, {batch, n}, {w, bias}, ref, 91);
+}
+
+TEST_CASE("Position embedding, tokens and the sequence mean match binary64 references", "[layers][transformer]") {
+  const Index batch = 3, tokens = 4, width = 5;
+  Rng rng{95};
+  {
+    const FVec x = uniform(rng, static_cast<std::size_t>(batch * tokens * width), -1.0, 1.0);
+    const FVec table = uniform(rng, static_cast<std::size_t>(tokens * width), -1.0, 1.0);
+    auto layer = make_position_embedding("pos", tokens, width);
+    Reference ref;
+    ref.forward = [&](const std::vector<Vec>& a) {
+      Vec y = a[0];
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] += a[1][i % static_cast<std::size_t>(tokens * width)];
+      return y;
+    };
+    ref.forward_bound = [&](const std::vector<Vec>& a) {
+      Vec b(a[0].size());
+      for (std::size_t i = 0; i < b.size(); ++i)
+        b[i] = u * (std::fabs(a[0][i]) + std::fabs(a[1][i % static_cast<std::size_t>(tokens * width)]));
+      return b;
+    };
+    ref.grad_bound = dot_bound(batch);
+    check_layer("position embedding", *layer, x, {batch * tokens, width}, {table}, ref, 96);
+  }
+  {
+    const FVec x = uniform(rng, static_cast<std::size_t>(batch * tokens * width), -1.0, 1.0);
+    auto layer = make_sequence_mean("mean", tokens);
+    Reference ref;
+    ref.forward = [&](const std::vector<Vec>& a) {
+      Vec y(static_cast<std::size_t>(batch * width), 0.0);
+      for (Index b = 0; b < batch; ++b)
+        for (Index i = 0; i < tokens; ++i)
+          for (Index c = 0; c < width; ++c) y[b * width + c] += a[0][(b * tokens + i) * width + c] / tokens;
+      return y;
+    };
+    ref.forward_bound = [&](const std::vector<Vec>& a) {
+      Vec y(static_cast<std::size_t>(batch * width), 0.0);
+      for (Index b = 0; b < batch; ++b)
+        for (Index i = 0; i < tokens; ++i)
+          for (Index c = 0; c < width; ++c)
+            y[b * width + c] += 2.0 * (tokens + 2) * u * std::fabs(a[0][(b * tokens + i) * width + c]) / tokens;
+      return y;
+    };
+    ref.grad_bound = dot_bound(1);
+    check_layer("sequence mean", *layer, x, {batch * tokens, width}, {}, ref, 97);
+  }
+  {
+    // NCHW -> a row per position: a permutation, exact both ways.
+    const Index c = 3, h = 2, w = 2;
+    const FVec x = uniform(rng, static_cast<std::size_t>(batch * c * h * w), -1.0, 1.0);
+    auto layer = make_tokens("tokens");
+    Reference ref;
+    ref.forward = [&](const std::vector<Vec>& a) {
+      Vec y(a[0].size());
+      for (Index b = 0; b < batch; ++b)
+        for (Index ch = 0; ch < c; ++ch)
+          for (Index p = 0; p < h * w; ++p) y[(b * h * w + p) * c + ch] = a[0][(b * c + ch) * h * w + p];
+      return y;
+    };
+    ref.forward_bound = [](const std::vector<Vec>& a) { return Vec(a[0].size(), 0.0); };
+    ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec&, const Fd&) {
+      return Vec(a[0].size(), 0.0);
+    };
+    check_layer("tokens", *layer, x, {batch, c, h, w}, {}, ref, 98);
+  }
+}
+
+TEST_CASE("ViT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
+  ModelSpec spec;
+  spec.kind = ModelKind::vit;
+  spec.activation = Activation::gelu;
+  spec.patch = 4;
+  spec.depth = 2;
+  spec.width = 8;
+  spec.heads = 2;
+  spec.mlp_width = 16;
+  check_model_gradients(spec, InputShape{1, 8, 8, 3}, 3, 1e-2f, 2026, 30);
+}
+
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <numbers>
 #include <sstream>
 
 #include "mpsim/core/config.hpp"
@@ -594,4 +595,21 @@ TEST_CASE("every delayed-scaled tensor keeps its own amax history", "[training][
     ring.pop_back();
     CHECK(ring == expected);
   }
+}
+
+TEST_CASE("learning-rate warm-up: linear to lr, then the schedule over the remaining steps", "[training]") {
+  OptimizerSpec o;
+  o.lr = 0.8;
+  ScheduleSpec s;
+  s.kind = ScheduleKind::cosine;
+  s.min_lr = 0.0;
+  s.warmup = 4;
+  CHECK(learning_rate(o, s, 0, 14) == 0.2);
+  CHECK(learning_rate(o, s, 1, 14) == 0.4);
+  CHECK(learning_rate(o, s, 3, 14) == 0.8);
+  CHECK(learning_rate(o, s, 4, 14) == 0.8);          // the cosine's first step
+  CHECK(learning_rate(o, s, 13, 14) == Approx(0.0).margin(1e-15));  // its last
+  CHECK(learning_rate(o, s, 9, 14) == Approx(0.4 * (1.0 + std::cos(std::numbers::pi * 5.0 / 9.0))));
+  s.warmup = 0;  // none: the cosine from step 0, as before
+  CHECK(learning_rate(o, s, 0, 14) == 0.8);
 }

@@ -831,6 +831,67 @@ TEST_CASE("LayerNorm forward and backward match the CPU bit for bit", "[gpu][bac
   }
 }
 
+TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, softmax within expf's bound",
+          "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  for (const bool causal : {false, true}) {
+    INFO((causal ? "causal" : "not causal"));
+    core::AttentionShape s;
+    s.batch = 3;
+    s.tokens = 17;
+    s.heads = 4;
+    s.head_dim = 8;
+    s.causal = causal;
+    const std::int64_t rows = s.rows(), cols = 3 * s.width(), score_rows = s.score_rows();
+    const auto qkv = b.upload(normal_values(static_cast<std::size_t>(rows * cols), 900, 2.0f), {rows, cols});
+    auto scores = b.empty({score_rows, s.tokens}), probs = b.empty({score_rows, s.tokens});
+    b.cpu->attention_scores(qkv.cpu, s, scores.cpu);
+    b.gpu->attention_scores(qkv.gpu, s, scores.gpu);
+    check_same("attention scores", b, scores);
+    b.cpu->softmax_forward(scores.cpu, probs.cpu);
+    b.gpu->softmax_forward(scores.gpu, probs.gpu);
+    // p = e / S: the exponentials differ by at most 3 ulps (CUDA's expf 2, glibc's 1), so the binary64 sums
+    // S by at most 3 * 2^-23 relatively, and p, after one more rounding on each side, by 6 * 2^-23 |p| + 2 ulp(p).
+    const FVec pc = b.cpu_values(probs.cpu);
+    check_close("softmax", pc, b.gpu_values(probs.gpu),
+                [&](std::size_t i) { return 6 * 0x1p-23 * std::fabs(pc[i]) + 2 * ulp_of(pc[i]); });
+    // From here on both backends read the CPU's probabilities.
+    const auto p = b.upload(pc, {score_rows, s.tokens});
+    auto out = b.empty({rows, s.width()});
+    b.cpu->attention_values(p.cpu, qkv.cpu, s, out.cpu);
+    b.gpu->attention_values(p.gpu, qkv.gpu, s, out.gpu);
+    check_same("attention output", b, out);
+    const auto dout = b.upload(normal_values(static_cast<std::size_t>(rows * s.width()), 901), {rows, s.width()});
+    auto dprobs = b.empty({score_rows, s.tokens}), dscores = b.empty({score_rows, s.tokens});
+    // NaN first: every element of dqkv must be written by the two backward calls.
+    auto dqkv = b.upload(FVec(static_cast<std::size_t>(rows * cols), NAN), {rows, cols});
+    b.cpu->attention_values_backward(p.cpu, qkv.cpu, dout.cpu, s, dprobs.cpu, dqkv.cpu);
+    b.gpu->attention_values_backward(p.gpu, qkv.gpu, dout.gpu, s, dprobs.gpu, dqkv.gpu);
+    check_same("attention dprobs", b, dprobs);
+    b.cpu->softmax_backward(p.cpu, dprobs.cpu, dscores.cpu);
+    b.gpu->softmax_backward(p.gpu, dprobs.gpu, dscores.gpu);
+    check_same("softmax backward", b, dscores);
+    b.cpu->attention_scores_backward(dscores.cpu, qkv.cpu, s, dqkv.cpu);
+    b.gpu->attention_scores_backward(dscores.gpu, qkv.gpu, s, dqkv.gpu);
+    const FVec dq = b.cpu_values(dqkv.cpu);
+    CHECK(std::none_of(dq.begin(), dq.end(), [](float v) { return std::isnan(v); }));
+    check_same("attention dqkv", b, dqkv);
+    // The residual add and the mean over each sample's tokens.
+    auto sum = b.upload(b.cpu_values(out.cpu), {rows, s.width()});
+    b.cpu->add(sum.cpu, dout.cpu);
+    b.gpu->add(sum.gpu, dout.gpu);
+    check_same("add", b, sum);
+    auto mean = b.empty({s.batch, s.width()}), dmean = b.empty({rows, s.width()});
+    b.cpu->sequence_mean_forward(sum.cpu, s.tokens, mean.cpu);
+    b.gpu->sequence_mean_forward(sum.gpu, s.tokens, mean.gpu);
+    check_same("sequence mean", b, mean);
+    b.cpu->sequence_mean_backward(mean.cpu, s.tokens, dmean.cpu);
+    b.gpu->sequence_mean_backward(mean.gpu, s.tokens, dmean.gpu);
+    check_same("sequence mean backward", b, dmean);
+  }
+}
+
 TEST_CASE("SGD and Adam updates match the CPU bit for bit", "[gpu][backend][optimizer]") {
   require_device();
   Backends b;

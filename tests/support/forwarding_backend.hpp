@@ -75,6 +75,33 @@ class ForwardingBackend : public core::Backend {
   void max_pool_backward_impl(const core::Tensor& dy, const core::Tensor& argmax, core::Tensor& dx) override {
     inner_->max_pool_backward(dy, argmax, dx);
   }
+  void add_impl(core::Tensor& x, const core::Tensor& y) override { inner_->add(x, y); }
+  void attention_scores_impl(const core::Tensor& qkv, const core::AttentionShape& s, core::Tensor& scores) override {
+    inner_->attention_scores(qkv, s, scores);
+  }
+  void attention_values_impl(const core::Tensor& probs, const core::Tensor& qkv, const core::AttentionShape& s,
+                             core::Tensor& out) override {
+    inner_->attention_values(probs, qkv, s, out);
+  }
+  void attention_values_backward_impl(const core::Tensor& probs, const core::Tensor& qkv, const core::Tensor& dout,
+                                      const core::AttentionShape& s, core::Tensor& dprobs,
+                                      core::Tensor& dqkv) override {
+    inner_->attention_values_backward(probs, qkv, dout, s, dprobs, dqkv);
+  }
+  void attention_scores_backward_impl(const core::Tensor& dscores, const core::Tensor& qkv,
+                                      const core::AttentionShape& s, core::Tensor& dqkv) override {
+    inner_->attention_scores_backward(dscores, qkv, s, dqkv);
+  }
+  void softmax_forward_impl(const core::Tensor& x, core::Tensor& probs) override { inner_->softmax_forward(x, probs); }
+  void softmax_backward_impl(const core::Tensor& probs, const core::Tensor& dprobs, core::Tensor& dx) override {
+    inner_->softmax_backward(probs, dprobs, dx);
+  }
+  void sequence_mean_forward_impl(const core::Tensor& x, std::int64_t tokens, core::Tensor& y) override {
+    inner_->sequence_mean_forward(x, tokens, y);
+  }
+  void sequence_mean_backward_impl(const core::Tensor& dy, std::int64_t tokens, core::Tensor& dx) override {
+    inner_->sequence_mean_backward(dy, tokens, dx);
+  }
   core::LossResult softmax_cross_entropy_impl(const core::Tensor& logits, const core::Tensor& labels, float grad_scale,
                                          core::Tensor& d_logits) override {
     return inner_->softmax_cross_entropy(logits, labels, grad_scale, d_logits);

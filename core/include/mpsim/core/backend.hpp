@@ -8,14 +8,17 @@
 // format is not binary32) and `apply_update`, at the points a Policy names.
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/core/names.hpp"
 #include "mpsim/core/policy.hpp"
@@ -110,12 +113,14 @@ struct AdamParams {
 // the errors name them.
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
-  rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step
+  rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
+  add, attention, softmax, sequence_mean
 };
-inline constexpr EnumNames<Op, 16> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 20> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
-                                             "round_delayed", "training_step"}};
+                                             "round_delayed", "training_step", "add", "attention", "softmax",
+                                             "sequence_mean"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -199,6 +204,25 @@ class Backend {
   void max_pool_forward(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax);
   void max_pool_backward(const Tensor& dy, const Tensor& argmax, Tensor& dx);
 
+  // Transformers (numerics_attention.hpp's arithmetic and layouts).
+  void add(Tensor& x, const Tensor& y);  // x += y, element by element (a residual connection)
+  // Multi-head attention on the rows of one Linear's [q | k | v] output:
+  // scores = mask(q k^T * scale) per sample and head, out = probs v, and
+  // their backward passes; each backward writes its parts of dqkv (q and k,
+  // or v) and leaves the other columns as they were.
+  void attention_scores(const Tensor& qkv, const AttentionShape& shape, Tensor& scores);
+  void attention_values(const Tensor& probs, const Tensor& qkv, const AttentionShape& shape, Tensor& out);
+  void attention_values_backward(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
+                                 const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv);
+  void attention_scores_backward(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
+                                 Tensor& dqkv);
+  // Softmax over each row, and its backward from the probabilities.
+  void softmax_forward(const Tensor& x, Tensor& probs);
+  void softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx);
+  // The mean over each sample's tokens: x [batch * tokens, width] -> y [batch, width].
+  void sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y);
+  void sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tensor& dx);
+
   // Fused, stable softmax cross-entropy over rows. labels hold class indices
   // as binary32. d_logits = (softmax - onehot) * (grad_scale / batch).
   LossResult softmax_cross_entropy(const Tensor& logits, const Tensor& labels, float grad_scale, Tensor& d_logits);
@@ -272,6 +296,18 @@ class Backend {
   virtual void nchw_to_rows_impl(const Tensor& nchw, Tensor& rows) = 0;
   virtual void max_pool_forward_impl(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = 0;
   virtual void max_pool_backward_impl(const Tensor& dy, const Tensor& argmax, Tensor& dx) = 0;
+  virtual void add_impl(Tensor& x, const Tensor& y) = 0;
+  virtual void attention_scores_impl(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) = 0;
+  virtual void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& shape,
+                                     Tensor& out) = 0;
+  virtual void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
+                                              const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv) = 0;
+  virtual void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
+                                              Tensor& dqkv) = 0;
+  virtual void softmax_forward_impl(const Tensor& x, Tensor& probs) = 0;
+  virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) = 0;
+  virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
+  virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;
   virtual LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                                 Tensor& d_logits) = 0;
   virtual void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
@@ -311,6 +347,11 @@ class Backend {
   void require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const;
   // Throws BackendError naming the call when ok is false.
   void require_shape(bool ok, std::string_view call, std::string_view what) const;
+  // Op::attention, a valid shape, and each tensor sized as qkv, as scores or as the output.
+  void require_attention(const AttentionShape& shape, std::string_view call,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> qkv_sized,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> score_sized,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> output_sized) const;
 };
 
 std::unique_ptr<Backend> make_cpu_backend();

@@ -49,8 +49,11 @@ enum class Site : std::uint8_t {
   // and the signs of a weight-gradient GEMM's Hadamard transform.
   fprop_activation_blocks, fprop_weight_blocks, dgrad_gradient_blocks, dgrad_weight_blocks,
   wgrad_gradient_blocks, wgrad_activation_blocks, wgrad_hadamard,
+  // Self-attention's inner tensors: the logits, the probabilities (and their
+  // copy as the second GEMM's operand), and the gradients of both.
+  attention_scores, attention_probs, attention_probs_operand, attention_probs_grad, attention_scores_grad,
 };
-inline constexpr int site_count = 25;
+inline constexpr int site_count = 30;
 // The sites' names, for messages and logs ("" for the unused value).
 std::string_view to_string(Site site);
 
@@ -137,8 +140,9 @@ class Layer {
 
 // Activation and its names: the table in numerics_layers.hpp.
 enum class InitScheme : std::uint8_t { he, xavier, normal };
-enum class ModelKind : std::uint8_t { mlp, cnn };  // cnn: LeNet-5 style
-inline constexpr EnumNames<ModelKind, 2> model_kind_names{{"mlp", "cnn"}};  // the config's names
+// cnn: LeNet-5 style; vit: a Vision Transformer (model.cpp's build_layers).
+enum class ModelKind : std::uint8_t { mlp, cnn, vit };
+inline constexpr EnumNames<ModelKind, 3> model_kind_names{{"mlp", "cnn", "vit"}};  // the config's names
 inline std::string_view to_string(ModelKind kind) { return model_kind_names(kind); }
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
 inline std::string_view to_string(InitScheme scheme) { return init_scheme_names(scheme); }
@@ -148,6 +152,9 @@ struct ModelSpec {
   std::vector<std::int64_t> hidden{256, 256};  // MLP widths
   Activation activation = Activation::relu;
   bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
+  // Transformers (vit): patch side, blocks, model width, attention heads
+  // (width / heads each) and the MLP's hidden width.
+  std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };
@@ -179,6 +186,19 @@ std::unique_ptr<Layer> make_flatten(std::string name);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
+// Transformers (layers_transformer.cpp). NCHW maps -> a row per position.
+std::unique_ptr<Layer> make_tokens(std::string name);
+// Adds a learned [tokens, width] table to each sample's rows.
+std::unique_ptr<Layer> make_position_embedding(std::string name, std::int64_t tokens, std::int64_t width);
+// y = x + f(x): `branch` goes before f's layers (it keeps x), `add` after them.
+struct ResidualLayers {
+  std::unique_ptr<Layer> branch, add;
+};
+ResidualLayers make_residual(const std::string& branch_name, const std::string& add_name);
+// Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp).
+std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal);
+// The mean over each sample's tokens.
+std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens);
 
 // Fills every parameter's `initial` values: fan-in/fan-out from the shape
 // ([out, in] or [out, in, k, k]); biases and LayerNorm beta zero, gamma one.

@@ -32,6 +32,9 @@ struct ScheduleSpec {
   std::int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
   double gamma = 0.1;
   double min_lr = 0.0;  // cosine: the rate at the last step
+  // > 0: the rate rises linearly to lr over the first `warmup` steps
+  // (lr (step + 1) / warmup), and the schedule runs over the steps after them.
+  std::int64_t warmup = 0;
 };
 
 double learning_rate(const OptimizerSpec& optimizer, const ScheduleSpec& schedule, std::int64_t step,

@@ -1,0 +1,151 @@
+#pragma once
+// Multi-head self-attention's arithmetic (Vaswani et al., "Attention Is All
+// You Need", 2017, section 3.2), written once for every backend as
+// numerics_layers.hpp writes the other layers': the CPU backend loops over
+// these functions, the CUDA kernels call them one output per thread, so the
+// CPU tests prove the GPU's arithmetic. Nothing here names CUDA.
+//
+// Layout. One Linear makes q, k and v for every head at once: `qkv` has a row
+// per token (row b * tokens + i) and 3 * width columns, q in [0, width), k in
+// [width, 2 width), v in [2 width, 3 width), head h at h * head_dim within
+// each. Scores and probabilities have a row per (sample, head, query token)
+// (row (b * heads + h) * tokens + i) and a column per key token j; the
+// attention output has the qkv's rows and width columns, heads side by side.
+//
+// Sums. Every dot product runs in binary32, one multiplication and one
+// addition per term (no FMA contraction on either side: numerics.hpp), from
+// 0 in increasing index, over the unmasked range only (a causal query i
+// sees keys 0..i, a key j is seen by queries j..tokens-1), so the masked
+// entries never add a zero whose sign could change a -0. The softmax sums in
+// binary64. Bits match between the backends up to expf (glibc's on the host,
+// CUDA's on the device: at most 2 ulps apart, tests/gpu states the bound).
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "mpsim/emulation/host_device.hpp"
+
+namespace mpsim::core {
+
+struct AttentionShape {
+  std::int64_t batch = 0, tokens = 0, heads = 0, head_dim = 0;
+  bool causal = false;  // query i sees keys j <= i only (a decoder)
+
+  MPSIM_HOST_DEVICE std::int64_t width() const { return heads * head_dim; }
+  MPSIM_HOST_DEVICE std::int64_t rows() const { return batch * tokens; }              // of qkv and the output
+  MPSIM_HOST_DEVICE std::int64_t score_rows() const { return batch * heads * tokens; }  // of scores and probs
+  // The first and one-past-last key a query sees, the first query a key is seen by.
+  MPSIM_HOST_DEVICE std::int64_t keys_end(std::int64_t query) const { return causal ? query + 1 : tokens; }
+  MPSIM_HOST_DEVICE std::int64_t queries_begin(std::int64_t key) const { return causal ? key : 0; }
+  // 1 / sqrt(head_dim) rounded once to binary32 (exact for powers of four).
+  MPSIM_HOST_DEVICE float scale() const { return static_cast<float>(1.0 / sqrt(static_cast<double>(head_dim))); }
+  // Element c of head h's q (part 0), k (1) or v (2) of token i of sample b.
+  MPSIM_HOST_DEVICE std::int64_t qkv_index(std::int64_t b, std::int64_t i, int part, std::int64_t h,
+                                           std::int64_t c) const {
+    return (b * tokens + i) * 3 * width() + part * width() + h * head_dim + c;
+  }
+  MPSIM_HOST_DEVICE std::int64_t score_index(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return ((b * heads + h) * tokens + i) * tokens + j;
+  }
+  MPSIM_HOST_DEVICE std::int64_t output_index(std::int64_t b, std::int64_t i, std::int64_t h, std::int64_t c) const {
+    return (b * tokens + i) * width() + h * head_dim + c;
+  }
+};
+
+// The parts of a qkv row.
+inline constexpr int attention_q = 0, attention_k = 1, attention_v = 2;
+
+// The logit of query i against key j: (q_i . k_j) * scale; -inf where the mask hides j.
+MPSIM_HOST_DEVICE inline float attention_score(const float* qkv, const AttentionShape& s, std::int64_t b,
+                                               std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (j >= s.keys_end(i)) return -INFINITY;
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c < s.head_dim; ++c)
+    sum += qkv[s.qkv_index(b, i, attention_q, h, c)] * qkv[s.qkv_index(b, j, attention_k, h, c)];
+  return sum * s.scale();
+}
+
+// Output element c of head h at query i: sum_j p_ij v_jc.
+MPSIM_HOST_DEVICE inline float attention_value(const float* probs, const float* qkv, const AttentionShape& s,
+                                               std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t j = 0; j < s.keys_end(i); ++j)
+    sum += probs[s.score_index(b, h, i, j)] * qkv[s.qkv_index(b, j, attention_v, h, c)];
+  return sum;
+}
+
+// Backward of the output: dp_ij = sum_c dout_ic v_jc (zero where masked) ...
+MPSIM_HOST_DEVICE inline float attention_probs_grad(const float* dout, const float* qkv, const AttentionShape& s,
+                                                    std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+  if (j >= s.keys_end(i)) return 0.0f;
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c < s.head_dim; ++c)
+    sum += dout[s.output_index(b, i, h, c)] * qkv[s.qkv_index(b, j, attention_v, h, c)];
+  return sum;
+}
+// ... and dv_jc = sum_i p_ij dout_ic.
+MPSIM_HOST_DEVICE inline float attention_v_grad(const float* probs, const float* dout, const AttentionShape& s,
+                                                std::int64_t b, std::int64_t h, std::int64_t j, std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t i = s.queries_begin(j); i < s.tokens; ++i)
+    sum += probs[s.score_index(b, h, i, j)] * dout[s.output_index(b, i, h, c)];
+  return sum;
+}
+
+// Backward of the scores (ds the gradient of the logits): dq_ic = (sum_j ds_ij k_jc) * scale ...
+MPSIM_HOST_DEVICE inline float attention_q_grad(const float* dscores, const float* qkv, const AttentionShape& s,
+                                                std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t j = 0; j < s.keys_end(i); ++j)
+    sum += dscores[s.score_index(b, h, i, j)] * qkv[s.qkv_index(b, j, attention_k, h, c)];
+  return sum * s.scale();
+}
+// ... and dk_jc = (sum_i ds_ij q_ic) * scale.
+MPSIM_HOST_DEVICE inline float attention_k_grad(const float* dscores, const float* qkv, const AttentionShape& s,
+                                                std::int64_t b, std::int64_t h, std::int64_t j, std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t i = s.queries_begin(j); i < s.tokens; ++i)
+    sum += dscores[s.score_index(b, h, i, j)] * qkv[s.qkv_index(b, i, attention_q, h, c)];
+  return sum * s.scale();
+}
+
+// --- Softmax over a row ---------------------------------------------------------------------------------------------
+// p_j = exp(x_j - max) / sum_k exp(x_k - max): the max and the exponentials
+// in binary32, their sum in binary64 in increasing j, each p_j one binary64
+// division rounded to binary32. -inf entries (masked) give 0; a NaN anywhere
+// makes the row NaN (the sum is NaN), as PyTorch's softmax.
+MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, float* p) {
+  float max = -INFINITY;
+  for (std::int64_t j = 0; j < cols; ++j)
+    if (x[j] > max) max = x[j];
+  double sum = 0.0;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    p[j] = expf(x[j] - max);
+    sum += static_cast<double>(p[j]);
+  }
+  for (std::int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(static_cast<double>(p[j]) / sum);
+}
+// dx_j = p_j (dp_j - sum_k p_k dp_k), the sum in binary64 in increasing k
+// and rounded once to binary32, the rest in binary32.
+MPSIM_HOST_DEVICE inline void softmax_backward_row(const float* p, const float* dp, std::int64_t cols, float* dx) {
+  double dot = 0.0;
+  for (std::int64_t j = 0; j < cols; ++j) dot += static_cast<double>(p[j]) * static_cast<double>(dp[j]);
+  const float d = static_cast<float>(dot);
+  for (std::int64_t j = 0; j < cols; ++j) dx[j] = p[j] * (dp[j] - d);
+}
+
+// --- The mean over a sequence's tokens (a ViT's pooling) ---------------------------------------------------------
+// y_bc = (sum_i x_bic) / tokens, the sum in binary32 in increasing i; the
+// backward spreads dy_bc / tokens over the tokens.
+MPSIM_HOST_DEVICE inline float sequence_mean(const float* x, std::int64_t tokens, std::int64_t width, std::int64_t b,
+                                             std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t i = 0; i < tokens; ++i) sum += x[(b * tokens + i) * width + c];
+  return sum / static_cast<float>(tokens);
+}
+MPSIM_HOST_DEVICE inline float sequence_mean_grad(float dy, std::int64_t tokens) {
+  return dy / static_cast<float>(tokens);
+}
+
+}  // namespace mpsim::core

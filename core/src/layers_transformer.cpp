@@ -1,0 +1,289 @@
+// The layers a transformer adds to layers.cpp's (Vaswani et al. 2017;
+// Dosovitskiy et al., "An Image Is Worth 16x16 Words", ICLR 2021, for the
+// ViT's patches, position embeddings and pooling). Same conventions: a
+// layer's forward output is counted as its `activations`, the gradient it
+// returns as its `activation_grads`, and a layer that passes values through
+// unchanged counts nothing, so no tensor is counted twice.
+//
+// A residual connection x + f(x) is two layers around f that share the skip
+// (make_residual): the model stays a sequence, and every layer of f keeps
+// its own name, statistics and rounding sites.
+
+#include <stdexcept>
+#include <string>
+
+#include "layer_operand.hpp"
+#include "mpsim/core/model.hpp"
+
+namespace mpsim::core {
+namespace {
+
+using detail::operand;
+
+// The residual stream's rounding: binary32 when fp32_ops lists "residual".
+RoundingPoint residual_point(const Policy& p) { return p.runs_in_fp32("residual") ? RoundingPoint{} : p.elementwise; }
+
+// NCHW feature maps -> one row per position ([batch * h * w, channels]): a
+// patch embedding's convolution output as tokens. Values pass through.
+class Tokens final : public Layer {
+ public:
+  using Layer::Layer;
+  Shape output_shape(const Shape& in) const override { return {in[0] * in[2] * in[3], in[1]}; }
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>& in) const override {
+    return in;
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy&,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return grad;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    if (x.shape().size() != 4) throw std::invalid_argument(name() + ": expects NCHW input");
+    input_shape_ = x.shape();
+    Tensor rows = ctx.backend.empty(output_shape(x.shape()));
+    ctx.backend.nchw_to_rows(x, rows);
+    return rows;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    if (!need_input_grad) return {};
+    Tensor dx = ctx.backend.empty(input_shape_);
+    ctx.backend.rows_to_nchw(dy, input_shape_[0], input_shape_[2], input_shape_[3], dx);
+    return dx;
+  }
+
+ private:
+  Shape input_shape_;
+};
+
+// x + E, E a learned [tokens, width] table added to every sample's rows:
+// the start of the residual stream.
+class PositionEmbedding final : public Layer {
+ public:
+  PositionEmbedding(std::string name, std::int64_t tokens, std::int64_t width)
+      : Layer(std::move(name)), tokens_(tokens), width_(width) {
+    table_.name = this->name() + ".weight";
+    table_.shape = {tokens, width};
+  }
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::vector<Parameter*> parameters() override { return {&table_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return residual_point(p);
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy&,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return grad;  // dx = dy
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    if (x.cols() != width_ || x.rows() % tokens_ != 0)
+      throw std::invalid_argument(name() + ": expects rows of " + std::to_string(width_) + " values, " +
+                                  std::to_string(tokens_) + " rows per sample");
+    Tensor y = ctx.backend.empty(x.shape());
+    ctx.backend.copy(x, y);
+    Tensor rows = samples(y);
+    ctx.backend.add_row_vector(rows, table_.working.reshaped({tokens_ * width_}));
+    ctx.round(y, residual_point(ctx.policy), TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor grad = table_.grad.reshaped({tokens_ * width_});
+    ctx.backend.column_sums(samples(dy), grad);
+    ctx.round(table_.grad, ctx.policy.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    return need_input_grad ? dy : Tensor();
+  }
+
+ private:
+  Tensor samples(const Tensor& t) const { return t.reshaped({t.rows() / tokens_, tokens_ * width_}); }
+  std::int64_t tokens_, width_;
+  Parameter table_;
+};
+
+// The two ends of a residual connection y = x + f(x).
+struct ResidualState {
+  Tensor skip;  // x, from the forward pass
+  Tensor grad;  // dy, from the backward pass
+};
+
+// Before f: keeps x for the sum; in backward, adds dy (the skip's gradient) to f's input gradient.
+class ResidualBranch final : public Layer {
+ public:
+  ResidualBranch(std::string name, std::shared_ptr<ResidualState> state)
+      : Layer(std::move(name)), state_(std::move(state)) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>& in) const override {
+    return in;
+  }
+  Tensor forward(StepContext&, const Tensor& x) override {
+    state_->skip = x;
+    return x;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor dx;
+    if (need_input_grad) {
+      dx = ctx.backend.empty(dy.shape());
+      ctx.backend.copy(dy, dx);
+      ctx.backend.add(dx, state_->grad);
+      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    state_->grad = Tensor();
+    return dx;
+  }
+
+ private:
+  std::shared_ptr<ResidualState> state_;
+};
+
+// After f: y = f(x) + x, rounded as the residual stream; dy goes on to f and to the skip unchanged.
+class ResidualAdd final : public Layer {
+ public:
+  ResidualAdd(std::string name, std::shared_ptr<ResidualState> state)
+      : Layer(std::move(name)), state_(std::move(state)) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return residual_point(p);
+  }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy&,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return grad;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& fx) override {
+    if (state_->skip.shape() != fx.shape())
+      throw std::invalid_argument(name() + ": the branch changed the shape of the residual stream");
+    Tensor y = ctx.backend.empty(fx.shape());
+    ctx.backend.copy(fx, y);
+    ctx.backend.add(y, state_->skip);
+    state_->skip = Tensor();
+    ctx.round(y, residual_point(ctx.policy), TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext&, const Tensor& dy, bool) override {
+    state_->grad = dy;
+    return dy;
+  }
+
+ private:
+  std::shared_ptr<ResidualState> state_;
+};
+
+// Multi-head self-attention on one Linear's [q | k | v] rows (the Linear and
+// the output projection are layers of their own). Rounding, as autocast
+// does it: q, k, v as GEMM operands (activations); the logits as a GEMM's
+// output (gemm_output); softmax in binary32 when fp32_ops lists "softmax",
+// else its probabilities rounded as elementwise, then as the second GEMM's
+// operand; the output as a GEMM's output. Backward: the output gradient as
+// an operand, the probabilities' gradient as a GEMM's result
+// (activation_grads), the logits' gradient as an operand, dqkv as
+// activation_grads.
+class SelfAttention final : public Layer {
+ public:
+  SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal)
+      : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal) {}
+  Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 3}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.gemm_output;
+  }
+
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    shape_ = shape_of(x);
+    qkv_ = operand(ctx, x, p.activations, Site::input_operand);
+    Tensor scores = b.empty({shape_.score_rows(), tokens_});
+    b.attention_scores(qkv_, shape_, scores);
+    ctx.round(scores, p.gemm_output, std::nullopt, Site::attention_scores);
+    probs_ = b.empty(scores.shape());
+    b.softmax_forward(scores, probs_);
+    ctx.round(probs_, softmax_point(p), std::nullopt, Site::attention_probs);
+    probs_operand_ = operand(ctx, probs_, p.activations, softmax_point(p), Site::attention_probs_operand);
+    Tensor y = b.empty({shape_.rows(), shape_.width()});
+    b.attention_values(probs_operand_, qkv_, shape_, y);
+    ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
+    return y;
+  }
+
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    Tensor dqkv;
+    if (need_input_grad) {
+      const Tensor dout = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
+      Tensor dprobs = b.empty(probs_.shape());
+      dqkv = b.empty(qkv_.shape());
+      b.attention_values_backward(probs_operand_, qkv_, dout, shape_, dprobs, dqkv);
+      ctx.round(dprobs, p.activation_grads, std::nullopt, Site::attention_probs_grad);
+      Tensor dscores = b.empty(probs_.shape());
+      b.softmax_backward(probs_, dprobs, dscores);
+      ctx.round(dscores, p.gradient_operands, std::nullopt, Site::attention_scores_grad);
+      b.attention_scores_backward(dscores, qkv_, shape_, dqkv);
+      ctx.round(dqkv, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    qkv_ = probs_ = probs_operand_ = Tensor();
+    return dqkv;
+  }
+
+ private:
+  static RoundingPoint softmax_point(const Policy& p) {
+    return p.runs_in_fp32("softmax") ? RoundingPoint{} : p.elementwise;
+  }
+  AttentionShape shape_of(const Tensor& x) const {
+    if (x.shape().size() != 2 || x.cols() % (3 * heads_) != 0 || x.rows() % tokens_ != 0)
+      throw std::invalid_argument(name() + ": expects [q | k | v] rows of 3 x heads x head_dim values, " +
+                                  std::to_string(tokens_) + " rows per sample");
+    AttentionShape s;
+    s.batch = x.rows() / tokens_;
+    s.tokens = tokens_;
+    s.heads = heads_;
+    s.head_dim = x.cols() / (3 * heads_);
+    s.causal = causal_;
+    return s;
+  }
+  std::int64_t tokens_, heads_;
+  bool causal_;
+  AttentionShape shape_;
+  Tensor qkv_, probs_, probs_operand_;
+};
+
+// The mean over each sample's tokens: [batch * tokens, width] -> [batch, width].
+class SequenceMean final : public Layer {
+ public:
+  SequenceMean(std::string name, std::int64_t tokens) : Layer(std::move(name)), tokens_(tokens) {}
+  Shape output_shape(const Shape& in) const override { return {in[0] / tokens_, in[1]}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.elementwise;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    input_shape_ = x.shape();
+    Tensor y = ctx.backend.empty(output_shape(x.shape()));
+    ctx.backend.sequence_mean_forward(x, tokens_, y);
+    ctx.round(y, ctx.policy.elementwise, TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    if (!need_input_grad) return {};
+    Tensor dx = ctx.backend.empty(input_shape_);
+    ctx.backend.sequence_mean_backward(dy, tokens_, dx);
+    ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    return dx;
+  }
+
+ private:
+  std::int64_t tokens_;
+  Shape input_shape_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_tokens(std::string name) { return std::make_unique<Tokens>(std::move(name)); }
+std::unique_ptr<Layer> make_position_embedding(std::string name, std::int64_t tokens, std::int64_t width) {
+  return std::make_unique<PositionEmbedding>(std::move(name), tokens, width);
+}
+ResidualLayers make_residual(const std::string& branch_name, const std::string& add_name) {
+  auto state = std::make_shared<ResidualState>();
+  return {std::make_unique<ResidualBranch>(branch_name, state), std::make_unique<ResidualAdd>(add_name, state)};
+}
+std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal) {
+  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal);
+}
+std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens) {
+  return std::make_unique<SequenceMean>(std::move(name), tokens);
+}
+
+}  // namespace mpsim::core
