@@ -345,6 +345,27 @@ void Backend::sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tens
   sequence_mean_backward_impl(dy, tokens, dx);
 }
 
+void Backend::embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out) {
+  require_support(Op::embedding, "embedding_forward");
+  require_tensor(ids, "embedding_forward", "ids");
+  require_tensor(table, "embedding_forward", "table");
+  require_tensor(out, "embedding_forward", "out");
+  require_shape(out.rows() == ids.numel() && out.cols() == table.cols(), "embedding_forward",
+                "out " + shape_text(out.shape()) + " needs a row per id (" + std::to_string(ids.numel()) +
+                    ") of the table's width (table " + shape_text(table.shape()) + ")");
+  embedding_forward_impl(ids, table, out);
+}
+void Backend::embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable) {
+  require_support(Op::embedding, "embedding_backward");
+  require_tensor(ids, "embedding_backward", "ids");
+  require_tensor(dout, "embedding_backward", "dout");
+  require_tensor(dtable, "embedding_backward", "dtable");
+  require_shape(dout.rows() == ids.numel() && dout.cols() == dtable.cols(), "embedding_backward",
+                "dout " + shape_text(dout.shape()) + " needs a row per id (" + std::to_string(ids.numel()) +
+                    ") of the table's width (dtable " + shape_text(dtable.shape()) + ")");
+  embedding_backward_impl(ids, dout, dtable);
+}
+
 namespace {
 // Logits [rows, classes], one label per row, a gradient of the logits' size.
 bool loss_shapes(const Tensor& logits, const Tensor& labels, const Tensor& d_logits) {

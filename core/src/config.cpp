@@ -343,7 +343,7 @@ toml::table write_fields(const std::array<ConfigField<S>, N>& fields, const S& i
 // --- The tables ---------------------------------------------------------------------
 
 constexpr std::array<std::string_view, 2> backend_names{"cpu", "cuda"};
-constexpr std::array<std::string_view, 2> dataset_names{"fashion-mnist", "synthetic"};
+constexpr std::array<std::string_view, 3> dataset_names{"fashion-mnist", "synthetic", "fortunes"};
 
 using C = ExperimentConfig;
 constexpr auto top_fields = std::to_array<ConfigField<C>>({
@@ -363,8 +363,14 @@ constexpr auto top_fields = std::to_array<ConfigField<C>>({
 });
 
 constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
-    choice<&DataSpec::dataset>("dataset", dataset_names, "`synthetic`: seeded, for fast tests"),
-    key<&DataSpec::path>("path", "", "where Debian's `dataset-fashion-mnist` puts the IDX files"),
+    choice<&DataSpec::dataset>("dataset", dataset_names,
+                               "`synthetic`: seeded, for fast tests; `fortunes`: English text for a character-level "
+                               "language model (`model.kind = \"gpt\"`), Debian's `fortunes` package"),
+    key<&DataSpec::path>("path", "",
+                         "where Debian's `dataset-fashion-mnist` puts the IDX files; for `fortunes`, this default "
+                         "means `/usr/share/games/fortunes`"),
+    key<&DataSpec::context>("context", "tokens", "`fortunes`: the tokens of one sample (the model's context)",
+                            at_least(1)),
     key<&DataSpec::train_limit>("train_limit", "samples", "`> 0`: use only the first N training samples"),
     key<&DataSpec::test_limit>("test_limit", "samples", "`> 0`: use only the first N test samples"),
     key<&DataSpec::synthetic_train>("synthetic_train", "samples", "size of the synthetic training set"),
@@ -374,7 +380,8 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
 constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     enum_key<&ModelSpec::kind, model_kind_names>(
         "kind", "`mlp`; `cnn`: LeNet-5 with ReLU and max pooling; `vit`: a Vision Transformer (pre-LayerNorm "
-                "blocks, learned position embeddings, mean pooling; docs/transformers.md)"),
+                "blocks, learned position embeddings, mean pooling); `gpt`: a decoder-only character-level language "
+                "model on `data.dataset = \"fortunes\"` (docs/transformers.md)"),
     key<&ModelSpec::hidden>("hidden", "units", "MLP hidden widths", at_least(1)),
     enum_key<&ModelSpec::activation, activation_names>(
         "activation",
@@ -382,10 +389,10 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::layer_norm>("layer_norm", "", "MLP: LayerNorm after each hidden Linear"),
     key<&ModelSpec::patch>("patch", "pixels", "vit: side of the square patches; divides the image's sides",
                            at_least(1)),
-    key<&ModelSpec::depth>("depth", "blocks", "vit: transformer blocks", at_least(1)),
-    key<&ModelSpec::width>("width", "", "vit: model width; a multiple of heads", at_least(1)),
-    key<&ModelSpec::heads>("heads", "", "vit: attention heads of width / heads each", at_least(1)),
-    key<&ModelSpec::mlp_width>("mlp_width", "units", "vit: hidden width of each block's MLP", at_least(1)),
+    key<&ModelSpec::depth>("depth", "blocks", "vit, gpt: transformer blocks", at_least(1)),
+    key<&ModelSpec::width>("width", "", "vit, gpt: model width; a multiple of heads", at_least(1)),
+    key<&ModelSpec::heads>("heads", "", "vit, gpt: attention heads of width / heads each", at_least(1)),
+    key<&ModelSpec::mlp_width>("mlp_width", "units", "vit, gpt: hidden width of each block's MLP", at_least(1)),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
     key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),

@@ -261,45 +261,120 @@ class CpuBackend final : public Backend {
     const float* in = data(y);
     for (std::int64_t t = 0; t < x.numel(); ++t) out[t] += in[t];
   }
+  // Attention: numerics_attention.hpp's sums, each from 0 in increasing
+  // index over the same range, computed a head at a time with the
+  // operands copied out contiguously, so that the loops run along a
+  // contiguous output dimension (one accumulator per output, vectorised
+  // across outputs, never across a sum): the same bits as calling the
+  // per-output functions (tests/core/test_transformer_ops.cpp checks that).
+  struct Head {
+    std::vector<float> q, k, v, kt, vt;  // [tokens, dim] each; kt, vt transposed [dim, tokens]
+  };
+  static void load_head(const float* qkv, const AttentionShape& s, std::int64_t b, std::int64_t h, Head& head) {
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    for (auto* m : {&head.q, &head.k, &head.v, &head.kt, &head.vt}) m->resize(static_cast<std::size_t>(n * d));
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t c = 0; c < d; ++c) {
+        const float q = qkv[s.qkv_index(b, i, attention_q, h, c)], k = qkv[s.qkv_index(b, i, attention_k, h, c)],
+                    v = qkv[s.qkv_index(b, i, attention_v, h, c)];
+        head.q[static_cast<std::size_t>(i * d + c)] = q;
+        head.k[static_cast<std::size_t>(i * d + c)] = k;
+        head.v[static_cast<std::size_t>(i * d + c)] = v;
+        head.kt[static_cast<std::size_t>(c * n + i)] = k;
+        head.vt[static_cast<std::size_t>(c * n + i)] = v;
+      }
+  }
+  // acc[j] = sum_c a[c] * bt[c * stride + j] for j < count, c in increasing order.
+  static void dot_rows(const float* a, const float* bt, std::int64_t dim, std::int64_t stride, std::int64_t count,
+                       float* acc) {
+    std::fill_n(acc, count, 0.0f);
+    for (std::int64_t c = 0; c < dim; ++c) {
+      const float x = a[c];
+      const float* row = bt + c * stride;
+      for (std::int64_t j = 0; j < count; ++j) acc[j] += x * row[j];
+    }
+  }
+  // acc[c] = sum over r in [begin, end) of w[r * w_stride] * m[r * dim + c], r in increasing order.
+  static void weighted_rows(const float* w, std::int64_t w_stride, const float* m, std::int64_t dim,
+                            std::int64_t begin, std::int64_t end, float* acc) {
+    std::fill_n(acc, dim, 0.0f);
+    for (std::int64_t r = begin; r < end; ++r) {
+      const float x = w[r * w_stride];
+      const float* row = m + r * dim;
+      for (std::int64_t c = 0; c < dim; ++c) acc[c] += x * row[c];
+    }
+  }
+
   void attention_scores_impl(const Tensor& qkv, const AttentionShape& s, Tensor& scores) override {
-    const float* q = data(qkv);
-    float* out = data(scores);
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    const float scale = s.scale();
+    Head head;
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t h = 0; h < s.heads; ++h)
-        for (std::int64_t i = 0; i < s.tokens; ++i)
-          for (std::int64_t j = 0; j < s.tokens; ++j) out[s.score_index(b, h, i, j)] = attention_score(q, s, b, h, i, j);
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        load_head(data(qkv), s, b, h, head);
+        for (std::int64_t i = 0; i < n; ++i) {
+          float* row = data(scores) + s.score_index(b, h, i, 0);
+          const std::int64_t end = s.keys_end(i);
+          dot_rows(head.q.data() + i * d, head.kt.data(), d, n, end, row);
+          for (std::int64_t j = 0; j < end; ++j) row[j] *= scale;
+          std::fill(row + end, row + n, -INFINITY);
+        }
+      }
   }
   void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& s, Tensor& out) override {
-    const float *p = data(probs), *q = data(qkv);
-    float* o = data(out);
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    Head head;
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t i = 0; i < s.tokens; ++i)
-        for (std::int64_t h = 0; h < s.heads; ++h)
-          for (std::int64_t c = 0; c < s.head_dim; ++c) o[s.output_index(b, i, h, c)] = attention_value(p, q, s, b, h, i, c);
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        load_head(data(qkv), s, b, h, head);
+        for (std::int64_t i = 0; i < n; ++i)
+          weighted_rows(data(probs) + s.score_index(b, h, i, 0), 1, head.v.data(), d, 0, s.keys_end(i),
+                        data(out) + s.output_index(b, i, h, 0));
+      }
   }
   void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
                                       const AttentionShape& s, Tensor& dprobs, Tensor& dqkv) override {
-    const float *p = data(probs), *q = data(qkv), *g = data(dout);
-    float *dp = data(dprobs), *dq = data(dqkv);
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    Head head;
+    std::vector<float> g(static_cast<std::size_t>(n * d)), acc(static_cast<std::size_t>(d));
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t h = 0; h < s.heads; ++h)
-        for (std::int64_t i = 0; i < s.tokens; ++i) {
-          for (std::int64_t j = 0; j < s.tokens; ++j) dp[s.score_index(b, h, i, j)] = attention_probs_grad(g, q, s, b, h, i, j);
-          for (std::int64_t c = 0; c < s.head_dim; ++c)
-            dq[s.qkv_index(b, i, attention_v, h, c)] = attention_v_grad(p, g, s, b, h, i, c);
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        load_head(data(qkv), s, b, h, head);
+        for (std::int64_t i = 0; i < n; ++i)
+          std::copy_n(data(dout) + s.output_index(b, i, h, 0), d, g.begin() + i * d);
+        for (std::int64_t i = 0; i < n; ++i) {
+          float* row = data(dprobs) + s.score_index(b, h, i, 0);
+          const std::int64_t end = s.keys_end(i);
+          dot_rows(g.data() + i * d, head.vt.data(), d, n, end, row);
+          std::fill(row + end, row + n, 0.0f);
         }
+        for (std::int64_t j = 0; j < n; ++j) {
+          weighted_rows(data(probs) + s.score_index(b, h, 0, j), n, g.data(), d, s.queries_begin(j), n, acc.data());
+          std::copy_n(acc.begin(), d, data(dqkv) + s.qkv_index(b, j, attention_v, h, 0));
+        }
+      }
   }
   void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& s,
                                       Tensor& dqkv) override {
-    const float *ds = data(dscores), *q = data(qkv);
-    float* dq = data(dqkv);
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    const float scale = s.scale();
+    Head head;
+    std::vector<float> acc(static_cast<std::size_t>(d));
     for (std::int64_t b = 0; b < s.batch; ++b)
-      for (std::int64_t i = 0; i < s.tokens; ++i)
-        for (std::int64_t h = 0; h < s.heads; ++h)
-          for (std::int64_t c = 0; c < s.head_dim; ++c) {
-            dq[s.qkv_index(b, i, attention_q, h, c)] = attention_q_grad(ds, q, s, b, h, i, c);
-            dq[s.qkv_index(b, i, attention_k, h, c)] = attention_k_grad(ds, q, s, b, h, i, c);
-          }
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        load_head(data(qkv), s, b, h, head);
+        for (std::int64_t i = 0; i < n; ++i) {
+          weighted_rows(data(dscores) + s.score_index(b, h, i, 0), 1, head.k.data(), d, 0, s.keys_end(i), acc.data());
+          float* dq = data(dqkv) + s.qkv_index(b, i, attention_q, h, 0);
+          for (std::int64_t c = 0; c < d; ++c) dq[c] = acc[static_cast<std::size_t>(c)] * scale;
+        }
+        for (std::int64_t j = 0; j < n; ++j) {
+          weighted_rows(data(dscores) + s.score_index(b, h, 0, j), n, head.q.data(), d, s.queries_begin(j), n,
+                        acc.data());
+          float* dk = data(dqkv) + s.qkv_index(b, j, attention_k, h, 0);
+          for (std::int64_t c = 0; c < d; ++c) dk[c] = acc[static_cast<std::size_t>(c)] * scale;
+        }
+      }
   }
   void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
     const std::int64_t cols = x.cols();
@@ -320,6 +395,25 @@ class CpuBackend final : public Backend {
     for (std::int64_t r = 0; r < dx.rows(); ++r)
       for (std::int64_t c = 0; c < width; ++c)
         data(dx)[r * width + c] = sequence_mean_grad(data(dy)[(r / tokens) * width + c], tokens);
+  }
+
+  void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& out) override {
+    const std::int64_t width = table.cols(), rows = table.rows();
+    for (std::int64_t t = 0; t < ids.numel(); ++t)
+      for (std::int64_t c = 0; c < width; ++c)
+        data(out)[t * width + c] = embedding_value(data(table), rows, width, data(ids)[t], c);
+  }
+  // Token by token in increasing order: each element of the table adds its
+  // terms in embedding_grad's order, without its search over all tokens.
+  void embedding_backward_impl(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+    const std::int64_t width = dtable.cols(), rows = dtable.rows();
+    float* g = data(dtable);
+    std::fill_n(g, dtable.numel(), 0.0f);
+    for (std::int64_t t = 0; t < ids.numel(); ++t) {
+      const std::int64_t v = embedding_row(data(ids)[t], rows);
+      if (v < 0) continue;
+      for (std::int64_t c = 0; c < width; ++c) g[v * width + c] += data(dout)[t * width + c];
+    }
   }
 
   // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.

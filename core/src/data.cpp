@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -143,7 +144,7 @@ void keep_first(Dataset& data, std::int64_t limit) {
   if (limit <= 0 || limit >= data.count) return;
   data.count = limit;
   data.images.resize(static_cast<std::size_t>(limit * data.sample_size()));
-  data.labels.resize(static_cast<std::size_t>(limit));
+  data.labels.resize(static_cast<std::size_t>(data.label_count()));
 }
 
 }  // namespace
@@ -185,10 +186,10 @@ Dataset read_idx_images(const fs::path& images, const fs::path& labels) {
 
 namespace {
 
-constexpr char data_cache_magic[16] = "mpsim data v1\n";
+constexpr char data_cache_magic[16] = "mpsim data v2\n";
 
 void write_set(std::ofstream& out, const Dataset& d) {
-  const std::int64_t header[5] = {d.count, d.channels, d.height, d.width, d.classes};
+  const std::int64_t header[6] = {d.count, d.channels, d.height, d.width, d.classes, d.labels_per_sample};
   out.write(reinterpret_cast<const char*>(header), sizeof header);
   out.write(reinterpret_cast<const char*>(d.images.data()), static_cast<std::streamsize>(d.images.size() * sizeof(float)));
   out.write(reinterpret_cast<const char*>(d.labels.data()),
@@ -197,21 +198,23 @@ void write_set(std::ofstream& out, const Dataset& d) {
 
 Dataset read_set(std::ifstream& in, const fs::path& file) {
   Dataset d;
-  std::int64_t header[5] = {};
+  std::int64_t header[6] = {};
   in.read(reinterpret_cast<char*>(header), sizeof header);
   d.count = header[0];
   d.channels = header[1];
   d.height = header[2];
   d.width = header[3];
   d.classes = header[4];
+  d.labels_per_sample = header[5];
   // Each dimension bounded first, so that their product cannot overflow.
   const bool sane = in && d.count >= 0 && d.count <= std::int64_t{max_bytes} && d.channels >= 1 &&
                     d.channels <= max_side && d.height >= 1 && d.height <= max_side && d.width >= 1 &&
-                    d.width <= max_side && d.classes >= 1 && d.classes <= 256;
+                    d.width <= max_side && d.classes >= 1 && d.classes <= 256 && d.labels_per_sample >= 1 &&
+                    d.labels_per_sample <= max_side;
   if (!sane || static_cast<std::uint64_t>(d.sample_size()) > max_bytes / std::max<std::uint64_t>(1, d.count))
     fail(file, "is not a data cache mpsim wrote (bad header)");
   d.images.resize(static_cast<std::size_t>(d.count * d.sample_size()));
-  d.labels.resize(static_cast<std::size_t>(d.count));
+  d.labels.resize(static_cast<std::size_t>(d.label_count()));
   in.read(reinterpret_cast<char*>(d.images.data()), static_cast<std::streamsize>(d.images.size() * sizeof(float)));
   in.read(reinterpret_cast<char*>(d.labels.data()), static_cast<std::streamsize>(d.labels.size() * sizeof(std::int32_t)));
   if (!in) fail(file, "is truncated");
@@ -245,6 +248,59 @@ TrainTest load_fashion_mnist(const fs::path& dir, std::int64_t train_limit, std:
     throw DataError(dir.string() + ": Fashion-MNIST directory not found; " + install_hint);
   TrainTest sets{read_idx_images(dir / "train-images-idx3-ubyte.gz", dir / "train-labels-idx1-ubyte.gz"),
                  read_idx_images(dir / "t10k-images-idx3-ubyte.gz", dir / "t10k-labels-idx1-ubyte.gz")};
+  keep_first(sets.train, train_limit);
+  keep_first(sets.test, test_limit);
+  return sets;
+}
+
+// ------------------------------------------------------------------ text
+
+TrainTest load_text(const fs::path& dir, std::int64_t context, std::int64_t train_limit, std::int64_t test_limit) {
+  const std::string hint = "install Debian's fortunes package (apt-get install fortunes) or set data.path";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw DataError(dir.string() + ": text directory not found; " + hint);
+  if (context < 1) throw DataError("data.context = " + std::to_string(context) + ": use at least 1 token");
+  std::vector<fs::path> files;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (entry.is_regular_file() && !entry.is_symlink() && entry.path().extension() != ".dat")
+      files.push_back(entry.path());
+  std::sort(files.begin(), files.end());
+  std::string text;
+  for (const fs::path& file : files) {
+    std::ifstream in(file, std::ios::binary);
+    std::string line;
+    while (std::getline(in, line))
+      if (line != "%") text += line + '\n';
+    if (in.bad()) throw DataError(file.string() + ": cannot read");
+  }
+  const auto windows = text.size() > 1 ? static_cast<std::int64_t>((text.size() - 1) / static_cast<std::size_t>(context))
+                                       : std::int64_t{0};
+  if (windows < 10)
+    throw DataError(dir.string() + ": " + std::to_string(text.size()) + " bytes of text in " +
+                    std::to_string(files.size()) + " files, fewer than 10 windows of " + std::to_string(context + 1) +
+                    " bytes; " + hint);
+  // The vocabulary: the bytes that occur, in byte order.
+  std::array<std::int32_t, 256> id{};
+  id.fill(-1);
+  for (const char c : text) id[static_cast<unsigned char>(c)] = 0;
+  std::int32_t classes = 0;
+  for (auto& v : id)
+    if (v == 0) v = classes++;
+  TrainTest sets;
+  for (Dataset* d : {&sets.train, &sets.test}) {
+    d->channels = d->height = 1;
+    d->width = d->labels_per_sample = context;
+    d->classes = classes;
+  }
+  for (std::int64_t w = 0; w < windows; ++w) {
+    Dataset& d = (w % 10 == 9) ? sets.test : sets.train;
+    const std::size_t start = static_cast<std::size_t>(w * context);
+    for (std::int64_t i = 0; i < context; ++i) {
+      d.images.push_back(static_cast<float>(id[static_cast<unsigned char>(text[start + static_cast<std::size_t>(i)])]));
+      d.labels.push_back(id[static_cast<unsigned char>(text[start + static_cast<std::size_t>(i) + 1])]);
+    }
+    ++d.count;
+  }
   keep_first(sets.train, train_limit);
   keep_first(sets.test, test_limit);
   return sets;
@@ -353,12 +409,15 @@ void Batcher::gather(const std::vector<std::int64_t>& indices, std::vector<float
                      std::vector<float>& labels) const {
   const std::int64_t size = data_->sample_size();
   images.resize(indices.size() * static_cast<std::size_t>(size));
-  labels.resize(indices.size());
+  const std::int64_t per = data_->labels_per_sample;
+  labels.resize(indices.size() * static_cast<std::size_t>(per));
   for (std::size_t i = 0; i < indices.size(); ++i) {
     const std::int64_t s = indices[i];
     if (s < 0 || s >= data_->count) throw std::out_of_range("Batcher::gather: sample index " + std::to_string(s));
     std::copy_n(data_->images.begin() + s * size, size, images.begin() + static_cast<std::ptrdiff_t>(i) * size);
-    labels[i] = static_cast<float>(data_->labels[static_cast<std::size_t>(s)]);
+    for (std::int64_t k = 0; k < per; ++k)
+      labels[i * static_cast<std::size_t>(per) + static_cast<std::size_t>(k)] =
+          static_cast<float>(data_->labels[static_cast<std::size_t>(s * per + k)]);
   }
 }
 

@@ -59,14 +59,17 @@ std::string cpu_model() {
 // What decides the data an arm trains on, so points of a sweep share one load.
 std::string data_key(const ExperimentConfig& c) {
   const DataSpec& d = c.data;
-  return fmt::format("{}|{}|{}|{}|{}|{}|{}", d.dataset, d.path, d.train_limit, d.test_limit, d.synthetic_train,
-                     d.synthetic_test, d.dataset == "synthetic" ? c.seeds.front() : 0);
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", d.dataset, d.path, d.train_limit, d.test_limit, d.synthetic_train,
+                     d.synthetic_test, d.dataset == "synthetic" ? c.seeds.front() : 0, d.context);
 }
 
 TrainTest load_data(const ExperimentConfig& c) {
   if (c.data.dataset == "synthetic")
     return make_synthetic(c.seeds.front(), c.data.synthetic_train, c.data.synthetic_test);
   try {
+    if (c.data.dataset == "fortunes")
+      return load_text(c.data.path == default_fashion_mnist_dir ? default_fortunes_dir : c.data.path, c.data.context,
+                       c.data.train_limit, c.data.test_limit);
     return load_fashion_mnist(c.data.path, c.data.train_limit, c.data.test_limit);
   } catch (const DataError& e) {
     throw SetupError(std::string("data: ") + e.what());
@@ -134,13 +137,20 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
                                      arm, backend, why));
     }
   }
-  if (c.model.kind == ModelKind::vit) {
+  const bool language_model = c.model.kind == ModelKind::gpt, text = data.train.labels_per_sample > 1 ||
+                                                                  c.data.dataset == "fortunes";
+  if (language_model != text)
+    throw SetupError(language_model
+                         ? "model.kind = \"gpt\" predicts the next token of a text: set data.dataset = \"fortunes\""
+                         : fmt::format("data.dataset = \"{}\" is text, a next-token task: set model.kind = \"gpt\"",
+                                       c.data.dataset));
+  if (c.model.kind == ModelKind::vit || language_model) {
     const ModelSpec& m = c.model;
     if (m.width % m.heads != 0)
       throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
                                    "heads values: use a width that {} divides",
                                    m.width, m.heads, m.heads));
-    if (data.train.height % m.patch != 0 || data.train.width % m.patch != 0)
+    if (!language_model && (data.train.height % m.patch != 0 || data.train.width % m.patch != 0))
       throw SetupError(fmt::format("model.patch = {} does not divide the {}x{} images; use a divisor of both sides",
                                    m.patch, data.train.height, data.train.width));
   }

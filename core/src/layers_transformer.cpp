@@ -54,6 +54,41 @@ class Tokens final : public Layer {
   Shape input_shape_;
 };
 
+// Token ids (any shape, binary32) -> a row of the table per id: a language
+// model's first layer. Its output is the working weights' values, already
+// rounded as weights: counted as activations, not rounded again.
+class Embedding final : public Layer {
+ public:
+  Embedding(std::string name, std::int64_t vocabulary, std::int64_t width) : Layer(std::move(name)), width_(width) {
+    table_.name = this->name() + ".weight";
+    table_.shape = {vocabulary, width};
+  }
+  Shape output_shape(const Shape& in) const override { return {element_count(in), width_}; }
+  std::vector<Parameter*> parameters() override { return {&table_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.weights;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& ids) override {
+    ids_ = ids.reshaped({ids.numel()});
+    Tensor y = ctx.backend.empty(output_shape(ids.shape()));
+    ctx.backend.embedding_forward(ids_, table_.working, y);
+    ctx.round(y, RoundingPoint{}, TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    if (need_input_grad) throw std::invalid_argument(name() + ": token ids have no gradient; put it first");
+    ctx.backend.embedding_backward(ids_, dy, table_.grad);
+    ctx.round(table_.grad, ctx.policy.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    ids_ = Tensor();
+    return {};
+  }
+
+ private:
+  std::int64_t width_;
+  Parameter table_;
+  Tensor ids_;
+};
+
 // x + E, E a learned [tokens, width] table added to every sample's rows:
 // the start of the residual stream.
 class PositionEmbedding final : public Layer {
@@ -271,6 +306,9 @@ class SequenceMean final : public Layer {
 
 }  // namespace
 
+std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width) {
+  return std::make_unique<Embedding>(std::move(name), vocabulary, width);
+}
 std::unique_ptr<Layer> make_tokens(std::string name) { return std::make_unique<Tokens>(std::move(name)); }
 std::unique_ptr<Layer> make_position_embedding(std::string name, std::int64_t tokens, std::int64_t width) {
   return std::make_unique<PositionEmbedding>(std::move(name), tokens, width);

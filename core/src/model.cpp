@@ -137,35 +137,51 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       ++i;
     }
     layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
-  } else if (spec.kind == ModelKind::vit) {
-    // A Vision Transformer (Dosovitskiy et al. 2021) with pre-LayerNorm
-    // blocks, learned position embeddings and mean pooling over the patches
-    // (no class token, as Beyer et al. 2022, "Better plain ViT baselines").
+  } else if (spec.kind == ModelKind::vit || spec.kind == ModelKind::gpt) {
     const std::int64_t d = spec.width;
-    const std::int64_t tokens = (in.height / spec.patch) * (in.width / spec.patch);
-    layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
-    layers.push_back(make_tokens("tokens"));
-    layers.push_back(make_position_embedding("pos", tokens, d));
-    for (std::int64_t l = 1; l <= spec.depth; ++l) {
-      const std::string b = "block" + std::to_string(l) + ".";
-      ResidualLayers attention = make_residual(b + "skip1", b + "add1");
-      layers.push_back(std::move(attention.branch));
-      layers.push_back(make_layer_norm(b + "ln1", d));
-      layers.push_back(make_linear(b + "qkv", d, 3 * d));
-      layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, false));
-      layers.push_back(make_linear(b + "proj", d, d));
-      layers.push_back(std::move(attention.add));
-      ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
-      layers.push_back(std::move(mlp.branch));
-      layers.push_back(make_layer_norm(b + "ln2", d));
-      layers.push_back(make_linear(b + "fc1", d, spec.mlp_width));
-      layers.push_back(activation(b + act));
-      layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
-      layers.push_back(std::move(mlp.add));
+    // Pre-LayerNorm blocks (Xiong et al. 2020; GPT-2): x + attn(ln1(x)), then x + mlp(ln2(x)).
+    const auto blocks = [&](std::int64_t tokens, bool causal) {
+      for (std::int64_t l = 1; l <= spec.depth; ++l) {
+        const std::string b = "block" + std::to_string(l) + ".";
+        ResidualLayers attention = make_residual(b + "skip1", b + "add1");
+        layers.push_back(std::move(attention.branch));
+        layers.push_back(make_layer_norm(b + "ln1", d));
+        layers.push_back(make_linear(b + "qkv", d, 3 * d));
+        layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal));
+        layers.push_back(make_linear(b + "proj", d, d));
+        layers.push_back(std::move(attention.add));
+        ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
+        layers.push_back(std::move(mlp.branch));
+        layers.push_back(make_layer_norm(b + "ln2", d));
+        layers.push_back(make_linear(b + "fc1", d, spec.mlp_width));
+        layers.push_back(activation(b + act));
+        layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
+        layers.push_back(std::move(mlp.add));
+      }
+      layers.push_back(make_layer_norm("ln", d));
+    };
+    if (spec.kind == ModelKind::vit) {
+      // A Vision Transformer (Dosovitskiy et al. 2021) with learned position
+      // embeddings and mean pooling over the patches (no class token, as
+      // Beyer et al. 2022, "Better plain ViT baselines").
+      const std::int64_t tokens = (in.height / spec.patch) * (in.width / spec.patch);
+      layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
+      layers.push_back(make_tokens("tokens"));
+      layers.push_back(make_position_embedding("pos", tokens, d));
+      blocks(tokens, false);
+      layers.push_back(make_sequence_mean("mean", tokens));
+      layers.push_back(make_linear("head", d, in.classes));
+    } else {
+      // A decoder-only language model (Radford et al. 2018, GPT): token and
+      // learned position embeddings, causal blocks, an untied head giving
+      // every position's logits over the vocabulary (in.classes) for the
+      // next token; the context is the input's width.
+      const std::int64_t tokens = in.height * in.width;
+      layers.push_back(make_embedding("embed", in.classes, d));
+      layers.push_back(make_position_embedding("pos", tokens, d));
+      blocks(tokens, true);
+      layers.push_back(make_linear("head", d, in.classes));
     }
-    layers.push_back(make_layer_norm("ln", d));
-    layers.push_back(make_sequence_mean("mean", tokens));
-    layers.push_back(make_linear("head", d, in.classes));
   } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));

@@ -189,9 +189,10 @@ class Arm {
   }
 
  private:
-  // The forward pass of a batch of images; returns the logits.
-  Tensor forward(const std::vector<float>& images, std::int64_t n, const Dataset& shape) {
+  // The forward pass of a batch of samples; returns the logits.
+  Tensor forward(const std::vector<float>& images, const Dataset& shape) {
     auto& layers = model_.layers();
+    const auto n = static_cast<std::int64_t>(images.size()) / shape.sample_size();
     Tensor h = backend_.from_host(images, {n, shape.channels, shape.height, shape.width});
     std::optional<RoundingPoint> incoming;  // the images: binary32, not rounded
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
@@ -209,8 +210,8 @@ class Arm {
   void forward_backward(const std::vector<float>& images, const std::vector<float>& labels) {
     refresh_working_copies();
     auto& layers = model_.layers();
-    const auto n = static_cast<std::int64_t>(labels.size());
-    const Tensor logits = forward(images, n, data_.train);
+    const auto n = static_cast<std::int64_t>(labels.size());  // rows of logits: labels_per_sample per sample
+    const Tensor logits = forward(images, data_.train);
     Tensor d_logits = backend_.empty(logits.shape());
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.
@@ -277,7 +278,7 @@ class Arm {
       for (std::int64_t i = start; i < std::min(test.count, start + setup_.train.eval_batch); ++i) indices.push_back(i);
       batcher.gather(indices, images, labels);
       const auto n = static_cast<std::int64_t>(labels.size());
-      const Tensor logits = forward(images, n, test);
+      const Tensor logits = forward(images, test);
       Tensor unused_gradient = backend_.empty(logits.shape());
       const LossResult r = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}), 1.0f, unused_gradient);
       loss_sum += r.loss_sum;
@@ -286,7 +287,7 @@ class Arm {
     ctx_.stats = counted;
     ctx_.block_stats = block_counted;
     ctx_.training = true;
-    const double count = static_cast<double>(std::max<std::int64_t>(1, test.count));
+    const double count = static_cast<double>(std::max<std::int64_t>(1, test.label_count()));
     return {loss_sum / count, static_cast<double>(correct) / count};
   }
 

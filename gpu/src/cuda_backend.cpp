@@ -590,6 +590,14 @@ class CudaBackend final : public core::Backend {
     const Input g = in(dy);
     kernels::sequence_mean_backward(g, tokens, dx.rows(), dx.cols(), out(dx), stream());
   }
+  void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& o) override {
+    const Input i = in(ids), t = in(table);
+    kernels::embedding_forward(i, t, ids.numel(), table.rows(), table.cols(), out(o), stream());
+  }
+  void embedding_backward_impl(const Tensor& ids, const Tensor& dout, Tensor& dtable) override {
+    const Input i = in(ids), g = in(dout);
+    kernels::embedding_backward(i, g, ids.numel(), dtable.rows(), dtable.cols(), out(dtable), stream());
+  }
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
                           Tensor& rstd) override {
     const std::int64_t rows = x.rows(), cols = x.cols();

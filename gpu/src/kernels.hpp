@@ -68,6 +68,10 @@ void sequence_mean_forward(const float* x, std::int64_t tokens, std::int64_t sam
                            cudaStream_t stream);
 void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t rows, std::int64_t width, float* dx,
                             cudaStream_t stream);
+void embedding_forward(const float* ids, const float* table, std::int64_t tokens, std::int64_t rows,
+                       std::int64_t width, float* out, cudaStream_t stream);
+void embedding_backward(const float* ids, const float* dout, std::int64_t tokens, std::int64_t rows,
+                        std::int64_t width, float* dtable, cudaStream_t stream);
 
 // --- Reductions ---------------------------------------------------------------
 // sums[j] = sum_i x[i, j] in binary32: partial sums over chunks of rows, then

@@ -80,7 +80,35 @@ __global__ void sequence_mean_backward_kernel(const float* dy, std::int64_t toke
     dx[t] = core::sequence_mean_grad(dy[(t / width / tokens) * width + t % width], tokens);
 }
 
+__global__ void embedding_kernel(const float* ids, const float* table, std::int64_t tokens, std::int64_t rows,
+                                 std::int64_t width, float* out) {
+  const std::int64_t total = tokens * width;
+  for (std::int64_t t = thread_index(); t < total; t += thread_count())
+    out[t] = core::embedding_value(table, rows, width, ids[t / width], t % width);
+}
+// One thread per element of the table, over every token in order (the CPU's order).
+__global__ void embedding_grad_kernel(const float* ids, const float* dout, std::int64_t tokens, std::int64_t rows,
+                                      std::int64_t width, float* dtable) {
+  const std::int64_t total = rows * width;
+  for (std::int64_t t = thread_index(); t < total; t += thread_count())
+    dtable[t] = core::embedding_grad(ids, dout, tokens, rows, width, t / width, t % width);
+}
+
 }  // namespace
+
+void embedding_forward(const float* ids, const float* table, std::int64_t tokens, std::int64_t rows,
+                       std::int64_t width, float* out, cudaStream_t stream) {
+  if (tokens * width <= 0) return;
+  embedding_kernel<<<blocks(tokens * width), threads, 0, stream>>>(ids, table, tokens, rows, width, out);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(const float* ids, const float* dout, std::int64_t tokens, std::int64_t rows,
+                        std::int64_t width, float* dtable, cudaStream_t stream) {
+  if (rows * width <= 0) return;
+  embedding_grad_kernel<<<blocks(rows * width), threads, 0, stream>>>(ids, dout, tokens, rows, width, dtable);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
 
 void add(float* x, const float* y, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;

@@ -549,3 +549,76 @@ TEST_CASE("Batcher::gather copies samples and labels", "[data][batcher]") {
   CHECK(labels.size() == 4);
   CHECK_THROWS_AS(batcher.gather({20}, images, labels), std::out_of_range);
 }
+
+// ------------------------------------------------------------------------- text
+
+TEST_CASE("load_text: a byte vocabulary, windows of context + 1, every 10th window held out", "[data][text]") {
+  TempDir dir;
+  // Two collections (read in name order), the fortunes' "%" separators, a
+  // strfile index that must be skipped, and a link to a collection (as the
+  // package's .u8 links) that must not be read twice.
+  std::string a, b;
+  for (int i = 0; i < 30; ++i) a += i % 2 == 0 ? "abc\n%\n" : "cab\n%\n";
+  for (int i = 0; i < 30; ++i) b += "zz\n";
+  std::ofstream(dir / "b_text") << b;
+  std::ofstream(dir / "a_text") << a;
+  std::ofstream(dir / "a_text.dat") << "\x01\x02 binary index";
+  fs::create_symlink(dir / "a_text", dir / "a_text.u8");
+  std::string text;  // what the loader must see: a, then b, without the "%" lines
+  for (int i = 0; i < 30; ++i) text += i % 2 == 0 ? "abc\n" : "cab\n";
+  text += b;
+  const std::int64_t context = 5;
+  const TrainTest t = load_text(dir.path(), context);
+  // The vocabulary: '\n', 'a', 'b', 'c', 'z' in byte order.
+  const std::string vocabulary = "\nabcz";
+  const auto id = [&](char c) { return static_cast<std::int32_t>(vocabulary.find(c)); };
+  CHECK(t.train.classes == 5);
+  CHECK(t.test.classes == 5);
+  const std::int64_t windows = static_cast<std::int64_t>((text.size() - 1) / context);
+  CHECK(t.train.count + t.test.count == windows);
+  CHECK(t.test.count == windows / 10);
+  for (const Dataset* d : {&t.train, &t.test}) {
+    CHECK(d->width == context);
+    CHECK(d->labels_per_sample == context);
+    CHECK(d->sample_size() == context);
+    CHECK(d->images.size() == static_cast<std::size_t>(d->count * context));
+    CHECK(d->labels.size() == static_cast<std::size_t>(d->count * context));
+  }
+  // Window w starts at w * context; the 10th, 20th, ... are validation.
+  std::int64_t train = 0, test = 0;
+  for (std::int64_t w = 0; w < windows; ++w) {
+    const Dataset& d = w % 10 == 9 ? t.test : t.train;
+    const std::int64_t s = w % 10 == 9 ? test++ : train++;
+    for (std::int64_t i = 0; i < context; ++i) {
+      INFO("window " << w << ", position " << i);
+      CHECK(d.images[static_cast<std::size_t>(s * context + i)] ==
+            static_cast<float>(id(text[static_cast<std::size_t>(w * context + i)])));
+      CHECK(d.labels[static_cast<std::size_t>(s * context + i)] == id(text[static_cast<std::size_t>(w * context + i + 1)]));
+    }
+  }
+  // The batcher hands out every label of a sample.
+  Batcher batcher(t.train, 2, 7);
+  std::vector<float> inputs, labels;
+  batcher.gather({1, 0}, inputs, labels);
+  REQUIRE(labels.size() == static_cast<std::size_t>(2 * context));
+  for (std::int64_t i = 0; i < context; ++i) {
+    CHECK(labels[static_cast<std::size_t>(i)] == static_cast<float>(t.train.labels[static_cast<std::size_t>(context + i)]));
+    CHECK(labels[static_cast<std::size_t>(context + i)] == static_cast<float>(t.train.labels[static_cast<std::size_t>(i)]));
+  }
+  // Limits keep whole samples, labels included; the data cache keeps labels_per_sample.
+  const TrainTest limited = load_text(dir.path(), context, 3, 1);
+  CHECK(limited.train.count == 3);
+  CHECK(limited.train.labels.size() == static_cast<std::size_t>(3 * context));
+  write_data_cache(dir / "cache", limited);
+  const TrainTest back = read_data_cache(dir / "cache");
+  CHECK(back.train.labels_per_sample == context);
+  CHECK(back.train.labels == limited.train.labels);
+  CHECK(back.test.images == limited.test.images);
+}
+
+TEST_CASE("load_text says how to install a missing text and refuses a text too short", "[data][text]") {
+  CHECK_THROWS_WITH(load_text("/nonexistent/mpsim/fortunes", 8), Catch::Contains("apt-get install fortunes"));
+  TempDir dir;
+  std::ofstream(dir / "short") << "just a few words\n";
+  CHECK_THROWS_WITH(load_text(dir.path(), 8), Catch::Contains("fewer than 10 windows of 9 bytes"));
+}

@@ -886,18 +886,25 @@ ModelEval evaluate(Fixture& f, Model& model, const FVec& x, const Shape& x_shape
 // relative to the gradient (which grows with |v|). Bound: d / s + 1e-3 |fd|.
 // (A wrong factor, sign or index misses by far more.) The step is taken in
 // binary32 and the quotient divides by the step actually taken.
+// A language model (`tokens`): the inputs are token ids and every position
+// has a label, the next token.
 void check_model_gradients(const ModelSpec& spec, const InputShape& in, Index batch, float h, std::uint64_t seed,
-                           int wanted) {
+                           int wanted, bool tokens = false) {
   Fixture f;
   Model model(spec, in, seed);
   std::vector<Parameter*> params = model.parameters();
   for (Parameter* p : params) f.set_parameter(*p, p->initial);
   Rng rng{seed + 1};
   const Shape x_shape{batch, in.channels, in.height, in.width};
-  const FVec x = uniform(rng, size_of(x_shape), 0.0, 1.0);
+  FVec x = uniform(rng, size_of(x_shape), 0.0, 1.0);
   FVec labels;
-  for (Index i = 0; i < batch; ++i)
-    labels.push_back(static_cast<float>(rng.index(static_cast<std::size_t>(in.classes))));
+  const auto draw_class = [&] { return static_cast<float>(rng.index(static_cast<std::size_t>(in.classes))); };
+  if (tokens) {
+    for (float& id : x) id = draw_class();
+    for (std::size_t i = 0; i < x.size(); ++i) labels.push_back(draw_class());
+  } else {
+    for (Index i = 0; i < batch; ++i) labels.push_back(draw_class());
+  }
 
   const ModelEval base = evaluate(f, model, x, x_shape, labels, true);
   std::vector<FVec> grads;
@@ -1253,6 +1260,18 @@ TEST_CASE("ViT: backward gradients match finite differences of the binary32 loss
   spec.heads = 2;
   spec.mlp_width = 16;
   check_model_gradients(spec, InputShape{1, 8, 8, 3}, 3, 1e-2f, 2026, 30);
+}
+
+TEST_CASE("GPT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
+  ModelSpec spec;
+  spec.kind = ModelKind::gpt;
+  spec.activation = Activation::gelu;
+  spec.depth = 2;
+  spec.width = 8;
+  spec.heads = 2;
+  spec.mlp_width = 16;
+  // A context of 6 tokens from a vocabulary of 5, every position labelled.
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2027, 30, true);
 }
 
 }  // namespace

@@ -102,6 +102,12 @@ class ForwardingBackend : public core::Backend {
   void sequence_mean_backward_impl(const core::Tensor& dy, std::int64_t tokens, core::Tensor& dx) override {
     inner_->sequence_mean_backward(dy, tokens, dx);
   }
+  void embedding_forward_impl(const core::Tensor& ids, const core::Tensor& table, core::Tensor& out) override {
+    inner_->embedding_forward(ids, table, out);
+  }
+  void embedding_backward_impl(const core::Tensor& ids, const core::Tensor& dout, core::Tensor& dtable) override {
+    inner_->embedding_backward(ids, dout, dtable);
+  }
   core::LossResult softmax_cross_entropy_impl(const core::Tensor& logits, const core::Tensor& labels, float grad_scale,
                                          core::Tensor& d_logits) override {
     return inner_->softmax_cross_entropy(logits, labels, grad_scale, d_logits);

@@ -114,13 +114,13 @@ struct AdamParams {
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean
+  add, attention, softmax, sequence_mean, embedding
 };
-inline constexpr EnumNames<Op, 20> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 21> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
-                                             "sequence_mean"}};
+                                             "sequence_mean", "embedding"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -222,6 +222,11 @@ class Backend {
   // The mean over each sample's tokens: x [batch * tokens, width] -> y [batch, width].
   void sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y);
   void sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tensor& dx);
+  // Token embeddings: out[t, :] = table[ids[t], :] (ids as binary32; an id
+  // outside the table gives a NaN row), and the table's gradient, written
+  // whole (numerics_attention.hpp's embedding_grad).
+  void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out);
+  void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable);
 
   // Fused, stable softmax cross-entropy over rows. labels hold class indices
   // as binary32. d_logits = (softmax - onehot) * (grad_scale / batch).
@@ -308,6 +313,8 @@ class Backend {
   virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
   virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;
+  virtual void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  virtual void embedding_backward_impl(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
   virtual LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
                                                 Tensor& d_logits) = 0;
   virtual void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,

@@ -26,10 +26,11 @@ class ConfigError : public std::runtime_error {
 };
 
 struct DataSpec {
-  std::string dataset = "fashion-mnist";  // or "synthetic"
+  std::string dataset = "fashion-mnist";  // or "synthetic", "fortunes"
   std::string path = default_fashion_mnist_dir;
   std::int64_t train_limit = 0, test_limit = 0;            // > 0: use the first N samples
   std::int64_t synthetic_train = 4096, synthetic_test = 1024;
+  std::int64_t context = 128;  // fortunes: tokens per sample
 };
 
 struct ExperimentConfig {

@@ -140,9 +140,10 @@ class Layer {
 
 // Activation and its names: the table in numerics_layers.hpp.
 enum class InitScheme : std::uint8_t { he, xavier, normal };
-// cnn: LeNet-5 style; vit: a Vision Transformer (model.cpp's build_layers).
-enum class ModelKind : std::uint8_t { mlp, cnn, vit };
-inline constexpr EnumNames<ModelKind, 3> model_kind_names{{"mlp", "cnn", "vit"}};  // the config's names
+// cnn: LeNet-5 style; vit: a Vision Transformer; gpt: a decoder-only
+// character-level language model (model.cpp's build_layers).
+enum class ModelKind : std::uint8_t { mlp, cnn, vit, gpt };
+inline constexpr EnumNames<ModelKind, 4> model_kind_names{{"mlp", "cnn", "vit", "gpt"}};  // the config's names
 inline std::string_view to_string(ModelKind kind) { return model_kind_names(kind); }
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
 inline std::string_view to_string(InitScheme scheme) { return init_scheme_names(scheme); }
@@ -152,8 +153,8 @@ struct ModelSpec {
   std::vector<std::int64_t> hidden{256, 256};  // MLP widths
   Activation activation = Activation::relu;
   bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
-  // Transformers (vit): patch side, blocks, model width, attention heads
-  // (width / heads each) and the MLP's hidden width.
+  // Transformers (vit, gpt): the ViT's patch side, blocks, model width,
+  // attention heads (width / heads each) and the MLP's hidden width.
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
@@ -186,7 +187,9 @@ std::unique_ptr<Layer> make_flatten(std::string name);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
-// Transformers (layers_transformer.cpp). NCHW maps -> a row per position.
+// Transformers (layers_transformer.cpp). Token ids -> rows of a [vocabulary, width] table.
+std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width);
+// NCHW maps -> a row per position.
 std::unique_ptr<Layer> make_tokens(std::string name);
 // Adds a learned [tokens, width] table to each sample's rows.
 std::unique_ptr<Layer> make_position_embedding(std::string name, std::int64_t tokens, std::int64_t width);

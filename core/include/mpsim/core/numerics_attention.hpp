@@ -135,6 +135,31 @@ MPSIM_HOST_DEVICE inline void softmax_backward_row(const float* p, const float* 
   for (std::int64_t j = 0; j < cols; ++j) dx[j] = p[j] * (dp[j] - d);
 }
 
+// --- Token embeddings -----------------------------------------------------------------------------------------------
+// A token id is stored as binary32; one that is not an integer in [0, rows)
+// selects no row (-1): its output row is NaN, as the loss treats such a label.
+MPSIM_HOST_DEVICE inline std::int64_t embedding_row(float id, std::int64_t rows) {
+  if (!(id >= 0.0f && id < static_cast<float>(rows))) return -1;
+  const auto row = static_cast<std::int64_t>(id);
+  return static_cast<float>(row) == id ? row : -1;
+}
+MPSIM_HOST_DEVICE inline float embedding_value(const float* table, std::int64_t rows, std::int64_t width, float id,
+                                               std::int64_t c) {
+  const std::int64_t row = embedding_row(id, rows);
+  return row < 0 ? std::bit_cast<float>(0x7fc00000u) : table[row * width + c];
+}
+// The table's gradient, element (v, c): the output gradients of the tokens
+// whose id is v, summed in binary32 from 0 in increasing token order (the
+// CPU scatters token by token in that order, which adds each element's
+// terms in the same order).
+MPSIM_HOST_DEVICE inline float embedding_grad(const float* ids, const float* dout, std::int64_t tokens,
+                                              std::int64_t rows, std::int64_t width, std::int64_t v, std::int64_t c) {
+  float sum = 0.0f;
+  for (std::int64_t t = 0; t < tokens; ++t)
+    if (embedding_row(ids[t], rows) == v) sum += dout[t * width + c];
+  return sum;
+}
+
 // --- The mean over a sequence's tokens (a ViT's pooling) ---------------------------------------------------------
 // y_bc = (sum_i x_bic) / tokens, the sum in binary32 in increasing i; the
 // backward spreads dy_bc / tokens over the tokens.
