@@ -7,9 +7,10 @@
 // weights that step's forward pass used. Arrays are raw little-endian
 // binary32 files (binary64 for the losses); OUTDIR/manifest.txt names them:
 //
-//   case NAME | model mlp|cnn | activation relu|gelu | layer_norm 0|1
+//   case NAME | model mlp|cnn|vit|gpt | activation relu|gelu | layer_norm 0|1
 //   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X
 //   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
+//   labels_per_sample L | patch P | depth D | width W | heads H | mlp_width M
 //   param NAME FILE D0 D1 ...            (initial weights, in model order)
 //   step S loss X images FILE labels FILE
 //   grad S NAME FILE                     (dLoss/dparam at step S, mean loss)
@@ -27,6 +28,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -75,6 +77,24 @@ std::map<std::string, Case> cases() {
     c.optimizer.weight_decay = c.optimizer.kind == OptimizerKind::adamw ? 0.01 : 0.0;
     all.emplace(c.name, c);
   }
+  // Transformers: a ViT on the synthetic images, a GPT on a synthetic token
+  // stream (token_data), both with AdamW, GELU and every transformer op.
+  for (const ModelKind kind : {ModelKind::vit, ModelKind::gpt}) {
+    Case c{kind == ModelKind::vit ? "vit_adamw" : "gpt_adamw", {}, {}};
+    c.model.kind = kind;
+    c.model.activation = Activation::gelu;
+    c.model.patch = 7;
+    c.model.depth = 2;
+    c.model.width = 16;
+    c.model.heads = 2;
+    c.model.mlp_width = 32;
+    c.model.init = InitScheme::normal;
+    c.model.init_scale = 0.2;
+    c.optimizer.kind = OptimizerKind::adamw;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.weight_decay = 0.01;
+    all.emplace(c.name, c);
+  }
   {
     Case c{"cnn_sgd", {}, {}};
     c.model.kind = ModelKind::cnn;
@@ -113,10 +133,34 @@ std::string number(double x) {
   return buffer;
 }
 
+// A token stream for the GPT case: a vocabulary of 11, contexts of 16, each
+// token the previous one plus a step of 1 or 2 (mod 11) drawn from the seed,
+// so the next token is learnable; every position is labelled.
+TrainTest token_data(std::uint64_t seed) {
+  constexpr std::int64_t vocabulary = 11, context = 16;
+  std::mt19937_64 rng(seed);  // the standard fixes mt19937_64's outputs
+  TrainTest t;
+  for (auto [d, count] : {std::pair{&t.train, 512}, {&t.test, 128}}) {
+    d->channels = d->height = 1;
+    d->width = d->labels_per_sample = context;
+    d->classes = vocabulary;
+    d->count = count;
+    for (std::int64_t i = 0; i < count; ++i) {
+      std::int64_t token = static_cast<std::int64_t>(rng() % vocabulary);
+      for (std::int64_t k = 0; k <= context; ++k) {
+        if (k < context) d->images.push_back(static_cast<float>(token));
+        token = (token + 1 + static_cast<std::int64_t>(rng() % 2)) % vocabulary;
+        if (k < context) d->labels.push_back(static_cast<std::int32_t>(token));
+      }
+    }
+  }
+  return t;
+}
+
 int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   constexpr std::uint64_t seed = 20240607;
   constexpr std::int64_t batch = 32;
-  const TrainTest data = make_synthetic(seed, 512, 128);
+  const TrainTest data = c.model.kind == ModelKind::gpt ? token_data(seed) : make_synthetic(seed, 512, 128);
   const Policy policy = *preset_policy("fp32");
 
   ArmSetup setup;
@@ -141,7 +185,10 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << "\nweight_decay " << number(c.optimizer.weight_decay) << "\nbeta1 " << number(c.optimizer.beta1)
            << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
            << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "
-           << data.train.width << "\nclasses " << data.train.classes << "\n";
+           << data.train.width << "\nclasses " << data.train.classes << "\nlabels_per_sample "
+           << data.train.labels_per_sample << "\npatch " << c.model.patch << "\ndepth " << c.model.depth
+           << "\nwidth " << c.model.width << "\nheads " << c.model.heads << "\nmlp_width " << c.model.mlp_width
+           << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
   bool initial_written = false;
