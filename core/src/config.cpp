@@ -433,6 +433,9 @@ constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
     key<&OptimizerSpec::lr>("lr", "", "learning rate (the schedule's start)", finite_above(0)),
     key<&OptimizerSpec::momentum>("momentum", "", "SGD momentum", at_least_below(0, 1)),
     key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)", finite_at_least(0)),
+    key<&OptimizerSpec::decay_vectors>("decay_vectors", "",
+                                       "`false`: no weight decay on parameters of one dimension (biases, LayerNorm's "
+                                       "gains and biases), as GPT-2 and nanoGPT train"),
     key<&OptimizerSpec::beta1>("beta1", "", "Adam, AdamW: first-moment decay", at_least_below(0, 1)),
     key<&OptimizerSpec::beta2>("beta2", "", "Adam, AdamW: second-moment decay", at_least_below(0, 1)),
     key<&OptimizerSpec::eps>("eps", "", "Adam, AdamW: added to the denominator", finite_at_least(0)),

@@ -250,9 +250,11 @@ class Arm {
     params.beta1 = static_cast<float>(o.beta1);
     params.beta2 = static_cast<float>(o.beta2);
     params.eps = static_cast<float>(o.eps);
+    const float decay = params.weight_decay;
     for (auto& lp : parameters_) {
       Parameter& p = *lp.parameter;
       ctx_.layer = lp.layer;
+      params.weight_decay = o.decay_vectors || p.shape.size() > 1 ? decay : 0.0f;
       backend_.optimizer_step(params, p.master, p.grad, p.state1, p.state2, lp.update, storage_,
                               ctx_.stream(parameter_site(lp.index, ParameterRole::storage), ctx_.step + 1),
                               ctx_.stats_for(TensorKind::updates));

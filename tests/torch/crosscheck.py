@@ -233,6 +233,11 @@ def load(model, values):
 
 def make_optimizer(d, params):
     kind, lr, wd = d.get("optimizer"), d.get("lr", kind=float), d.get("weight_decay", kind=float)
+    params = list(params)
+    if d.config.get("decay_vectors", ["1"])[0] == "0":
+        # No decay on parameters of one dimension (biases, LayerNorm): two groups, as nanoGPT builds them.
+        params = [{"params": [p for p in params if p.dim() > 1]},
+                  {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]
     if kind == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=d.get("momentum", kind=float), weight_decay=wd)
     betas = (d.get("beta1", kind=float), d.get("beta2", kind=float))

@@ -8,7 +8,7 @@
 // binary32 files (binary64 for the losses); OUTDIR/manifest.txt names them:
 //
 //   case NAME | model mlp|cnn|vit|gpt | activation relu|gelu | layer_norm 0|1
-//   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X
+//   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X | decay_vectors 0|1
 //   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
 //   labels_per_sample L | patch P | depth D | width W | heads H | mlp_width M
 //   param NAME FILE D0 D1 ...            (initial weights, in model order)
@@ -92,7 +92,8 @@ std::map<std::string, Case> cases() {
     c.model.init_scale = 0.2;
     c.optimizer.kind = OptimizerKind::adamw;
     c.optimizer.lr = 3e-3;
-    c.optimizer.weight_decay = 0.01;
+    c.optimizer.weight_decay = kind == ModelKind::gpt ? 0.1 : 0.01;
+    c.optimizer.decay_vectors = kind == ModelKind::vit;  // the GPT decays matrices and tables only
     all.emplace(c.name, c);
   }
   {
@@ -182,7 +183,8 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << to_string(c.model.activation) << "\nlayer_norm "
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
            << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
-           << "\nweight_decay " << number(c.optimizer.weight_decay) << "\nbeta1 " << number(c.optimizer.beta1)
+           << "\nweight_decay " << number(c.optimizer.weight_decay) << "\ndecay_vectors "
+           << (c.optimizer.decay_vectors ? 1 : 0) << "\nbeta1 " << number(c.optimizer.beta1)
            << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
            << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "
            << data.train.width << "\nclasses " << data.train.classes << "\nlabels_per_sample "

@@ -20,6 +20,10 @@ struct OptimizerSpec {
   double lr = 0.05;
   double momentum = 0.9;  // sgd
   double weight_decay = 0.0;
+  // Whether weight_decay applies to the parameters of one dimension (biases,
+  // LayerNorm's gains and biases) too; false decays matrices and tables only
+  // (GPT-2's and nanoGPT's convention).
+  bool decay_vectors = true;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
 };
 
