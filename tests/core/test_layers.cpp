@@ -1250,28 +1250,26 @@ TEST_CASE("Position embedding, tokens and the sequence mean match binary64 refer
   }
 }
 
-TEST_CASE("ViT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
+// Two GELU blocks of width 8 with 2 heads and an MLP of 16 (the ViT: 4x4 patches).
+ModelSpec small_transformer(ModelKind kind) {
   ModelSpec spec;
-  spec.kind = ModelKind::vit;
+  spec.kind = kind;
   spec.activation = Activation::gelu;
   spec.patch = 4;
   spec.depth = 2;
   spec.width = 8;
   spec.heads = 2;
   spec.mlp_width = 16;
-  check_model_gradients(spec, InputShape{1, 8, 8, 3}, 3, 1e-2f, 2026, 30);
+  return spec;
+}
+
+TEST_CASE("ViT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
+  check_model_gradients(small_transformer(ModelKind::vit), InputShape{1, 8, 8, 3}, 3, 1e-2f, 2026, 30);
 }
 
 TEST_CASE("GPT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
-  ModelSpec spec;
-  spec.kind = ModelKind::gpt;
-  spec.activation = Activation::gelu;
-  spec.depth = 2;
-  spec.width = 8;
-  spec.heads = 2;
-  spec.mlp_width = 16;
   // A context of 6 tokens from a vocabulary of 5, every position labelled.
-  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2027, 30, true);
+  check_model_gradients(small_transformer(ModelKind::gpt), InputShape{1, 1, 6, 5}, 3, 1e-2f, 2027, 30, true);
 }
 
 }  // namespace
