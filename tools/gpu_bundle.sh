@@ -17,6 +17,7 @@
 #                      lib/ (the libraries), fallback/ (libstdc++, libgcc_s:
 #                      used only if the device's are too old)
 #   data/fashion-mnist the dataset's four .gz files (already compressed)
+#   data/fortunes      the fortunes collections the GPT reads (when installed here)
 #   configs/           only configs that are not tracked (tracked ones travel)
 #   MANIFEST.txt       revision, build, contents, sizes, checksum
 # Why a tarball: the libraries alone are ~61 MB (OpenBLAS 37 MB) and the carry
@@ -140,6 +141,12 @@ if [ "${MPSIM_BUNDLE_DATA:-1}" = 1 ]; then
     die "no Fashion-MNIST in $data_src (Debian's dataset-fashion-mnist); MPSIM_BUNDLE_DATA=0 leaves it out"
   mkdir -p "$bundle/data/fashion-mnist"
   cp "$data_src"/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz "$bundle/data/fashion-mnist/"
+  # The GPT's text (Debian's fortunes): the collections only, as load_text reads them.
+  text_src=${MPSIM_FORTUNES:-/usr/share/games/fortunes}
+  if [ -d "$text_src" ]; then
+    mkdir -p "$bundle/data/fortunes"
+    find "$text_src" -maxdepth 1 -type f ! -name '*.dat' -exec cp {} "$bundle/data/fortunes/" \;
+  fi
 fi
 
 # The experiment configs travel with the working tree when git tracks them.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # the stage_* functions are called by name
-# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment | block
+# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment | block | transformer
 #
 # Runs on a lent GPU machine, from the repository root, with the bundle of
 # tools/gpu_bundle.sh carried (".gpu"); nothing is built there. Every stage
@@ -11,6 +11,7 @@
 #   gpu-bench.tar.gz        gpu-bench/: bench/gpu_vs_torch.sh's files
 #   gpu-experiment.tar.gz   gpu-experiment/: HDF5 logs, resolved configs, logs
 #   gpu-block.tar.gz        gpu-block/: the same for the block-scaled arms
+#   gpu-transformer.tar.gz  gpu-transformer/: the same for the ViT and the GPT
 # Stages:
 #   check       only the preamble: GPU, driver, bundle, library resolution
 #   tests       every test case of the three device test binaries, one process
@@ -24,6 +25,8 @@
 #               (MPSIM_BLOCK_EPOCHS, default 2), and deepseek-fp8 on cuda (smoke; on a
 #               device that is not compute capability 9.x it must be refused, exit 2,
 #               before any work)
+#   transformer the ViT and the character-level GPT (issue 20) at smoke size on the
+#               emulator and the cuda backend side by side (kernels_attention.cu)
 # All stages of one call share MPSIM_GPU_BUDGET_S seconds (default 540, under
 # the tool's 600 s per command); a run that would overstep is stopped by
 # `timeout` and reported, so the summary and tarballs are always written.
@@ -39,10 +42,10 @@ budget=${MPSIM_GPU_BUDGET_S:-540}
 start=$(date +%s)
 deadline=$((start + budget))
 
-usage() { sed -n 3,29p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n 3,32p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
-  case $s in check|tests|bench|experiment|block) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
+  case $s in check|tests|bench|experiment|block|transformer) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
 done
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu_session.XXXXXX)
@@ -296,6 +299,27 @@ stage_block() {
     else
       add_row "  deepseek-fp8 refused" "" "" "NOT refused as expected (exit $refused)"; rc=1
     fi
+  fi
+  run_stage=
+  return "$rc"
+}
+
+# --- transformer -----------------------------------------------------------
+# The ViT on Fashion-MNIST and the GPT on the bundle's copy of the fortunes
+# text (the device has no Debian packages), each at smoke size on the CPU
+# emulator and on the cuda backend: the first run of the transformer kernels.
+stage_transformer() {
+  run_stage=transformer
+  mkdir -p "$work/gpu-transformer"
+  local rc=0 fashion=${MPSIM_DATA_DIR:-$bundle/data/fashion-mnist} text=${MPSIM_TEXT_DIR:-$bundle/data/fortunes}
+  data=$fashion
+  mpsim_run vit_vs_gpu_smoke experiments/configs/vit.toml --smoke 'backends=["cpu","cuda"]' || rc=$?
+  [ "$rc" -eq 77 ] && return 77
+  if [ -d "$text" ]; then
+    data=$text
+    mpsim_run charlm_vs_gpu_smoke experiments/configs/charlm.toml --smoke 'backends=["cpu","cuda"]' || rc=$?
+  else
+    add_row "  charlm_vs_gpu_smoke" "" "" "not run: no text in $text"; rc=1
   fi
   run_stage=
   return "$rc"
