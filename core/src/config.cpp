@@ -433,6 +433,10 @@ constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
     key<&OptimizerSpec::lr>("lr", "", "learning rate (the schedule's start)", finite_above(0)),
     key<&OptimizerSpec::momentum>("momentum", "", "SGD momentum", at_least_below(0, 1)),
     key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)", finite_at_least(0)),
+    key<&OptimizerSpec::clip_norm>("clip_norm", "",
+                                   "`> 0`: clip the gradients' global L2 norm, after unscaling, to this, as "
+                                   "`torch.nn.utils.clip_grad_norm_` (`core::clip_factor`); CPU backend only so far",
+                                   finite_at_least(0)),
     key<&OptimizerSpec::decay_vectors>("decay_vectors", "",
                                        "`false`: no weight decay on parameters of one dimension (biases, LayerNorm's "
                                        "gains and biases), as GPT-2 and nanoGPT train"),

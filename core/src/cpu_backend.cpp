@@ -640,6 +640,8 @@ class CpuBackend final : public Backend {
     skip_ = decision.found_inf;
     unscale_ = decision.unscale;
     inverse_scale_ = decision.inverse_scale;
+    last_sum_squares_ = current_.grad_sum_squares;
+    last_scale_ = current_.loss_scale;
     if (!skip_) ++optimizer_steps_;
     steps_.push_back(std::exchange(current_, {}));
   }
@@ -650,6 +652,11 @@ class CpuBackend final : public Backend {
     if (unscale_) {  // numerics.hpp's unscale, element by element
       float* g = data(grad);
       for (std::int64_t i = 0, n = grad.numel(); i < n; ++i) g[i] = unscale(g[i], inverse_scale_);
+    }
+    // Clipping: a second binary32 multiplication, as clip_grad_norm_ after unscale_.
+    if (const float f = clip_factor(last_sum_squares_, last_scale_, p.clip_norm); f < 1.0f) {
+      float* g = data(grad);
+      for (std::int64_t i = 0, n = grad.numel(); i < n; ++i) g[i] *= f;
     }
     if (p.kind == OptimizerKind::sgd) {
       sgd_update(weight, grad, state1, p.lr, p.momentum, p.weight_decay, optimizer_steps_ == 1, update);
@@ -701,6 +708,7 @@ class CpuBackend final : public Backend {
   std::vector<StepScalars> steps_;
   bool skip_ = false, unscale_ = false;
   float inverse_scale_ = 1.0f;
+  double last_sum_squares_ = 0.0, last_scale_ = 1.0;  // the last ended step's, for clipping
   std::int64_t optimizer_steps_ = 0;
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
 };

@@ -137,6 +137,13 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
                                      arm, backend, why));
     }
   }
+  for (const std::string& backend : c.backends) {
+    const std::string why =
+        backends.at(backend)->optimizer_refusal(optimizer_params(c.optimizer, static_cast<float>(c.optimizer.lr)));
+    if (!why.empty())
+      throw SetupError(fmt::format("the {} backend cannot run this optimizer: {}; set backends = [\"cpu\"]", backend,
+                                   why));
+  }
   const bool language_model = c.model.kind == ModelKind::gpt, text = data.train.labels_per_sample > 1 ||
                                                                   c.data.dataset == "fortunes";
   if (language_model != text)

@@ -13,6 +13,19 @@
 
 namespace mpsim::core {
 
+OptimizerParams optimizer_params(const OptimizerSpec& o, float lr) {
+  OptimizerParams params;
+  params.kind = o.kind;
+  params.lr = lr;
+  params.momentum = static_cast<float>(o.momentum);
+  params.weight_decay = static_cast<float>(o.weight_decay);
+  params.beta1 = static_cast<float>(o.beta1);
+  params.beta2 = static_cast<float>(o.beta2);
+  params.eps = static_cast<float>(o.eps);
+  params.clip_norm = static_cast<float>(o.clip_norm);
+  return params;
+}
+
 double learning_rate(const OptimizerSpec& o, const ScheduleSpec& s, std::int64_t step, std::int64_t total) {
   if (s.warmup > 0) {
     if (step < s.warmup) return o.lr * static_cast<double>(step + 1) / static_cast<double>(s.warmup);
@@ -242,14 +255,7 @@ class Arm {
   // found inf or NaN (Backend::optimizer_step, round_state).
   void optimizer_step(float lr) {
     const OptimizerSpec& o = setup_.optimizer;
-    OptimizerParams params;
-    params.kind = o.kind;
-    params.lr = lr;
-    params.momentum = static_cast<float>(o.momentum);
-    params.weight_decay = static_cast<float>(o.weight_decay);
-    params.beta1 = static_cast<float>(o.beta1);
-    params.beta2 = static_cast<float>(o.beta2);
-    params.eps = static_cast<float>(o.eps);
+    OptimizerParams params = optimizer_params(o, lr);
     const float decay = params.weight_decay;
     for (auto& lp : parameters_) {
       Parameter& p = *lp.parameter;

@@ -590,6 +590,10 @@ class CudaBackend final : public core::Backend {
     const Input g = in(dy);
     kernels::sequence_mean_backward(g, tokens, dx.rows(), dx.cols(), out(dx), stream());
   }
+  std::string optimizer_refusal(const core::OptimizerParams& p) const override {
+    return p.clip_norm > 0.0f ? "gradient clipping (optimizer.clip_norm) is not implemented on the cuda backend yet"
+                              : std::string();
+  }
   void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& o) override {
     const Input i = in(ids), t = in(table);
     kernels::embedding_forward(i, t, ids.numel(), table.rows(), table.cols(), out(o), stream());

@@ -432,3 +432,12 @@ TEST_CASE("the activation table: names, enum order and which ones fp32_ops may n
   CHECK(std::find(ops.begin(), ops.end(), "layer_norm") != ops.end());
   CHECK(std::find(ops.begin(), ops.end(), "softmax_cross_entropy") != ops.end());
 }
+
+TEST_CASE("clip_factor: clip_grad_norm_'s factor from the loss-scaled sum of squares", "[numerics]") {
+  // Unscaled norm 2 (sum of squares 4 at scale 1, or 16 at scale 2): clipped to 1 by 1 / (2 + 1e-6).
+  CHECK(clip_factor(4.0, 1.0, 1.0f) == static_cast<float>(1.0 / (2.0 + 1e-6)));
+  CHECK(clip_factor(16.0, 2.0, 1.0f) == static_cast<float>(1.0 / (2.0 + 1e-6)));
+  CHECK(clip_factor(4.0, 1.0, 3.0f) == 1.0f);   // within the bound: untouched
+  CHECK(clip_factor(4.0, 1.0, 0.0f) == 1.0f);   // no clipping
+  CHECK(clip_factor(0.0, 1.0, 1.0f) == 1.0f);   // zero gradients
+}

@@ -245,6 +245,14 @@ def make_optimizer(d, params):
     return cls(params, lr=lr, betas=betas, eps=d.get("eps", kind=float), weight_decay=wd)
 
 
+def clip(d, model):
+    """clip_grad_norm_ when the run clips (mpsim's optimizer.clip_norm); returns the norm before clipping."""
+    max_norm = float(d.config.get("clip_norm", ["0"])[0])
+    if max_norm <= 0:
+        return None
+    return float(torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm))
+
+
 def forward_backward(model, d, s):
     images, labels = d.batches[s]
     model.zero_grad(set_to_none=True)
@@ -453,6 +461,7 @@ def main(argv):
         for s in range(d.steps):
             for n in names:
                 params[n].grad = torch.from_numpy(d.grads[s][n].copy())
+            norm = clip(d, model)
             optimizer.step()
             expected = d.weights[s + 1] if s + 1 < d.steps else d.final
             tol = replay_tolerance(d, s)
@@ -460,7 +469,8 @@ def main(argv):
             for n in names:
                 check("replay", s, f"weight {n} after the update", devs[n], tol)
             dev, name = worst(devs)
-            print(f"{s:>4} {dev:>10.2e} {name:<13} {tol:>9.2e}")
+            print(f"{s:>4} {dev:>10.2e} {name:<13} {tol:>9.2e}" +
+                  ("" if norm is None else f"   gradient norm {norm:.3f}, clipped to {d.get('clip_norm')}"))
 
         # free: PyTorch trains on its own, in binary32 and (for reference) binary64.
         model, model64 = build_model(d), build_model(d).double()
@@ -484,6 +494,8 @@ def main(argv):
             m64, _ = worst({n: deviation(d.grads[s][n], grads64[n]) for n in names})
             print(f"{s:>4} {loss:>10.7f} {d.losses[s]:>10.7f} {ldev:>9.2e} {dev:>9.2e} {name:<13} {tol:>9.2e} | "
                   f"{t64:>10.2e} {m64:>10.2e}")
+            clip(d, model)
+            clip(d, model64)
             optimizer.step()
             optimizer64.step()
         tol = free_tolerance(d, d.steps)

@@ -8,7 +8,7 @@
 // binary32 files (binary64 for the losses); OUTDIR/manifest.txt names them:
 //
 //   case NAME | model mlp|cnn|vit|gpt | activation relu|gelu | layer_norm 0|1
-//   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X | decay_vectors 0|1
+//   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X | decay_vectors 0|1 | clip_norm X
 //   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
 //   labels_per_sample L | patch P | depth D | width W | heads H | mlp_width M
 //   param NAME FILE D0 D1 ...            (initial weights, in model order)
@@ -94,6 +94,7 @@ std::map<std::string, Case> cases() {
     c.optimizer.lr = 3e-3;
     c.optimizer.weight_decay = kind == ModelKind::gpt ? 0.1 : 0.01;
     c.optimizer.decay_vectors = kind == ModelKind::vit;  // the GPT decays matrices and tables only
+    c.optimizer.clip_norm = kind == ModelKind::gpt ? 0.5 : 0.0;  // below the GPT's gradient norms: it clips
     all.emplace(c.name, c);
   }
   {
@@ -184,7 +185,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
            << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
            << "\nweight_decay " << number(c.optimizer.weight_decay) << "\ndecay_vectors "
-           << (c.optimizer.decay_vectors ? 1 : 0) << "\nbeta1 " << number(c.optimizer.beta1)
+           << (c.optimizer.decay_vectors ? 1 : 0) << "\nclip_norm " << number(c.optimizer.clip_norm) << "\nbeta1 " << number(c.optimizer.beta1)
            << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
            << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "
            << data.train.width << "\nclasses " << data.train.classes << "\nlabels_per_sample "

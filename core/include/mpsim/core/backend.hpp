@@ -101,6 +101,7 @@ struct OptimizerParams {
   OptimizerKind kind = OptimizerKind::sgd;
   float lr = 0.0f, momentum = 0.0f, weight_decay = 0.0f;  // momentum: SGD only
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;       // Adam and AdamW only
+  float clip_norm = 0.0f;  // > 0: the step's gradients clipped to this global norm (numerics.hpp's clip_factor)
 };
 
 struct AdamParams {
@@ -156,6 +157,9 @@ class Backend {
                                          const std::optional<TensorCoreModel>& /*promotion*/) const {
     return {};
   }
+  // Why this backend cannot run an optimiser with these settings (empty
+  // when it can); checked for every arm before a run starts.
+  virtual std::string optimizer_refusal(const OptimizerParams&) const { return {}; }
   virtual void set_threads(int threads) = 0;
   // Which binary32 GEMM the products without an accumulation model use; a
   // backend with one GEMM (the GPU's cuBLAS) ignores it.
@@ -261,7 +265,8 @@ class Backend {
   // Unless the step found inf or NaN: unscales grad by the step's scale (one
   // binary32 multiplication by 1/scale, GradScaler.unscale_), computes the
   // update (SGD: state1 is the momentum; Adam/AdamW: state1 and state2 are m
-  // and v; t counts the steps that ran) with numerics.hpp's rules, and adds
+  // and v; t counts the steps that ran) with numerics.hpp's rules, after
+  // clipping the unscaled gradient when params.clip_norm > 0, and adds
   // it to the weight, rounded to `storage` (binary32 addition when storage
   // is binary32), counting into stats the updates' histogram and the
   // swallowed updates. grad's values afterwards are unspecified.

@@ -167,6 +167,18 @@ MPSIM_HOST_DEVICE constexpr void push_history(float* ring, int length, float ama
 // step's scale (itself rounded once from binary64).
 MPSIM_HOST_DEVICE inline float unscale(float g, float inverse_scale) { return g * inverse_scale; }
 
+// Gradient clipping by global norm (torch.nn.utils.clip_grad_norm_, after
+// unscaling): the factor min(1, max_norm / (norm + 1e-6)) that multiplies
+// every unscaled gradient, norm = sqrt(sum of squares of the loss-scaled
+// gradients) / scale, all in binary64 and rounded once to binary32 (PyTorch
+// computes it in binary32: the factors differ in their last bits). 1 when
+// max_norm is not positive (no clipping) or the norm is within it.
+MPSIM_HOST_DEVICE inline float clip_factor(double scaled_sum_squares, double loss_scale, float max_norm) {
+  if (!(max_norm > 0.0f)) return 1.0f;
+  const double factor = static_cast<double>(max_norm) / (sqrt(scaled_sum_squares) / loss_scale + 1e-6);
+  return factor < 1.0 ? static_cast<float>(factor) : 1.0f;
+}
+
 // SGD as PyTorch's torch.optim.SGD: g' = g + wd*w; m = momentum*m + g' (m = g'
 // at the first step); the update added to the weight is -lr*m (-lr*g'
 // without momentum).

@@ -24,6 +24,7 @@ struct OptimizerSpec {
   // LayerNorm's gains and biases) too; false decays matrices and tables only
   // (GPT-2's and nanoGPT's convention).
   bool decay_vectors = true;
+  double clip_norm = 0.0;  // > 0: clip the unscaled gradients' global L2 norm to this (clip_grad_norm_)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adam, adamw
 };
 
@@ -41,6 +42,8 @@ struct ScheduleSpec {
   std::int64_t warmup = 0;
 };
 
+// One step's optimiser settings at learning rate lr (weight decay for every parameter).
+OptimizerParams optimizer_params(const OptimizerSpec& optimizer, float lr);
 double learning_rate(const OptimizerSpec& optimizer, const ScheduleSpec& schedule, std::int64_t step,
                      std::int64_t total_steps);
 
