@@ -255,7 +255,8 @@ class CpuBackend final : public Backend {
                        [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
   }
 
-  // Transformers: numerics_attention.hpp's rules, output by output, as the CUDA kernels run them.
+  // Transformers: numerics_attention.hpp's rules; the residual sum, softmax and
+  // the mean output by output, as the CUDA kernels run them.
   void add_impl(Tensor& x, const Tensor& y) override {
     float* out = data(x);
     const float* in = data(y);

@@ -144,8 +144,7 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
       throw SetupError(fmt::format("the {} backend cannot run this optimizer: {}; set backends = [\"cpu\"]", backend,
                                    why));
   }
-  const bool language_model = c.model.kind == ModelKind::gpt, text = data.train.labels_per_sample > 1 ||
-                                                                  c.data.dataset == "fortunes";
+  const bool language_model = c.model.kind == ModelKind::gpt, text = c.data.dataset == "fortunes";
   if (language_model != text)
     throw SetupError(language_model
                          ? "model.kind = \"gpt\" predicts the next token of a text: set data.dataset = \"fortunes\""
