@@ -27,9 +27,10 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
+# Version 3 lacks stats/logit_max: everything but `logit_max` reads it.
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000
@@ -364,6 +365,28 @@ def stats_steps(path: PathOrFile, arm: str) -> np.ndarray:
         return _arm(f, arm)["stats/step"][()]
 
 
+def logit_max(path: PathOrFile, arm: str, layer=None) -> dict:
+    """The largest finite |logit| at each stats step: {"step": steps, layer name: values} for every
+    layer that has logits (attention layers, and "loss" for the output logits), or for `layer` alone
+    (by name or index). Masked logits (-inf) do not count."""
+    with _log(path) as f:
+        g = _arm(f, arm)
+        if "logit_max" not in g["stats"]:
+            raise KeyError(f"arm {arm!r} has no stats/logit_max: the log was written with schema_version "
+                           f"{int(f.attrs['schema_version'])}; run it again with this mpsim")
+        values = g["stats/logit_max"][()]
+        names = _names(g["layer"])
+        result = {"step": g["stats/step"][()]}
+        if layer is not None:
+            li = _index(names, layer, "layer")
+            result[names[li]] = values[:, li]
+            return result
+        for li, name in enumerate(names):
+            if values.shape[0] and not np.all(np.isnan(values[:, li])):
+                result[name] = values[:, li]
+        return result
+
+
 def _stats(path: PathOrFile, arm: str, dataset: str, kind, layer, per_step: bool, per_layer: bool) -> np.ndarray:
     with _log(path) as f:
         g = _arm(f, arm)
@@ -505,5 +528,7 @@ def to_xarray(path: PathOrFile, arm: str):
         variables.update({f"eval_{name}": ("eval_step", e[name][()]) for name in e if name != "step"})
         variables["histogram"] = (("stats_step", "layer", "kind", "binade"), g["stats/histogram"][()])
         variables["counters"] = (("stats_step", "layer", "kind", "counter"), g["stats/counters"][()])
+        if "logit_max" in g["stats"]:
+            variables["logit_max"] = (("stats_step", "layer"), g["stats/logit_max"][()])
         attrs = {k: (_text(v) if isinstance(v, (str, bytes)) else v.item()) for k, v in g.attrs.items()}
         return _xr.Dataset(variables, coords=coords, attrs=attrs)

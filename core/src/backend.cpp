@@ -124,6 +124,12 @@ double Backend::sum_squares(const Tensor& x) {
   return sum_squares_impl(x);
 }
 
+float Backend::max_abs_finite(const Tensor& x) {
+  require_support(Op::max_abs_finite, "max_abs_finite");
+  require_tensor(x, "max_abs_finite", "x");
+  return max_abs_finite_impl(x);
+}
+
 namespace {
 // The element-wise ops take tensors of one size.
 bool same_size(std::initializer_list<const Tensor*> tensors) {

@@ -426,6 +426,12 @@ constexpr auto loss_fields = std::to_array<ConfigField<LossDefinition>>({
         "logged `loss` stays the plain batch mean; gradients and their logged norm are those of the weighted loss. "
         "d_logits = (softmax - onehot) x binary32(scale x weight) [/ batch]: `core::loss_gradient_factor`",
         finite_above(0)),
+    key<&LossDefinition::z_loss>(
+        "z_loss", "",
+        "PaLM's auxiliary z-loss (Chowdhery et al. 2022): adds z_loss x log(Z)^2 per row of logits, Z the "
+        "softmax's normaliser, to what the backward pass differentiates (PaLM: 1e-4), which keeps the output "
+        "logits from drifting; the logged `loss` stays the cross-entropy. 0: off",
+        finite_at_least(0)),
 });
 
 constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({

@@ -243,6 +243,11 @@ class CpuBackend final : public Backend {
     for (const double p : partial) sum += p;
     return sum;
   }
+  float max_abs_finite_impl(const Tensor& x) override {
+    std::int32_t largest = 0;  // keys are below 2^31: see amax_of
+    for (const float v : values(x)) largest = std::max(largest, static_cast<std::int32_t>(finite_amax_key(v)));
+    return std::bit_cast<float>(largest);
+  }
 
   // Every activation of the table, one loop each, instantiated from the table.
   // Branch-free loops: ReLU's sign test is a coin flip on real activations,
@@ -549,13 +554,14 @@ class CpuBackend final : public Backend {
   }
   // d_logits = (softmax - onehot) * factor, row by row (numerics_layers.hpp);
   // the rows' losses added in binary64 in row order, as the CUDA step does.
-  static LossResult softmax_rows(const Tensor& logits, const Tensor& labels, float factor, Tensor& d_logits) {
+  static LossResult softmax_rows(const Tensor& logits, const Tensor& labels, float factor, Tensor& d_logits,
+                                 float z_loss = 0.0f) {
     const std::int64_t rows = logits.rows(), cols = logits.cols();
     const float *z = data(logits), *y = data(labels);
     float* dz = data(d_logits);
     LossResult result;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const SoftmaxRow row = softmax_cross_entropy_row(z + r * cols, cols, y[r], factor, dz + r * cols);
+      const SoftmaxRow row = softmax_cross_entropy_row(z + r * cols, cols, y[r], factor, dz + r * cols, z_loss);
       result.loss_sum += static_cast<double>(row.loss);
       result.correct += row.correct;
     }
@@ -629,7 +635,8 @@ class CpuBackend final : public Backend {
   }
   void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const LossResult r =
-        softmax_rows(logits, labels, loss_gradient_factor(scaler_.scale, loss_, logits.rows()), d_logits);
+        softmax_rows(logits, labels, loss_gradient_factor(scaler_.scale, loss_, logits.rows()), d_logits,
+                     static_cast<float>(loss_.z_loss));
     current_.loss_sum += r.loss_sum;
     current_.correct += r.correct;
   }

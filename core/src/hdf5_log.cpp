@@ -35,7 +35,7 @@ namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 3;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm
+constexpr std::int32_t schema_version = 4;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;
@@ -182,7 +182,7 @@ class Hdf5Arm final : public ArmLog {
   Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info);
 
   void step(const StepRecord& record) override;
-  void stats(std::int64_t step, const LayerStats& stats) override;
+  void stats(std::int64_t step, const LayerStats& stats, std::span<const double> logit_max) override;
   void block_stats(std::int64_t step, const LayerBlockStats& stats) override;
   void eval(const EvalRecord& record) override;
   void finish(const std::string& status) override;
@@ -203,7 +203,8 @@ class Hdf5Arm final : public ArmLog {
     if (!pending()) return 0;
     return steps_.size() * sizeof(StepRecord) + stat_steps_.size() * sizeof(std::int64_t) +
            histograms_.size() * sizeof(std::uint32_t) + counters_.size() * sizeof(std::uint64_t) +
-           evals_.size() * sizeof(EvalRecord) + blocks_.buffered_bytes() + chunk_bytes_;
+           logit_max_.size() * sizeof(double) + evals_.size() * sizeof(EvalRecord) + blocks_.buffered_bytes() +
+           chunk_bytes_;
   }
   // Closes nothing: after a failed write (Hdf5Log::~Hdf5Log).
   void abandon() noexcept {
@@ -212,6 +213,7 @@ class Hdf5Arm final : public ArmLog {
     stats_ds_.step.abandon();
     stats_ds_.histogram.abandon();
     stats_ds_.counters.abandon();
+    stats_ds_.logit_max.abandon();
     for (auto& h : blocks_.datasets) h.abandon();
     group_.abandon();
   }
@@ -228,7 +230,7 @@ class Hdf5Arm final : public ArmLog {
   h5::Handle group_;
   std::array<h5::Handle, step_record_fields.size()> steps_ds_;  // in table order; [0] is the step scale
   struct {
-    h5::Handle step, histogram, counters;
+    h5::Handle step, histogram, counters, logit_max;
   } stats_ds_;
   std::array<h5::Handle, eval_record_fields.size()> eval_ds_;
   // /arms/<arm>/block_stats/, for policies with block points: step, then
@@ -248,6 +250,7 @@ class Hdf5Arm final : public ArmLog {
   std::vector<std::int64_t> stat_steps_;
   std::vector<std::uint32_t> histograms_;  // [n][layers][kinds][bins]
   std::vector<std::uint64_t> counters_;    // [n][layers][kinds][counters]
+  std::vector<double> logit_max_;          // [n][layers]
   std::vector<EvalRecord> evals_;
   int steps_since_flush_ = 0;
   bool finished_ = false;
@@ -408,6 +411,9 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     }
     h5::attach_scale(d.histogram.get(), binade.get(), 3);
     h5::attach_scale(d.counters.get(), counter.get(), 3);
+    d.logit_max = h5::create_extendible(s, "logit_max", H5T_IEEE_F64LE, {layers_}, {stats_chunk, layers_});
+    h5::attach_scale(d.logit_max.get(), d.step.get(), 0);
+    h5::attach_scale(d.logit_max.get(), layer.get(), 1);
   }
   {
     h5::Handle eval = h5::create_group(g, "eval");
@@ -456,7 +462,7 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
   }
   // Every record field is at most 8 bytes; one histogram chunk per layer, one counters chunk per 64 layers.
   chunk_bytes_ += (step_record_fields.size() + 1) * step_chunk * 8 + eval_record_fields.size() * eval_chunk * 8 +
-                 layers_ * stats_chunk * kinds * bins * 4 +
+                 layers_ * stats_chunk * kinds * bins * 4 + layers_ * stats_chunk * 8 +
                  (layers_ + 63) / 64 * stats_chunk * 64 * kinds * counters_per_kind * 8;
 }
 
@@ -467,12 +473,13 @@ void Hdf5Arm::step(const StepRecord& record) {
   if (++steps_since_flush_ >= log_.flush_interval()) log_.flush_locked();
 }
 
-void Hdf5Arm::stats(std::int64_t step, const LayerStats& stats) {
+void Hdf5Arm::stats(std::int64_t step, const LayerStats& stats, std::span<const double> logit_max) {
   auto guard = log_.lock();
-  if (stats.size() != layers_) {
+  if (stats.size() != layers_ || logit_max.size() != layers_) {
     throw std::invalid_argument("HDF5 log: arm '" + name_ + "' has " + std::to_string(layers_) +
                                 " layers, but stats for step " + std::to_string(step) + " have " +
-                                std::to_string(stats.size()));
+                                std::to_string(stats.size()) + " and logit maxima " +
+                                std::to_string(logit_max.size()));
   }
   const std::size_t old_histograms = histograms_.size(), old_counters = counters_.size();
   try {
@@ -497,6 +504,7 @@ void Hdf5Arm::stats(std::int64_t step, const LayerStats& stats) {
     counters_.resize(old_counters);
     throw;
   }
+  logit_max_.insert(logit_max_.end(), logit_max.begin(), logit_max.end());
   stat_steps_.push_back(step);
 }
 
@@ -545,6 +553,8 @@ void Hdf5Arm::append_pending() {
     h5::append_rows(d.step.get(), H5T_NATIVE_INT64, n, stat_steps_.data());
     h5::append_rows(d.histogram.get(), H5T_NATIVE_UINT32, n, histograms_.data());
     h5::append_rows(d.counters.get(), H5T_NATIVE_UINT64, n, counters_.data());
+    h5::append_rows(d.logit_max.get(), H5T_NATIVE_DOUBLE, n, logit_max_.data());
+    logit_max_.clear();
     stat_steps_.clear();
     histograms_.clear();
     counters_.clear();

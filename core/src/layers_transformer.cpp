@@ -223,6 +223,7 @@ class SelfAttention final : public Layer {
     qkv_ = operand(ctx, x, p.activations, Site::input_operand);
     Tensor scores = b.empty({shape_.score_rows(), tokens_});
     b.attention_scores(qkv_, shape_, scores);
+    ctx.note_logit_max(scores);
     ctx.round(scores, p.gemm_output, std::nullopt, Site::attention_scores);
     probs_ = b.empty(scores.shape());
     b.softmax_forward(scores, probs_);

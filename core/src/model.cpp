@@ -114,6 +114,10 @@ void StepContext::round(Tensor& t, const RoundingPoint& point, std::optional<Ten
     backend.round(t, point, 1.0f, stream(site), counted);
 }
 
+void StepContext::note_logit_max(const Tensor& logits) {
+  if (logit_max) (*logit_max).at(static_cast<std::size_t>(layer)) = backend.max_abs_finite(logits);
+}
+
 void StepContext::round_state(Tensor& state, const RoundingPoint& point, Site site) {
   if (point.is_identity()) return;
   backend.round_state(state, point, history(point, site), policy.delayed_scaling.margin, stream(site));

@@ -114,9 +114,10 @@ class Arm {
     std::vector<float> images, labels;
     LayerStats stats;
     LayerBlockStats block_stats;
+    std::vector<double> logit_max;
     const bool blocks = uses_block_formats(policy_);
     const auto log_stats = [&](std::int64_t step) {
-      log->stats(step, stats);
+      log->stats(step, stats, logit_max);
       if (blocks) log->block_stats(step, block_stats);
     };
     Progress shown{0, total, std::numeric_limits<double>::quiet_NaN(), scaler_.scale(),
@@ -127,7 +128,9 @@ class Arm {
       batcher.gather(batcher.batch_indices(epoch, batch), images, labels);
       const bool instrument = t.stats_interval > 0 && step % t.stats_interval == 0;
       if (instrument) stats.assign(layer_count, {});
+      if (instrument) logit_max.assign(layer_count, std::numeric_limits<double>::quiet_NaN());
       ctx_.stats = instrument ? &stats : nullptr;
+      ctx_.logit_max = instrument ? &logit_max : nullptr;
       if (instrument && blocks) block_stats.assign(layer_count, {});
       ctx_.block_stats = instrument && blocks ? &block_stats : nullptr;
       ctx_.step = step;
@@ -225,6 +228,8 @@ class Arm {
     auto& layers = model_.layers();
     const auto n = static_cast<std::int64_t>(labels.size());  // rows of logits: labels_per_sample per sample
     const Tensor logits = forward(images, data_.train);
+    ctx_.layer = static_cast<int>(layers.size());
+    ctx_.note_logit_max(logits);
     Tensor d_logits = backend_.empty(logits.shape());
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.
@@ -274,6 +279,7 @@ class Arm {
   std::pair<double, double> evaluate(const Dataset& test) {
     LayerStats* const counted = std::exchange(ctx_.stats, nullptr);
     LayerBlockStats* const block_counted = std::exchange(ctx_.block_stats, nullptr);
+    std::vector<double>* const maxima = std::exchange(ctx_.logit_max, nullptr);
     ctx_.training = false;
     refresh_working_copies();
     Batcher batcher(test, setup_.train.eval_batch, 0, false);
@@ -294,6 +300,7 @@ class Arm {
     }
     ctx_.stats = counted;
     ctx_.block_stats = block_counted;
+    ctx_.logit_max = maxima;
     ctx_.training = true;
     const double count = static_cast<double>(std::max<std::int64_t>(1, test.label_count()));
     return {loss_sum / count, static_cast<double>(correct) / count};

@@ -21,6 +21,7 @@
 // value is the one the CPU backend holds: the codec and the widening are
 // exact, and the rounding happened once, in the rounding kernel.
 #include <algorithm>
+#include <bit>
 #include <array>
 #include <climits>
 #include <cmath>
@@ -540,6 +541,16 @@ class CudaBackend final : public core::Backend {
         cudaMemcpyAsync(host_double_.data(), sum.value, sizeof(double), cudaMemcpyDeviceToHost, stream()));
     synchronize();  // waits: the interface returns the sum now
     return *host_double_.data();
+  }
+  float max_abs_finite_impl(const Tensor& x) override {
+    const auto scratch = pool_->get(sizeof(std::uint32_t), pool_);
+    auto* key = static_cast<std::uint32_t*>(scratch.get());
+    const Input values = in(x);
+    kernels::max_abs_finite(values, x.numel(), key, stream());
+    std::uint32_t host_key = 0;
+    MPSIM_CUDA_CHECK(cudaMemcpyAsync(&host_key, key, sizeof host_key, cudaMemcpyDeviceToHost, stream()));
+    synchronize();  // waits: the interface returns the maximum now
+    return std::bit_cast<float>(host_key);
   }
 
   // --- Activations and LayerNorm -----------------------------------------------------------------------------------

@@ -84,6 +84,8 @@ void column_sums(const float* x, std::int64_t rows, std::int64_t cols, float* su
 // given n: deterministic. partial holds sum_squares_blocks doubles.
 inline constexpr unsigned sum_squares_blocks = 512;
 void sum_squares(const float* x, std::int64_t n, double* partial, double* result, cudaStream_t stream);
+// *result = the bits of the largest finite |x[i]| (0 when none).
+void max_abs_finite(const float* x, std::int64_t n, std::uint32_t* result, cudaStream_t stream);
 
 // --- Layout ---------------------------------------------------------------------
 // core::ConvGeometry with its output size worked out (this header stays free

@@ -59,6 +59,14 @@ __global__ void sum_partials(const double* partial, unsigned count, double* resu
   *result = sum;
 }
 
+// The largest finite |x| as its key (numerics.hpp's finite_amax_key): an
+// integer max, so the order of the atomics cannot change the result.
+__global__ void max_abs_finite_kernel(const float* x, std::int64_t n, std::uint32_t* result) {
+  std::uint32_t largest = 0;
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) largest = max(largest, core::finite_amax_key(x[i]));
+  if (largest != 0) atomicMax(reinterpret_cast<unsigned int*>(result), largest);
+}
+
 }  // namespace
 
 std::int64_t column_sums_scratch(std::int64_t rows, std::int64_t cols) {
@@ -90,6 +98,13 @@ void sum_squares(const float* x, std::int64_t n, double* partial, double* result
   sum_squares_blocks_kernel<<<grid, threads, 0, stream>>>(x, n, partial);
   MPSIM_CUDA_CHECK_LAUNCH();
   sum_partials<<<1, 32, 0, stream>>>(partial, grid, result);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void max_abs_finite(const float* x, std::int64_t n, std::uint32_t* result, cudaStream_t stream) {
+  MPSIM_CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(std::uint32_t), stream));
+  if (n <= 0) return;
+  max_abs_finite_kernel<<<std::min(sum_squares_blocks, blocks(n)), threads, 0, stream>>>(x, n, result);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,8 @@
 // silent misread or fallback.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -140,4 +142,18 @@ TEST_CASE("an unsupported op is reported, never run or replaced", "[backend]") {
                     Contains("backend \"cpu\" does not support gelu (called as activation_forward)"));
   CHECK(backend.gelu_calls == 0);
   CHECK_NOTHROW(backend.activation_forward(Activation::relu, x, y));
+}
+
+TEST_CASE("max_abs_finite: the largest finite magnitude, infinities and NaN ignored", "[backend]") {
+  auto b = make_cpu_backend();
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const float largest = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
+  const auto max_of = [&](std::vector<float> v) {
+    return b->max_abs_finite(b->from_host(v, {static_cast<std::int64_t>(v.size())}));
+  };
+  CHECK(max_of({-inf, 1.5f, -2.25f, nan, inf}) == 2.25f);  // a masked row: -inf does not count
+  CHECK(max_of({-largest, 3.0f}) == largest);
+  CHECK(max_of({tiny, -0.0f}) == tiny);
+  CHECK(max_of({-inf, -inf, nan}) == 0.0f);  // nothing finite
+  CHECK(std::signbit(max_of({-0.0f})) == false);
 }

@@ -35,7 +35,7 @@ struct MemoryLog final : ArmLog {
   std::vector<EvalRecord> evals;
   std::string status;
   void step(const StepRecord& r) override { steps.push_back(r); }
-  void stats(std::int64_t, const LayerStats&) override {}
+  void stats(std::int64_t, const LayerStats&, std::span<const double>) override {}
   void block_stats(std::int64_t step, const LayerBlockStats& s) override { blocks.emplace_back(step, s); }
   void eval(const EvalRecord& r) override { evals.push_back(r); }
   void finish(const std::string& s) override { status = s; }

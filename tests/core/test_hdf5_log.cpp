@@ -323,6 +323,14 @@ ArmInfo arm_info(int arm) {
   return info;
 }
 
+// The logit maxima of a stats step: NaN for layer 0 (a layer without
+// logits), distinct values for the others.
+std::vector<double> logit_maxima(int arm, std::int64_t step, std::size_t layers) {
+  std::vector<double> v(layers, std::numeric_limits<double>::quiet_NaN());
+  for (std::size_t l = 1; l < layers; ++l) v[l] = 1000.0 * arm + static_cast<double>(step) + 0.25 * static_cast<double>(l);
+  return v;
+}
+
 // Which records a check expects.
 struct Expected {
   std::vector<std::int64_t> steps, stat_steps, eval_steps;
@@ -500,6 +508,17 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   CHECK(attached(group, "stats/counters", "counter", 3));
   CHECK(check_compressed(group, "stats/histogram") == std::vector<hsize_t>{16, 1, 6, 280});
   CHECK(check_compressed(group, "stats/counters") == std::vector<hsize_t>{16, layers, 6, 10});
+  const auto maxima = read<double>(group, "stats/logit_max", H5T_NATIVE_DOUBLE, {m, layers});
+  for (hsize_t i = 0; i < m; ++i) {
+    const std::vector<double> want = logit_maxima(arm, expected.stat_steps[i], layers);
+    for (std::size_t l = 0; l < layers; ++l) {
+      INFO("logit_max step " << expected.stat_steps[i] << " layer " << l);
+      if (std::isnan(want[l])) CHECK(std::isnan(maxima[i * layers + l]));
+      else CHECK(maxima[i * layers + l] == want[l]);
+    }
+  }
+  CHECK(attached(group, "stats/logit_max", "stats/step", 0));
+  CHECK(attached(group, "stats/logit_max", "layer", 1));
 
   // Evaluations.
   const hsize_t e = expected.eval_steps.size();
@@ -534,7 +553,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 3);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 4);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval
@@ -543,7 +562,7 @@ void write_steps(ArmLog& log, int arm, std::int64_t first, std::int64_t last, Ex
   const std::size_t layers = arm_info(arm).layers.size();
   for (std::int64_t s = first; s < last; ++s) {
     if (s % 5 == 0) {
-      log.stats(s, layer_stats(arm, s, layers));
+      log.stats(s, layer_stats(arm, s, layers), logit_maxima(arm, s, layers));
       expected.stat_steps.push_back(s);
     }
     if (s % 10 == 9) {
@@ -695,10 +714,11 @@ TEST_CASE("hdf5 log: rejects bad arguments and counts", "[hdf5]") {
   ArmInfo slash = arm_info(1);
   slash.name = "a/b";
   CHECK_THROWS_AS(log->add_arm(slash), std::invalid_argument);
-  CHECK_THROWS_AS(arm.stats(0, layer_stats(0, 0, 2)), std::invalid_argument);  // 2 layers, not 3
+  CHECK_THROWS_AS(arm.stats(0, layer_stats(0, 0, 2), logit_maxima(0, 0, 2)), std::invalid_argument);  // 2 layers, not 3
+  CHECK_THROWS_AS(arm.stats(0, layer_stats(0, 0, 3), logit_maxima(0, 0, 2)), std::invalid_argument);
   LayerStats too_many = layer_stats(0, 0, 3);
   too_many[1][2].histogram[100] = std::uint64_t{1} << 32;
-  CHECK_THROWS_AS(arm.stats(0, too_many), std::overflow_error);
+  CHECK_THROWS_AS(arm.stats(0, too_many, logit_maxima(0, 0, 3)), std::overflow_error);
   // The log stays usable, without the rejected records.
   Expected expected;
   write_steps(arm, 0, 0, 6, expected);

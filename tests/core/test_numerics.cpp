@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <random>
@@ -348,6 +349,58 @@ TEST_CASE("LayerNorm: row statistics, output and input gradient against binary64
         const double xhat_shift = u32 * std::fabs(mean) * rstd;
         CHECK(std::fabs(got - closed) <= rstd * (12.0 * u32 + 4.0 * cols * u64) * size + u32 * std::fabs(closed) +
                                              rstd * xhat_shift * (std::fabs(m_dxhat_xhat) + m_abs_dxhat));
+      }
+    }
+  }
+}
+
+TEST_CASE("z-loss: the row's gradient is the binary64 gradient of CE + c log(Z)^2; c = 0 changes no bit",
+          "[numerics][layers]") {
+  std::mt19937_64 rng(6);
+  for (const double c : {1e-4, 0.01, 0.5}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const int cols = 2 + trial % 30;
+      std::normal_distribution<double> normal(trial % 5 == 0 ? 20.0 : 0.0, trial % 2 == 0 ? 1.0 : 6.0);
+      std::vector<float> z(cols), d(cols), d0(cols), plain(cols);
+      for (float& v : z) v = static_cast<float>(normal(rng));
+      const int label = static_cast<int>(rng() % static_cast<std::uint64_t>(cols));
+      const float factor = trial % 3 == 0 ? 1.0f / 64.0f : 1.0f;
+      const SoftmaxRow row = softmax_cross_entropy_row(z.data(), cols, static_cast<float>(label), factor, d.data(),
+                                                       static_cast<float>(c));
+      const SoftmaxRow row0 = softmax_cross_entropy_row(z.data(), cols, static_cast<float>(label), factor, d0.data());
+      softmax_cross_entropy_row(z.data(), cols, static_cast<float>(label), factor, plain.data(), 0.0f);
+      CHECK(row.loss == row0.loss);  // the logged loss is the cross-entropy alone
+      CHECK(std::memcmp(d0.data(), plain.data(), sizeof(float) * static_cast<std::size_t>(cols)) == 0);
+      // binary64: log Z and the analytic gradient (softmax (1 + 2 c log Z) - onehot) * factor, checked
+      // itself against central differences of CE + c log(Z)^2 below.
+      const auto objective = [&](const std::vector<double>& x) {
+        const double m = *std::max_element(x.begin(), x.end());
+        double sum = 0.0;
+        for (const double v : x) sum += std::exp(v - m);
+        const double log_z = m + std::log(sum);
+        return log_z - x[label] + c * log_z * log_z;
+      };
+      std::vector<double> x(z.begin(), z.end());
+      const double m = *std::max_element(x.begin(), x.end());
+      double sum = 0.0;
+      for (const double v : x) sum += std::exp(v - m);
+      const double log_z = m + std::log(sum);
+      INFO("c " << c << " cols " << cols << " trial " << trial);
+      for (int j = 0; j < cols; ++j) {
+        const double p = std::exp(x[j] - log_z);
+        const double want = (p * (1.0 + 2.0 * c * log_z) - (j == label ? 1.0 : 0.0)) * factor;
+        const double h = 1e-5 * std::max(1.0, std::fabs(x[j]));
+        std::vector<double> up = x, down = x;
+        up[j] += h;
+        down[j] -= h;
+        const double fd = (objective(up) - objective(down)) / (2.0 * h) * factor;
+        CHECK(std::fabs(fd - want) <= 1e-6 * factor * (1.0 + std::fabs(log_z)) * (1.0 + 2.0 * c * std::fabs(log_z)));
+        // binary32: softmax within the bound of the case above (a few u times |log Z| relative), the
+        // factor 1 + 2 c log Z within 3u relative plus 2u of its log Z.
+        const double tolerance = factor * p * (1.0 + 2.0 * c * std::fabs(log_z)) *
+                                     ((std::fabs(x[j] - m) + 4.0 * std::fabs(log_z) + cols + 12.0) * 2.0 * u32) +
+                                 2.0 * u32 * std::fabs(want) + 1e-45;
+        CHECK(std::fabs(d[j] - want) <= tolerance);
       }
     }
   }

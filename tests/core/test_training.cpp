@@ -28,10 +28,14 @@ namespace {
 struct MemoryLog final : ArmLog {
   std::vector<StepRecord> steps;
   std::vector<std::pair<std::int64_t, LayerStats>> recorded;
+  std::vector<std::vector<double>> logit_max;
   std::vector<EvalRecord> evals;
   std::string status;
   void step(const StepRecord& r) override { steps.push_back(r); }
-  void stats(std::int64_t step, const LayerStats& s) override { recorded.emplace_back(step, s); }
+  void stats(std::int64_t step, const LayerStats& s, std::span<const double> maxima) override {
+    recorded.emplace_back(step, s);
+    logit_max.emplace_back(maxima.begin(), maxima.end());
+  }
   void eval(const EvalRecord& r) override { evals.push_back(r); }
   void finish(const std::string& s) override { status = s; }
 
@@ -612,4 +616,80 @@ TEST_CASE("learning-rate warm-up: linear to lr, then the schedule over the remai
   CHECK(learning_rate(o, s, 9, 14) == Approx(0.4 * (1.0 + std::cos(std::numbers::pi * 5.0 / 9.0))));
   s.warmup = 0;  // none: the cosine from step 0, as before
   CHECK(learning_rate(o, s, 0, 14) == 0.8);
+}
+
+namespace {
+
+// Every max_abs_finite call the trainer makes, with the value a plain host
+// loop in binary64 gives for the same tensor.
+class MaximaBackend final : public test::ForwardingBackend {
+ public:
+  MaximaBackend() : ForwardingBackend(make_cpu_backend()) {}
+  std::vector<std::pair<float, double>> calls;  // (backend's, host's)
+  float max_abs_finite_impl(const Tensor& x) override {
+    std::vector<float> v(static_cast<std::size_t>(x.numel()));
+    inner().to_host(x, v);
+    double host = 0.0;
+    for (const float f : v)
+      if (std::isfinite(f)) host = std::max(host, std::fabs(static_cast<double>(f)));
+    calls.emplace_back(ForwardingBackend::max_abs_finite_impl(x), host);
+    return calls.back().first;
+  }
+};
+
+// Windows of 8 tokens over a repeating text of 5 symbols, each position
+// labelled with the next token: a causal language-modelling task.
+TrainTest tiny_text() {
+  TrainTest t;
+  for (Dataset* d : {&t.train, &t.test}) {
+    d->count = d == &t.train ? 64 : 16;
+    d->height = 1;
+    d->width = 8;
+    d->classes = 5;
+    d->labels_per_sample = 8;
+    for (std::int64_t s = 0; s < d->count; ++s)
+      for (std::int64_t i = 0; i < 8; ++i) {
+        d->images.push_back(static_cast<float>((s * 3 + i) % 5));
+        d->labels.push_back(static_cast<std::int32_t>((s * 3 + i + 1) % 5));
+      }
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("logit maxima: each attention layer's and the output's, at the steps that keep statistics",
+          "[training][transformer]") {
+  const Policy policy = *preset_policy("fp32");
+  ArmSetup s = small_setup(policy);
+  s.model.kind = ModelKind::gpt;
+  s.model.depth = 2;
+  s.model.width = 8;
+  s.model.heads = 2;
+  s.model.mlp_width = 16;
+  s.train.batch_size = 8;
+  s.train.max_steps = 6;
+  s.train.stats_interval = 3;
+  s.optimizer.kind = OptimizerKind::adamw;
+  s.optimizer.lr = 0.01;
+  MaximaBackend backend;
+  MemoryLog log;
+  train_arm(backend, s, tiny_text(), &log);
+  const std::vector<std::string> names = Model::stat_names(s.model, InputShape{1, 1, 8, 5});
+  REQUIRE(log.logit_max.size() == 2);  // steps 0 and 3
+  REQUIRE(backend.calls.size() == 2 * 3);  // two attention layers and the output, per logging step
+  for (const auto& [mine, host] : backend.calls) {
+    CHECK(mine > 0.0f);
+    CHECK(static_cast<double>(mine) == host);
+  }
+  std::size_t call = 0;
+  for (const auto& maxima : log.logit_max) {
+    REQUIRE(maxima.size() == names.size());
+    for (std::size_t l = 0; l < names.size(); ++l) {
+      INFO(names[l]);
+      const bool has_logits = names[l].ends_with(".attn") || names[l] == "loss";
+      if (has_logits) CHECK(maxima[l] == static_cast<double>(backend.calls[call++].first));
+      else CHECK(std::isnan(maxima[l]));
+    }
+  }
 }

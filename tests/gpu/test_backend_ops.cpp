@@ -849,6 +849,8 @@ TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, so
     b.cpu->attention_scores(qkv.cpu, s, scores.cpu);
     b.gpu->attention_scores(qkv.gpu, s, scores.gpu);
     check_same("attention scores", b, scores);
+    // The logged logit maximum: an integer max, the same on both (masked -inf ignored).
+    CHECK(b.gpu->max_abs_finite(scores.gpu) == b.cpu->max_abs_finite(scores.cpu));
     b.cpu->softmax_forward(scores.cpu, probs.cpu);
     b.gpu->softmax_forward(scores.gpu, probs.gpu);
     // p = e / S: the exponentials differ by at most 3 ulps (CUDA's expf 2, glibc's 1), so the binary64 sums

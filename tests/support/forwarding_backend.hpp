@@ -41,6 +41,7 @@ class ForwardingBackend : public core::Backend {
   void column_sums_impl(const core::Tensor& x, core::Tensor& sums) override { inner_->column_sums(x, sums); }
   void scale_impl(core::Tensor& x, float factor) override { inner_->scale(x, factor); }
   double sum_squares_impl(const core::Tensor& x) override { return inner_->sum_squares(x); }
+  float max_abs_finite_impl(const core::Tensor& x) override { return inner_->max_abs_finite(x); }
   void activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
     inner_->activation_forward(kind, x, y);
   }

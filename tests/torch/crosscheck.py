@@ -261,7 +261,10 @@ def forward_backward(model, d, s):
     inputs = torch.from_numpy(images)
     logits = model(inputs if d.get("model") == "gpt" else inputs.to(dtype))
     loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
-    loss.backward()
+    # PaLM's z-loss, differentiated but not logged (mpsim's loss.z_loss).
+    z_loss = float(d.config.get("z_loss", ["0"])[0])
+    objective = loss + z_loss * (torch.logsumexp(logits, dim=-1) ** 2).mean() if z_loss else loss
+    objective.backward()
     return float(loss), {n: p.grad.detach().numpy().astype(np.float64) for n, p in model.named_parameters()}
 
 

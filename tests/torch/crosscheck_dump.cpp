@@ -9,6 +9,7 @@
 //
 //   case NAME | model mlp|cnn|vit|gpt | activation relu|gelu | layer_norm 0|1
 //   hidden W... | optimizer sgd|adam|adamw | lr X | momentum X | weight_decay X | decay_vectors 0|1 | clip_norm X
+//   z_loss X
 //   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
 //   labels_per_sample L | patch P | depth D | width W | heads H | mlp_width M
 //   param NAME FILE D0 D1 ...            (initial weights, in model order)
@@ -51,6 +52,7 @@ struct Case {
   const char* name;
   ModelSpec model;
   OptimizerSpec optimizer;
+  double z_loss = 0.0;  // [loss] z_loss
 };
 
 std::map<std::string, Case> cases() {
@@ -95,6 +97,8 @@ std::map<std::string, Case> cases() {
     c.optimizer.weight_decay = kind == ModelKind::gpt ? 0.1 : 0.01;
     c.optimizer.decay_vectors = kind == ModelKind::vit;  // the GPT decays matrices and tables only
     c.optimizer.clip_norm = kind == ModelKind::gpt ? 0.5 : 0.0;  // below the GPT's gradient norms: it clips
+    // PaLM's z-loss, 100x PaLM's weight so that leaving it out fails the check.
+    c.z_loss = kind == ModelKind::gpt ? 0.01 : 0.0;
     all.emplace(c.name, c);
   }
   {
@@ -169,6 +173,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   setup.policy = &policy;
   setup.model = c.model;
   setup.optimizer = c.optimizer;
+  setup.train.loss.z_loss = c.z_loss;
   setup.seed = seed;
   setup.train.epochs = 1;
   setup.train.max_steps = steps;
@@ -185,7 +190,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << (c.model.layer_norm ? 1 : 0) << "\nhidden" << shape_text(c.model.hidden) << "\noptimizer "
            << to_string(c.optimizer.kind) << "\nlr " << number(c.optimizer.lr) << "\nmomentum " << number(c.optimizer.momentum)
            << "\nweight_decay " << number(c.optimizer.weight_decay) << "\ndecay_vectors "
-           << (c.optimizer.decay_vectors ? 1 : 0) << "\nclip_norm " << number(c.optimizer.clip_norm) << "\nbeta1 " << number(c.optimizer.beta1)
+           << (c.optimizer.decay_vectors ? 1 : 0) << "\nclip_norm " << number(c.optimizer.clip_norm) << "\nz_loss " << number(c.z_loss) << "\nbeta1 " << number(c.optimizer.beta1)
            << "\nbeta2 " << number(c.optimizer.beta2) << "\neps " << number(c.optimizer.eps) << "\nbatch " << batch
            << "\nsteps " << steps << "\ninput " << data.train.channels << " " << data.train.height << " "
            << data.train.width << "\nclasses " << data.train.classes << "\nlabels_per_sample "

@@ -115,13 +115,13 @@ struct AdamParams {
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean, embedding
+  add, attention, softmax, sequence_mean, embedding, max_abs_finite
 };
-inline constexpr EnumNames<Op, 21> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 22> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
-                                             "sequence_mean", "embedding"}};
+                                             "sequence_mean", "embedding", "max_abs_finite"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -188,6 +188,9 @@ class Backend {
   void column_sums(const Tensor& x, Tensor& sums);    // sums[j] = sum_i x[i, j]
   void scale(Tensor& x, float factor);                // x *= factor
   double sum_squares(const Tensor& x);                // in binary64; inf/NaN propagate
+  // The largest finite |x| (0 when there is none; infinities, such as a
+  // mask's -inf, and NaN ignored): the logit maxima the log keeps. Waits.
+  float max_abs_finite(const Tensor& x);
 
   // An element-wise activation of the table (numerics_layers.hpp: ReLU, GELU
   // with the exact erf form, ...): y = f(x) and dx = f'(x) dy.
@@ -293,6 +296,7 @@ class Backend {
   virtual void column_sums_impl(const Tensor& x, Tensor& sums) = 0;
   virtual void scale_impl(Tensor& x, float factor) = 0;
   virtual double sum_squares_impl(const Tensor& x) = 0;
+  virtual float max_abs_finite_impl(const Tensor& x) = 0;
   virtual void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,

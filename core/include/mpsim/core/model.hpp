@@ -83,6 +83,11 @@ class StepContext {
   // step), and the first layer that ignores the block points
   // (Policy::high_precision_last; the trainer sets it).
   LayerBlockStats* block_stats = nullptr;
+  // The largest finite |logit| per layer (NaN where a layer has none), at
+  // the steps that keep statistics (null at the others): the attention
+  // logits' maxima and, in the "loss" row, the output logits' (Wortsman et
+  // al. 2023 follow both to see a run diverge).
+  std::vector<double>* logit_max = nullptr;
   int block_points_end = std::numeric_limits<int>::max();
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
@@ -92,6 +97,9 @@ class StepContext {
   // Rounds optimiser state at `point` after the step's optimiser step, which
   // a skipped step leaves as it was (Backend::round_state).
   void round_state(Tensor& state, const RoundingPoint& point, Site site);
+  // Keeps max |logits| (finite values) as the current layer's logit maximum
+  // when this step logs them.
+  void note_logit_max(const Tensor& logits);
   // A stochastic stream unique to (seed, layer, site, step): the one place a
   // tensor's identity becomes its random draws.
   StochasticStream stream(Site site) const { return stream(site, step); }

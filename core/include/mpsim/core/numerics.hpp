@@ -119,6 +119,9 @@ enum class LossReduction : std::uint8_t { mean, sum };
 struct LossDefinition {
   LossReduction reduction = LossReduction::mean;
   double weight = 1.0;
+  // > 0: PaLM's auxiliary z-loss, z_loss x log(Z)^2 per row, in the gradient
+  // only (numerics_layers.hpp's softmax_cross_entropy_row).
+  double z_loss = 0.0;
   friend bool operator==(const LossDefinition&, const LossDefinition&) = default;
 };
 
@@ -283,6 +286,13 @@ MPSIM_HOST_DEVICE constexpr int subnormal_binade(std::uint32_t magnitude) {
 MPSIM_HOST_DEVICE constexpr std::uint32_t amax_key(float x) {
   const std::uint32_t magnitude = magnitude_bits(x);
   return is_nan_magnitude(magnitude) ? 0u : magnitude;
+}
+// The same over finite values only (infinities and NaN map to 0): the
+// largest logit a layer computed, where a mask writes -inf
+// (Backend::max_abs_finite).
+MPSIM_HOST_DEVICE constexpr std::uint32_t finite_amax_key(float x) {
+  const std::uint32_t magnitude = magnitude_bits(x);
+  return magnitude < 0x7f800000u ? magnitude : 0u;
 }
 
 }  // namespace mpsim::core

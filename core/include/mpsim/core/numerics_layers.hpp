@@ -147,12 +147,17 @@ MPSIM_HOST_DEVICE inline float layer_norm_input_grad(float dy, float gamma, floa
 // log-sum-exp; d[j] = (softmax_j - [j == label]) * factor; correct when the
 // first largest logit is the label's. The label is a class index stored as
 // binary32; anything outside [0, cols) gives a NaN loss and no one-hot term.
+// z_loss = c > 0 adds c log(Z)^2 to what the gradient differentiates
+// (Chowdhery et al. 2022, PaLM, section 5: it keeps log Z, the log of the
+// softmax's normaliser, near 0): log Z = max + log_sum in binary32, and
+// d[j] = (softmax_j (1 + 2 c log Z) - [j == label]) * factor. The returned
+// loss stays the cross-entropy alone; c = 0 changes no bit.
 struct SoftmaxRow {
   float loss;
   bool correct;
 };
 MPSIM_HOST_DEVICE inline SoftmaxRow softmax_cross_entropy_row(const float* row, std::int64_t cols, float label_value,
-                                                              float factor, float* d) {
+                                                              float factor, float* d, float z_loss = 0.0f) {
   const bool valid = label_value >= 0.0f && label_value < static_cast<float>(cols);
   const std::int64_t label = valid ? static_cast<std::int64_t>(label_value) : -1;
   std::int64_t argmax = 0;
@@ -162,9 +167,10 @@ MPSIM_HOST_DEVICE inline SoftmaxRow softmax_cross_entropy_row(const float* row, 
   float sum = 0.0f;
   for (std::int64_t j = 0; j < cols; ++j) sum += expf(row[j] - max);
   const float log_sum = logf(sum);
+  const float z_factor = z_loss != 0.0f ? 1.0f + 2.0f * z_loss * (max + log_sum) : 1.0f;
   for (std::int64_t j = 0; j < cols; ++j) {
     const float p = expf(row[j] - max - log_sum);
-    d[j] = (p - (j == label ? 1.0f : 0.0f)) * factor;
+    d[j] = (z_loss != 0.0f ? p * z_factor - (j == label ? 1.0f : 0.0f) : p - (j == label ? 1.0f : 0.0f)) * factor;
   }
   const float nan = std::bit_cast<float>(0x7fc00000u);
   return {valid ? log_sum - (row[label] - max) : nan, valid && argmax == label};

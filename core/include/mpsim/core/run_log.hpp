@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -167,7 +168,9 @@ class ArmLog {
  public:
   virtual ~ArmLog() = default;
   virtual void step(const StepRecord& record) = 0;
-  virtual void stats(std::int64_t step, const LayerStats& stats) = 0;
+  // A logging step's statistics, and its logit maxima per layer (NaN where
+  // a layer has no logits: StepContext::logit_max).
+  virtual void stats(std::int64_t step, const LayerStats& stats, std::span<const double> logit_max) = 0;
   // Arms whose policy uses block formats (uses_block_formats), at the same steps.
   virtual void block_stats(std::int64_t /*step*/, const LayerBlockStats& /*stats*/) {}
   virtual void eval(const EvalRecord& record) = 0;
