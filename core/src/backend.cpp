@@ -294,6 +294,34 @@ void Backend::require_attention(const AttentionShape& s, std::string_view call,
   check(output_sized, s.rows(), s.width(), "the output");
 }
 
+void Backend::qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& shape,
+                              float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+  const std::string_view call = "qk_norm_forward";
+  require_attention(shape, call, {{&qkv, "qkv"}, {&y, "y"}}, {}, {});
+  for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&beta, "beta"}, {&mean, "mean"}, {&rstd, "rstd"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == 2 * shape.head_dim && beta.numel() == 2 * shape.head_dim, call,
+                "gamma and beta need 2 x head_dim values");
+  require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
+                "mean and rstd need one value per row, part (q, k) and head");
+  qk_norm_forward_impl(qkv, gamma, beta, shape, eps, y, mean, rstd);
+}
+void Backend::qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                               const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
+                               Tensor& dbeta) {
+  const std::string_view call = "qk_norm_backward";
+  require_attention(shape, call, {{&qkv, "qkv"}, {&dy, "dy"}, {&dx, "dx"}}, {}, {});
+  for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dgamma, "dgamma"},
+                             {&dbeta, "dbeta"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == 2 * shape.head_dim && dgamma.numel() == gamma.numel() &&
+                    dbeta.numel() == gamma.numel(),
+                call, "gamma, dgamma and dbeta need 2 x head_dim values");
+  require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
+                "mean and rstd need one value per row, part (q, k) and head");
+  qk_norm_backward_impl(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta);
+}
+
 void Backend::attention_scores(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) {
   require_attention(shape, "attention_scores", {{&qkv, "qkv"}}, {{&scores, "scores"}}, {});
   attention_scores_impl(qkv, shape, scores);

@@ -393,6 +393,9 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::width>("width", "", "vit, gpt: model width; a multiple of heads", at_least(1)),
     key<&ModelSpec::heads>("heads", "", "vit, gpt: attention heads of width / heads each", at_least(1)),
     key<&ModelSpec::mlp_width>("mlp_width", "units", "vit, gpt: hidden width of each block's MLP", at_least(1)),
+    key<&ModelSpec::qk_norm>("qk_norm", "",
+                             "vit, gpt: QK-LayerNorm, a LayerNorm on each head's queries and keys before the logits "
+                             "(Dehghani et al. 2023; Wortsman et al. 2023), which bounds the attention logits"),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
     key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),

@@ -382,6 +382,39 @@ class CpuBackend final : public Backend {
         }
       }
   }
+  // QK-LayerNorm: numerics_attention.hpp's segment rules, rows in order; the
+  // parameter gradients per index, as the CUDA kernel's threads sum them.
+  void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
+                            float eps, Tensor& y, Tensor& mean, Tensor& rstd) override {
+    const float *x = data(qkv), *g = data(gamma), *b = data(beta);
+    float *out = data(y), *mu = data(mean), *rs = data(rstd);
+    const std::int64_t segments = qk_norm_segments(s), width = s.width();
+    for (std::int64_t r = 0; r < s.rows(); ++r) {
+      for (std::int64_t seg = 0; seg < segments; ++seg) {
+        const LayerNormStatistics st = qk_norm_segment(x, g, b, s, eps, r, seg, out);
+        mu[r * segments + seg] = st.mean;
+        rs[r * segments + seg] = st.rstd;
+      }
+      std::copy_n(x + r * 3 * width + 2 * width, width, out + r * 3 * width + 2 * width);  // v
+    }
+  }
+  void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
+                             Tensor& dbeta) override {
+    const float *x = data(qkv), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
+    float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
+    const std::int64_t segments = qk_norm_segments(s), width = s.width();
+    for (std::int64_t r = 0; r < s.rows(); ++r) {
+      for (std::int64_t seg = 0; seg < segments; ++seg)
+        qk_norm_segment_grad(x, g, gy, s, mu[r * segments + seg], rs[r * segments + seg], r, seg, gx);
+      std::copy_n(gy + r * 3 * width + 2 * width, width, gx + r * 3 * width + 2 * width);
+    }
+    for (std::int64_t i = 0; i < 2 * s.head_dim; ++i) {
+      const QkNormParameterGrads p = qk_norm_parameter_grad(x, mu, rs, gy, s, i);
+      gg[i] = p.dgamma;
+      gb[i] = p.dbeta;
+    }
+  }
   void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
     const std::int64_t cols = x.cols();
     for (std::int64_t r = 0; r < x.rows(); ++r) softmax_row(data(x) + r * cols, cols, data(probs) + r * cols);

@@ -902,7 +902,7 @@ std::vector<std::array<std::string, 3>> attribute_rows(const std::array<Attribut
 std::string root_attributes_markdown() {
   auto rows = attribute_rows(experiment_attribute_fields);
   rows.push_back({"`schema_version`", "int32",
-                  "`" + std::to_string(schema_version) + "`: this page (version 2 lacked `cpu` and the arms' `threads` "
+                  "`" + std::to_string(schema_version) + "`: this page (version 3 lacked `stats/logit_max`; version 2 also `cpu` and the arms' `threads` "
                   "and `gemm`; version 1 also `/arms/<arm>/policy/`)"});
   return markdown_table<3>({"attribute", "type", "meaning"}, rows);
 }

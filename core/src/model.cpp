@@ -151,6 +151,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(std::move(attention.branch));
         layers.push_back(make_layer_norm(b + "ln1", d));
         layers.push_back(make_linear(b + "qkv", d, 3 * d));
+        if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
         layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal));
         layers.push_back(make_linear(b + "proj", d, d));
         layers.push_back(std::move(attention.add));

@@ -585,6 +585,17 @@ class CudaBackend final : public core::Backend {
     const Input d = in(dscores), q = in(qkv);
     kernels::attention_scores_backward(d, q, s, inout(dqkv), stream());
   }
+  void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
+                            float eps, Tensor& y, Tensor& mean, Tensor& rstd) override {
+    const Input x = in(qkv), g = in(gamma), b = in(beta);
+    kernels::qk_norm_forward(x, g, b, s, eps, out(y), out(mean), out(rstd), stream());
+  }
+  void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                             const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
+                             Tensor& dbeta) override {
+    const Input x = in(qkv), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
+    kernels::qk_norm_backward(x, g, mu, rs, gy, s, out(dx), out(dgamma), out(dbeta), stream());
+  }
   void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
     const Input v = in(x);
     kernels::softmax_forward(v, x.rows(), x.cols(), out(probs), stream());

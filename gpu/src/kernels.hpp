@@ -61,6 +61,10 @@ void attention_values_backward(const float* probs, const float* qkv, const float
                                float* dprobs, float* dqkv, cudaStream_t stream);
 void attention_scores_backward(const float* dscores, const float* qkv, const core::AttentionShape& s, float* dqkv,
                                cudaStream_t stream);
+void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
+                     float eps, float* y, float* mean, float* rstd, cudaStream_t stream);
+void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
+                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta, cudaStream_t stream);
 void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs, cudaStream_t stream);
 void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows, std::int64_t cols, float* dx,
                       cudaStream_t stream);

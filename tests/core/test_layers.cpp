@@ -1272,4 +1272,11 @@ TEST_CASE("GPT: backward gradients match finite differences of the binary32 loss
   check_model_gradients(small_transformer(ModelKind::gpt), InputShape{1, 1, 6, 5}, 3, 1e-2f, 2027, 30, true);
 }
 
+TEST_CASE("GPT with QK-LayerNorm: backward gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.qk_norm = true;
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2028, 30, true);
+}
+
 }  // namespace

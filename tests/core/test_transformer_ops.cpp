@@ -178,3 +178,56 @@ TEST_CASE("CPU embedding and sequence-mean ops equal their per-output functions 
           sequence_mean_grad(want_mean[static_cast<std::size_t>((t / 8) * width + c)], 8);
   check_bits("sequence mean backward", want_dx, host(*cpu, dx));
 }
+
+TEST_CASE("QK-LayerNorm equals LayerNorm on each head's q and k, gathered into rows, bit for bit; v passes",
+          "[backend][transformer]") {
+  // LayerNorm itself is checked against binary64 references and finite
+  // differences in test_layers.cpp; gathering a head's q (or k) of every
+  // token in (row, head) order gives LayerNorm the rows QK-LayerNorm
+  // normalises, with the same sums in the same order.
+  auto b = make_cpu_backend();
+  AttentionShape s;
+  s.batch = 2;
+  s.tokens = 5;
+  s.heads = 3;
+  s.head_dim = 4;
+  const std::int64_t rows = s.rows(), width = s.width(), hd = s.head_dim;
+  const FVec qkv = normal_values(static_cast<std::size_t>(rows * 3 * width), 31, 1.5f);
+  FVec gamma = normal_values(static_cast<std::size_t>(2 * hd), 32, 1.0f), beta = normal_values(gamma.size(), 33, 0.5f);
+  const FVec dy = normal_values(qkv.size(), 34, 1.0f);
+  const Tensor x = b->from_host(qkv, {rows, 3 * width}), g = b->from_host(gamma, {2 * hd}),
+               be = b->from_host(beta, {2 * hd}), gy = b->from_host(dy, {rows, 3 * width});
+  Tensor y = b->empty(x.shape()), mean = b->empty({rows * 2 * s.heads}), rstd = b->empty(mean.shape());
+  b->qk_norm_forward(x, g, be, s, 1e-5f, y, mean, rstd);
+  Tensor dx = b->empty(x.shape()), dgamma = b->empty({2 * hd}), dbeta = b->empty({2 * hd});
+  b->qk_norm_backward(x, g, mean, rstd, gy, s, dx, dgamma, dbeta);
+  const FVec out = host(*b, y), din = host(*b, dx), dg = host(*b, dgamma), db = host(*b, dbeta);
+  for (int part = 0; part < 3; ++part) {
+    // The part's values as rows of head_dim, in (row, head) order.
+    const auto gather = [&](const FVec& v) {
+      FVec rows_of(static_cast<std::size_t>(rows * width));
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 0; c < width; ++c)
+          rows_of[static_cast<std::size_t>(r * width + c)] = v[static_cast<std::size_t>(r * 3 * width + part * width + c)];
+      return rows_of;
+    };
+    INFO("part " << part);
+    if (part == 2) {  // v: unchanged, its gradient dy's
+      check_bits("v", gather(qkv), gather(out));
+      check_bits("dv", gather(dy), gather(din));
+      continue;
+    }
+    const FVec pg(gamma.begin() + part * hd, gamma.begin() + (part + 1) * hd),
+        pb(beta.begin() + part * hd, beta.begin() + (part + 1) * hd);
+    const Tensor xr = b->from_host(gather(qkv), {rows * s.heads, hd}), gr = b->from_host(pg, {hd}),
+                 br = b->from_host(pb, {hd}), dyr = b->from_host(gather(dy), {rows * s.heads, hd});
+    Tensor yr = b->empty(xr.shape()), mr = b->empty({rows * s.heads}), rr = b->empty(mr.shape());
+    b->layer_norm_forward(xr, gr, br, 1e-5f, yr, mr, rr);
+    check_bits("y", host(*b, yr), gather(out));
+    Tensor dxr = b->empty(xr.shape()), dgr = b->empty({hd}), dbr = b->empty({hd});
+    b->layer_norm_backward(xr, gr, mr, rr, dyr, dxr, dgr, dbr);
+    check_bits("dx", host(*b, dxr), gather(din));
+    check_bits("dgamma", host(*b, dgr), FVec(dg.begin() + part * hd, dg.begin() + (part + 1) * hd));
+    check_bits("dbeta", host(*b, dbr), FVec(db.begin() + part * hd, db.begin() + (part + 1) * hd));
+  }
+}

@@ -879,6 +879,24 @@ TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, so
     const FVec dq = b.cpu_values(dqkv.cpu);
     CHECK(std::none_of(dq.begin(), dq.end(), [](float v) { return std::isnan(v); }));
     check_same("attention dqkv", b, dqkv);
+    // QK-LayerNorm: LayerNorm's sums on each segment, the parameter gradients in (row, head) order.
+    const auto gamma = b.upload(normal_values(static_cast<std::size_t>(2 * s.head_dim), 902), {2 * s.head_dim});
+    const auto beta = b.upload(normal_values(static_cast<std::size_t>(2 * s.head_dim), 903), {2 * s.head_dim});
+    auto normed = b.empty({rows, cols}), qk_mean = b.empty({rows * 2 * s.heads}), rstd = b.empty({rows * 2 * s.heads});
+    b.cpu->qk_norm_forward(qkv.cpu, gamma.cpu, beta.cpu, s, 1e-5f, normed.cpu, qk_mean.cpu, rstd.cpu);
+    b.gpu->qk_norm_forward(qkv.gpu, gamma.gpu, beta.gpu, s, 1e-5f, normed.gpu, qk_mean.gpu, rstd.gpu);
+    check_same("qk norm", b, normed);
+    check_same("qk norm mean", b, qk_mean);
+    check_same("qk norm rstd", b, rstd);
+    const auto dnormed = b.upload(normal_values(static_cast<std::size_t>(rows * cols), 904), {rows, cols});
+    auto dx = b.empty({rows, cols}), dgamma = b.empty({2 * s.head_dim}), dbeta = b.empty({2 * s.head_dim});
+    const auto mu = b.upload(b.cpu_values(qk_mean.cpu), {rows * 2 * s.heads});
+    const auto rs = b.upload(b.cpu_values(rstd.cpu), {rows * 2 * s.heads});
+    b.cpu->qk_norm_backward(qkv.cpu, gamma.cpu, mu.cpu, rs.cpu, dnormed.cpu, s, dx.cpu, dgamma.cpu, dbeta.cpu);
+    b.gpu->qk_norm_backward(qkv.gpu, gamma.gpu, mu.gpu, rs.gpu, dnormed.gpu, s, dx.gpu, dgamma.gpu, dbeta.gpu);
+    check_same("qk norm dx", b, dx);
+    check_same("qk norm dgamma", b, dgamma);
+    check_same("qk norm dbeta", b, dbeta);
     // The residual add and the mean over each sample's tokens.
     auto sum = b.upload(b.cpu_values(out.cpu), {rows, s.width()});
     b.cpu->add(sum.cpu, dout.cpu);

@@ -93,6 +93,16 @@ class ForwardingBackend : public core::Backend {
                                       const core::AttentionShape& s, core::Tensor& dqkv) override {
     inner_->attention_scores_backward(dscores, qkv, s, dqkv);
   }
+  void qk_norm_forward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& beta,
+                            const core::AttentionShape& shape, float eps, core::Tensor& y, core::Tensor& mean,
+                            core::Tensor& rstd) override {
+    inner_->qk_norm_forward(qkv, gamma, beta, shape, eps, y, mean, rstd);
+  }
+  void qk_norm_backward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& mean,
+                             const core::Tensor& rstd, const core::Tensor& dy, const core::AttentionShape& shape,
+                             core::Tensor& dx, core::Tensor& dgamma, core::Tensor& dbeta) override {
+    inner_->qk_norm_backward(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta);
+  }
   void softmax_forward_impl(const core::Tensor& x, core::Tensor& probs) override { inner_->softmax_forward(x, probs); }
   void softmax_backward_impl(const core::Tensor& probs, const core::Tensor& dprobs, core::Tensor& dx) override {
     inner_->softmax_backward(probs, dprobs, dx);

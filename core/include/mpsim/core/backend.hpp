@@ -223,6 +223,14 @@ class Backend {
                                  const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv);
   void attention_scores_backward(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
                                  Tensor& dqkv);
+  // QK-LayerNorm on [q | k | v] rows (numerics_attention.hpp): y holds the
+  // normalised q and k and v unchanged; mean and rstd one value per (row,
+  // q or k, head); gamma, beta, dgamma, dbeta 2 x head_dim values. Backward
+  // writes dx whole (v's part is dy's).
+  void qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& shape,
+                       float eps, Tensor& y, Tensor& mean, Tensor& rstd);
+  void qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
   // Softmax over each row, and its backward from the probabilities.
   void softmax_forward(const Tensor& x, Tensor& probs);
   void softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx);
@@ -318,6 +326,11 @@ class Backend {
                                               const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv) = 0;
   virtual void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
                                               Tensor& dqkv) = 0;
+  virtual void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta,
+                                    const AttentionShape& shape, float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+  virtual void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                                     const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
+                                     Tensor& dbeta) = 0;
   virtual void softmax_forward_impl(const Tensor& x, Tensor& probs) = 0;
   virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;

@@ -164,6 +164,7 @@ struct ModelSpec {
   // Transformers (vit, gpt): the ViT's patch side, blocks, model width,
   // attention heads (width / heads each) and the MLP's hidden width.
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
+  bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };
@@ -208,6 +209,9 @@ struct ResidualLayers {
 ResidualLayers make_residual(const std::string& branch_name, const std::string& add_name);
 // Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp).
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal);
+// QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).
+std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                                    float eps = 1e-5f);
 // The mean over each sample's tokens.
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens);
 
