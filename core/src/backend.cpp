@@ -163,6 +163,27 @@ void Backend::activation_backward(Activation kind, const Tensor& x, const Tensor
   activation_backward_impl(kind, x, dy, dx);
 }
 
+void Backend::gated_activation_forward(Activation kind, const Tensor& x, Tensor& y) {
+  const std::string_view call = "gated_activation_forward";
+  require_activation(kind, call);
+  require_tensor(x, call, "x");
+  require_tensor(y, call, "y");
+  require_shape(x.shape().size() == 2 && x.cols() % 2 == 0 && y.shape() == Shape{x.rows(), x.cols() / 2}, call,
+                "x needs rows of 2n values [a | b] and y [rows, n]; x is " + shape_text(x.shape()) + ", y " +
+                    shape_text(y.shape()));
+  gated_activation_forward_impl(kind, x, y);
+}
+
+void Backend::gated_activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) {
+  const std::string_view call = "gated_activation_backward";
+  require_activation(kind, call);
+  for (const auto& [t, n] : {std::pair{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}}) require_tensor(*t, call, n);
+  require_shape(x.shape().size() == 2 && x.cols() % 2 == 0 && dy.shape() == Shape{x.rows(), x.cols() / 2} &&
+                    dx.shape() == x.shape(),
+                call, "x and dx need rows of 2n values, dy [rows, n]");
+  gated_activation_backward_impl(kind, x, dy, dx);
+}
+
 void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                  Tensor& mean, Tensor& rstd) {
   const std::string_view call = "layer_norm_forward";

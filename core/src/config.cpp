@@ -396,6 +396,9 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::qk_norm>("qk_norm", "",
                              "vit, gpt: QK-LayerNorm, a LayerNorm on each head's queries and keys before the logits "
                              "(Dehghani et al. 2023; Wortsman et al. 2023), which bounds the attention logits"),
+    key<&ModelSpec::gated>("gated", "",
+                           "vit, gpt: each block's MLP as a gated linear unit, activation(x W1) * (x V) (Shazeer "
+                           "2020): with activation = \"silu\" the SwiGLU of LLaMA; fc1 then has 2 x mlp_width outputs"),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
     key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),

@@ -97,6 +97,21 @@ template <typename A>
 void activation_forward_loop(const float* in, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = A::forward(in[i]);
 }
+// A gated linear unit over rows of [a | b] (numerics_layers.hpp), the CUDA kernels' bodies.
+template <typename A>
+void gated_forward_loop(const float* x, float* y, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j) y[r * n + j] = gated_forward<A>(x[r * 2 * n + j], x[r * 2 * n + n + j]);
+}
+template <typename A>
+void gated_backward_loop(const float* x, const float* dy, float* dx, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float a = x[r * 2 * n + j], b = x[r * 2 * n + n + j], g = dy[r * n + j];
+      dx[r * 2 * n + j] = gated_gate_grad<A>(a, b, g);
+      dx[r * 2 * n + n + j] = gated_value_grad<A>(a, g);
+    }
+}
 template <typename A>
 void activation_backward_loop(const float* x, const float* dy, float* dx, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) dx[i] = A::backward(x[i], dy[i]);
@@ -258,6 +273,15 @@ class CpuBackend final : public Backend {
   void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     Activations::visit(kind,
                        [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
+  }
+
+  void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+    Activations::visit(kind, [&]<typename A>(A) { gated_forward_loop<A>(data(x), data(y), x.rows(), y.cols()); });
+  }
+  void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    Activations::visit(kind, [&]<typename A>(A) {
+      gated_backward_loop<A>(data(x), data(dy), data(dx), x.rows(), dy.cols());
+    });
   }
 
   // Transformers: numerics_attention.hpp's rules; the residual sum, softmax and

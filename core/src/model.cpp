@@ -158,8 +158,9 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
         layers.push_back(std::move(mlp.branch));
         layers.push_back(make_layer_norm(b + "ln2", d));
-        layers.push_back(make_linear(b + "fc1", d, spec.mlp_width));
-        layers.push_back(activation(b + act));
+        // SwiGLU (Shazeer 2020; LLaMA): fc1 makes the gate and the value, the unit multiplies them.
+        layers.push_back(make_linear(b + "fc1", d, spec.gated ? 2 * spec.mlp_width : spec.mlp_width));
+        layers.push_back(spec.gated ? make_gated_activation(b + act + "_glu", spec.activation) : activation(b + act));
         layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
         layers.push_back(std::move(mlp.add));
       }

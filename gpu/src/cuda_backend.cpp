@@ -559,6 +559,14 @@ class CudaBackend final : public core::Backend {
     const Input v = in(x);
     kernels::activation_forward(kind, v, out(y), x.numel(), stream());
   }
+  void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+    const Input v = in(x);
+    kernels::gated_activation_forward(kind, v, out(y), x.rows(), y.cols(), stream());
+  }
+  void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
+    const Input v = in(x), g = in(dy);
+    kernels::gated_activation_backward(kind, v, g, out(dx), x.rows(), dy.cols(), stream());
+  }
   void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const Input v = in(x), g = in(dy);
     kernels::activation_backward(kind, v, g, out(dx), x.numel(), stream());

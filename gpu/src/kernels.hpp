@@ -47,6 +47,11 @@ struct Draws {
 // Any activation of the table (numerics_layers.hpp): one templated kernel,
 // instantiated for every entry.
 void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream);
+// A gated linear unit over rows of [a | b] (2n values) -> n values, and back.
+void gated_activation_forward(core::Activation kind, const float* x, float* y, std::int64_t rows, std::int64_t n,
+                              cudaStream_t stream);
+void gated_activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t rows,
+                               std::int64_t n, cudaStream_t stream);
 void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
                          cudaStream_t stream);
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);

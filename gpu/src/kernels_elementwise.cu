@@ -17,6 +17,24 @@ __global__ void activation_backward_kernel(const float* x, const float* dy, floa
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = A::backward(x[i], dy[i]);
 }
 
+// A gated linear unit over rows of [a | b]: the CPU backend's loop bodies.
+template <typename A>
+__global__ void gated_forward_kernel(const float* x, float* y, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t t = thread_index(); t < rows * n; t += thread_count()) {
+    const std::int64_t r = t / n, j = t % n;
+    y[t] = core::gated_forward<A>(x[r * 2 * n + j], x[r * 2 * n + n + j]);
+  }
+}
+template <typename A>
+__global__ void gated_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t t = thread_index(); t < rows * n; t += thread_count()) {
+    const std::int64_t r = t / n, j = t % n;
+    const float a = x[r * 2 * n + j], b = x[r * 2 * n + n + j];
+    dx[r * 2 * n + j] = core::gated_gate_grad<A>(a, b, dy[t]);
+    dx[r * 2 * n + n + j] = core::gated_value_grad<A>(a, dy[t]);
+  }
+}
+
 __global__ void scale_kernel(float* x, std::int64_t n, float factor) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) x[i] = __fmul_rn(x[i], factor);
 }
@@ -40,6 +58,24 @@ void activation_backward(core::Activation kind, const float* x, const float* dy,
   if (n <= 0) return;
   core::Activations::visit(kind, [&]<typename A>(A) {
     activation_backward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, dy, dx, n);
+  });
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void gated_activation_forward(core::Activation kind, const float* x, float* y, std::int64_t rows, std::int64_t n,
+                              cudaStream_t stream) {
+  if (rows * n <= 0) return;
+  core::Activations::visit(kind, [&]<typename A>(A) {
+    gated_forward_kernel<A><<<blocks(rows * n), threads, 0, stream>>>(x, y, rows, n);
+  });
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void gated_activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t rows,
+                               std::int64_t n, cudaStream_t stream) {
+  if (rows * n <= 0) return;
+  core::Activations::visit(kind, [&]<typename A>(A) {
+    gated_backward_kernel<A><<<blocks(rows * n), threads, 0, stream>>>(x, dy, dx, rows, n);
   });
   MPSIM_CUDA_CHECK_LAUNCH();
 }

@@ -480,6 +480,68 @@ TEST_CASE("GELU (exact erf) forward and backward match binary64 references", "[l
   check_layer("gelu", *layer, x, {7, 10}, {}, ref, 22);
 }
 
+// --- SiLU and gated linear units ---------------------------------------------
+
+double silu64(double x) { return x / (1.0 + std::exp(-x)); }
+
+TEST_CASE("SiLU forward and backward match binary64 references", "[layers]") {
+  Rng rng{23};
+  FVec x = uniform(rng, 60, -6.0, 6.0);
+  for (const float v : {0.0f, 1e-4f, -1e-4f, -20.0f, 20.0f, -90.0f, 90.0f}) x.push_back(v);
+  auto layer = make_activation("silu", Activation::silu);
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    for (double& v : y) v = silu64(v);
+    return y;
+  };
+  // x s in binary32: expf within 1u, then an addition, a division and a
+  // product, each u relative: |err| <= 5u |y|, plus |x| 2^-149 where e^x is
+  // subnormal (x < -87.3). Bound 8u |y| + 2 |x| 2^-149.
+  ref.forward_bound = [ref](const std::vector<Vec>& a) {
+    Vec b = scaled(abs_of(ref.forward(a)), 8.0 * u);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] += 2.0 * std::fabs(a[0][i]) * 0x1p-149;
+    return b;
+  };
+  // dx = dy s (1 + x (1 - s)): s within 4u relative, 1 - s within 4u absolute
+  // (it cancels for large x), times |x|: about 6u |dy| (1 + |x|). Bound 16u |dy| (1 + |x|).
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec& r, const Fd&) {
+    Vec b(r.size());
+    for (std::size_t i = 0; i < r.size(); ++i) b[i] = 16.0 * u * std::fabs(r[i]) * (1.0 + std::fabs(a[0][i]));
+    return b;
+  };
+  check_layer("silu", *layer, x, {67, 1}, {}, ref, 24);
+}
+
+TEST_CASE("SwiGLU: silu(a) * b on rows of [a | b], forward and backward against binary64", "[layers][transformer]") {
+  const Index rows = 6, n = 9;
+  Rng rng{25};
+  const FVec x = uniform(rng, static_cast<std::size_t>(rows * 2 * n), -4.0, 4.0);
+  auto layer = make_gated_activation("swiglu", Activation::silu);
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) {
+    Vec y(static_cast<std::size_t>(rows * n));
+    for (Index r = 0; r < rows; ++r)
+      for (Index j = 0; j < n; ++j) y[r * n + j] = silu64(a[0][r * 2 * n + j]) * a[0][r * 2 * n + n + j];
+    return y;
+  };
+  // SiLU's 5u, one more product: bound 8u |y|.
+  ref.forward_bound = [ref](const std::vector<Vec>& a) { return scaled(abs_of(ref.forward(a)), 8.0 * u); };
+  // da = silu'(a) (dy b): SiLU's gradient bound with dy b for dy, plus the
+  // product's u; db = dy silu(a): 6u of it. Bounds 20u |dy b| (1 + |a|) and 8u |dy silu(a)|.
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>& a, const Vec& r, const Fd&) {
+    Vec b(a[0].size());
+    for (Index row = 0; row < rows; ++row)
+      for (Index j = 0; j < n; ++j) {
+        const double gate = a[0][row * 2 * n + j], value = a[0][row * 2 * n + n + j], dy = r[row * n + j];
+        b[row * 2 * n + j] = 20.0 * u * std::fabs(dy * value) * (1.0 + std::fabs(gate));
+        b[row * 2 * n + n + j] = 8.0 * u * std::fabs(dy * silu64(gate));
+      }
+    return b;
+  };
+  check_layer("swiglu", *layer, x, {rows, 2 * n}, {}, ref, 26);
+}
+
 // --- LayerNorm ---------------------------------------------------------------
 
 struct LnStats {
@@ -1270,6 +1332,14 @@ TEST_CASE("ViT: backward gradients match finite differences of the binary32 loss
 TEST_CASE("GPT: backward gradients match finite differences of the binary32 loss", "[layers][transformer]") {
   // A context of 6 tokens from a vocabulary of 5, every position labelled.
   check_model_gradients(small_transformer(ModelKind::gpt), InputShape{1, 1, 6, 5}, 3, 1e-2f, 2027, 30, true);
+}
+
+TEST_CASE("GPT with a SwiGLU MLP: backward gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.activation = Activation::silu;
+  spec.gated = true;
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2029, 30, true);
 }
 
 TEST_CASE("GPT with QK-LayerNorm: backward gradients match finite differences of the binary32 loss",

@@ -466,7 +466,7 @@ TEST_CASE("softmax cross-entropy row: loss, gradient and argmax against binary64
 
 TEST_CASE("the activation table: names, enum order and which ones fp32_ops may name", "[numerics][layers]") {
   CHECK(Activations::size == activation_names.names.size());
-  CHECK(activation_names.list() == "relu or gelu");
+  CHECK(activation_names.list() == "relu, gelu or silu");
   for (std::size_t i = 0; i < Activations::size; ++i) {
     const auto kind = static_cast<Activation>(i);
     CHECK(activation_names.parse(to_string(kind)) == kind);

@@ -897,6 +897,30 @@ TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, so
     check_same("qk norm dx", b, dx);
     check_same("qk norm dgamma", b, dgamma);
     check_same("qk norm dbeta", b, dbeta);
+    // SwiGLU on rows of [a | b]: SiLU's expf differs by at most 3 ulps (CUDA 2, glibc 1), which moves
+    // sigmoid by 4 ulps and the products by 8; 1 - s in the gradient cancels, so 8 * 2^-24 (1 + |a|) of |dy b| more.
+    {
+      const std::int64_t n = s.width();
+      const auto gin = b.upload(normal_values(static_cast<std::size_t>(rows * 2 * n), 905, 3.0f), {rows, 2 * n});
+      auto glu = b.empty({rows, n});
+      b.cpu->gated_activation_forward(core::Activation::silu, gin.cpu, glu.cpu);
+      b.gpu->gated_activation_forward(core::Activation::silu, gin.gpu, glu.gpu);
+      const FVec gc = b.cpu_values(glu.cpu);
+      check_close("swiglu", gc, b.gpu_values(glu.gpu), [&](std::size_t i) { return 8 * ulp_of(gc[i]); });
+      const auto gdy = b.upload(normal_values(static_cast<std::size_t>(rows * n), 906), {rows, n});
+      auto gdx = b.empty({rows, 2 * n});
+      b.cpu->gated_activation_backward(core::Activation::silu, gin.cpu, gdy.cpu, gdx.cpu);
+      b.gpu->gated_activation_backward(core::Activation::silu, gin.gpu, gdy.gpu, gdx.gpu);
+      const FVec dc = b.cpu_values(gdx.cpu), a = b.cpu_values(gin.cpu), dyv = b.cpu_values(gdy.cpu);
+      check_close("swiglu backward", dc, b.gpu_values(gdx.gpu), [&](std::size_t i) {
+        const std::size_t row = i / static_cast<std::size_t>(2 * n), j = i % static_cast<std::size_t>(2 * n);
+        const std::size_t k = row * static_cast<std::size_t>(n) + j % static_cast<std::size_t>(n);
+        const float gate = a[row * static_cast<std::size_t>(2 * n) + j % static_cast<std::size_t>(n)];
+        const float value = a[row * static_cast<std::size_t>(2 * n) + static_cast<std::size_t>(n) +
+                              j % static_cast<std::size_t>(n)];
+        return 8 * ulp_of(dc[i]) + 8 * 0x1p-24 * std::fabs(dyv[k] * value) * (1 + std::fabs(gate));
+      });
+    }
     // The residual add and the mean over each sample's tokens.
     auto sum = b.upload(b.cpu_values(out.cpu), {rows, s.width()});
     b.cpu->add(sum.cpu, dout.cpu);

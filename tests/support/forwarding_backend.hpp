@@ -93,6 +93,13 @@ class ForwardingBackend : public core::Backend {
                                       const core::AttentionShape& s, core::Tensor& dqkv) override {
     inner_->attention_scores_backward(dscores, qkv, s, dqkv);
   }
+  void gated_activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
+    inner_->gated_activation_forward(kind, x, y);
+  }
+  void gated_activation_backward_impl(core::Activation kind, const core::Tensor& x, const core::Tensor& dy,
+                                      core::Tensor& dx) override {
+    inner_->gated_activation_backward(kind, x, dy, dx);
+  }
   void qk_norm_forward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& beta,
                             const core::AttentionShape& shape, float eps, core::Tensor& y, core::Tensor& mean,
                             core::Tensor& rstd) override {

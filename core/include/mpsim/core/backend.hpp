@@ -196,6 +196,10 @@ class Backend {
   // with the exact erf form, ...): y = f(x) and dx = f'(x) dy.
   void activation_forward(Activation kind, const Tensor& x, Tensor& y);
   void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
+  // A gated linear unit (numerics_layers.hpp's gated_*): x [rows, 2n] as
+  // [a | b] -> y [rows, n] = f(a) * b, and dx [rows, 2n] = [da | db].
+  void gated_activation_forward(Activation kind, const Tensor& x, Tensor& y);
+  void gated_activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
   // Normalises each row; statistics in binary32 from the binary32 inputs.
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd);
@@ -307,6 +311,8 @@ class Backend {
   virtual float max_abs_finite_impl(const Tensor& x) = 0;
   virtual void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
   virtual void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  virtual void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
+  virtual void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                        Tensor& mean, Tensor& rstd) = 0;
   virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,

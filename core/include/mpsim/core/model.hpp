@@ -165,6 +165,7 @@ struct ModelSpec {
   // attention heads (width / heads each) and the MLP's hidden width.
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
   bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
+  bool gated = false;                 // vit, gpt: the block MLP as a gated linear unit of `activation` (silu: SwiGLU)
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };
@@ -212,6 +213,8 @@ std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps = 1e-5f);
+// A gated linear unit: rows of [a | b] -> activation(a) * b (numerics_layers.hpp).
+std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind);
 // The mean over each sample's tokens.
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens);
 

@@ -37,7 +37,7 @@ namespace mpsim::core {
 // activation layer, the config's choices and the policies' fp32_ops all read
 // the table, so adding an activation is this file alone: an enumerator, a
 // struct, and its place in `Activations`.
-enum class Activation : std::uint8_t { relu, gelu };
+enum class Activation : std::uint8_t { relu, gelu, silu };
 
 // ReLU: NaN stays NaN (x <= 0 is false for NaN), as in PyTorch; the gradient
 // at 0 is 0.
@@ -68,6 +68,27 @@ struct Gelu {
   }
 };
 
+// SiLU (swish), x * sigmoid(x) (Elfwing et al. 2018; Ramachandran et al.
+// 2017): y = x s, dy/dx = s (1 + x (1 - s)), s = sigmoid(x) computed as
+// 1 / (1 + e^-x) for x >= 0 and e^x / (1 + e^x) below, so that no
+// exponential overflows (x / (1 + e^-x) gives -0 below x = -88.7, where
+// x s is still a normal binary32). SwiGLU's gate (gated_forward below).
+struct Silu {
+  static constexpr Activation kind = Activation::silu;
+  static constexpr std::string_view name = "silu";
+  static constexpr bool fp32_op = false;
+  MPSIM_HOST_DEVICE static float sigmoid(float x) {
+    if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
+    const float e = expf(x);
+    return e / (1.0f + e);
+  }
+  MPSIM_HOST_DEVICE static float forward(float x) { return x * sigmoid(x); }
+  MPSIM_HOST_DEVICE static float backward(float x, float dy) {
+    const float s = sigmoid(x);
+    return dy * (s * (1.0f + x * (1.0f - s)));
+  }
+};
+
 // The table: every activation, in the enum's order.
 template <typename... A>
 struct ActivationTable {
@@ -84,7 +105,7 @@ struct ActivationTable {
     return ((static_cast<std::size_t>(A::kind) == i++) && ...);
   }
 };
-using Activations = ActivationTable<Relu, Gelu>;
+using Activations = ActivationTable<Relu, Gelu, Silu>;
 static_assert(Activations::in_enum_order(), "Activations lists every activation in the enum's order");
 
 // The names: the config's model.activation, the log, messages.
@@ -92,6 +113,23 @@ inline constexpr const auto& activation_names = Activations::names;
 inline std::string_view to_string(Activation kind) { return activation_names(kind); }
 // Whether a policy's fp32_ops may name this activation.
 constexpr bool activation_is_fp32_op(Activation kind) { return Activations::fp32_op[static_cast<std::size_t>(kind)]; }
+
+// --- Gated linear units (Shazeer, "GLU Variants Improve Transformer", 2020) -------------------------------------
+// A row of 2n values [a | b] gives n values f(a_j) * b_j, f an activation of
+// the table (SiLU: SwiGLU, as LLaMA's MLP; GELU: GEGLU). Backward:
+// da = f'(a) (dy b) (the table's backward with dy b), db = dy f(a).
+template <typename A>
+MPSIM_HOST_DEVICE inline float gated_forward(float a, float b) {
+  return A::forward(a) * b;
+}
+template <typename A>
+MPSIM_HOST_DEVICE inline float gated_gate_grad(float a, float b, float dy) {
+  return A::backward(a, dy * b);
+}
+template <typename A>
+MPSIM_HOST_DEVICE inline float gated_value_grad(float a, float dy) {
+  return dy * A::forward(a);
+}
 
 // --- LayerNorm (Ba, Kiros and Hinton, "Layer Normalization", 2016) --------------------------------------------------
 // y = (x - mean) * rstd * gamma + beta over each row of `cols` features.
