@@ -197,6 +197,30 @@ void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Ten
   layer_norm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
 }
 
+void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
+  const std::string_view call = "rms_norm_forward";
+  require_support(Op::layer_norm, call);
+  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&y, "y"}, {&rstd, "rstd"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == x.cols(), call, "gamma needs x's row width");
+  require_shape(y.numel() == x.numel() && rstd.numel() == x.rows(), call,
+                "y needs x's size, rstd one value per row of x " + shape_text(x.shape()));
+  rms_norm_forward_impl(x, gamma, eps, y, rstd);
+}
+
+void Backend::rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
+                                Tensor& dx, Tensor& dgamma) {
+  const std::string_view call = "rms_norm_backward";
+  require_support(Op::layer_norm, call);
+  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&rstd, "rstd"}, {&dy, "dy"}, {&dx, "dx"},
+                             {&dgamma, "dgamma"}})
+    require_tensor(*t, call, n);
+  require_shape(gamma.numel() == x.cols() && dgamma.numel() == x.cols(), call, "gamma and dgamma need x's row width");
+  require_shape(same_size({&x, &dy, &dx}) && rstd.numel() == x.rows(), call,
+                "x, dy and dx need one size, rstd one value per row of x " + shape_text(x.shape()));
+  rms_norm_backward_impl(x, gamma, rstd, dy, dx, dgamma);
+}
+
 void Backend::layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                   const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
   const std::string_view call = "layer_norm_backward";

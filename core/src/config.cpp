@@ -387,6 +387,9 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
         "activation",
         "`gelu`: the exact erf form; the names come from `Activations` (core/include/mpsim/core/numerics_layers.hpp)"),
     key<&ModelSpec::layer_norm>("layer_norm", "", "MLP: LayerNorm after each hidden Linear"),
+    enum_key<&ModelSpec::norm, norm_kind_names>(
+        "norm", "the kind of every norm layer (the MLP's with layer_norm, a transformer's): `layernorm`, or "
+                "`rmsnorm` (Zhang and Sennrich 2019; LLaMA: no mean, no bias)"),
     key<&ModelSpec::patch>("patch", "pixels", "vit: side of the square patches; divides the image's sides",
                            at_least(1)),
     key<&ModelSpec::depth>("depth", "blocks", "vit, gpt: transformer blocks", at_least(1)),

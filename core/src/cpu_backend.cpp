@@ -513,6 +513,33 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    const float *in = data(x), *g = data(gamma);
+    float *out = data(y), *rs = data(rstd);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = in + r * cols;
+      rs[r] = layer_norm_statistics(row, cols, eps, false).rstd;
+      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = rms_norm_output(row[j], rs[r], g[j]);
+    }
+  }
+  void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                              Tensor& dgamma) override {
+    const std::int64_t rows = x.rows(), cols = x.cols();
+    const float *in = data(x), *g = data(gamma), *rs = data(rstd), *gy = data(dy);
+    float *gx = data(dx), *gg = data(dgamma);
+    std::fill(gg, gg + cols, 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float *row = in + r * cols, *grow = gy + r * cols;
+      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, 0.0f, rs[r], false);
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const float xhat = layer_norm_xhat(row[j], 0.0f, rs[r]);
+        gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);
+        gg[j] += grow[j] * xhat;  // rows in increasing order, as the CUDA kernel's column threads
+      }
+    }
+  }
+
   void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
     const std::int64_t oh = g.out_height(), ow = g.out_width(), kk = g.kernel * g.kernel;
     const std::int64_t width = g.channels * kk;

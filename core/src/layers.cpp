@@ -300,7 +300,55 @@ class LayerNorm final : public Layer {
   Tensor input_, mean_, rstd_;
 };
 
+// RMSNorm (Zhang and Sennrich 2019): LayerNorm without the mean and the
+// bias, rounded as LayerNorm (fp32_ops' "layer_norm" covers both norms).
+class RmsNorm final : public Layer {
+ public:
+  RmsNorm(std::string name, std::int64_t features, float eps)
+      : Layer(std::move(name)), features_(features), eps_(eps) {
+    gamma_.name = this->name() + ".weight";
+    gamma_.shape = {features};
+  }
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::vector<Parameter*> parameters() override { return {&gamma_}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return output_point(p);
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    Backend& b = ctx.backend;
+    input_ = x.reshaped(with_rows(x.numel() / features_, features_));
+    rstd_ = b.empty({input_.rows()});
+    Tensor y = b.empty(input_.shape());
+    b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_);
+    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
+    return y.reshaped(x.shape());
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Backend& b = ctx.backend;
+    const Policy& p = ctx.policy;
+    Tensor dx = b.empty(input_.shape());
+    b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad);
+    ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    input_ = rstd_ = Tensor();
+    return need_input_grad ? dx.reshaped(dy.shape()) : Tensor();
+  }
+
+ private:
+  static RoundingPoint output_point(const Policy& p) {
+    return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
+  }
+  std::int64_t features_;
+  float eps_;
+  Parameter gamma_;
+  Tensor input_, rstd_;
+};
+
 }  // namespace
+
+std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps) {
+  return std::make_unique<RmsNorm>(std::move(name), features, eps);
+}
 
 std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out) {
   return std::make_unique<Linear>(std::move(name), in, out);

@@ -129,13 +129,16 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
   std::vector<std::unique_ptr<Layer>> layers;
   const std::string act(to_string(spec.activation));
   const auto activation = [&](const std::string& name) { return make_activation(name, spec.activation); };
+  const auto norm = [&](const std::string& name, std::int64_t width) {
+    return spec.norm == NormKind::rms_norm ? make_rms_norm(name, width) : make_layer_norm(name, width);
+  };
   if (spec.kind == ModelKind::mlp) {
     layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;
     int i = 1;
     for (const std::int64_t h : spec.hidden) {
       layers.push_back(make_linear("fc" + std::to_string(i), width, h));
-      if (spec.layer_norm) layers.push_back(make_layer_norm("ln" + std::to_string(i), h));
+      if (spec.layer_norm) layers.push_back(norm("ln" + std::to_string(i), h));
       layers.push_back(activation(act + std::to_string(i)));
       width = h;
       ++i;
@@ -149,7 +152,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         const std::string b = "block" + std::to_string(l) + ".";
         ResidualLayers attention = make_residual(b + "skip1", b + "add1");
         layers.push_back(std::move(attention.branch));
-        layers.push_back(make_layer_norm(b + "ln1", d));
+        layers.push_back(norm(b + "ln1", d));
         layers.push_back(make_linear(b + "qkv", d, 3 * d));
         if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
         layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal));
@@ -157,14 +160,14 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(std::move(attention.add));
         ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
         layers.push_back(std::move(mlp.branch));
-        layers.push_back(make_layer_norm(b + "ln2", d));
+        layers.push_back(norm(b + "ln2", d));
         // SwiGLU (Shazeer 2020; LLaMA): fc1 makes the gate and the value, the unit multiplies them.
         layers.push_back(make_linear(b + "fc1", d, spec.gated ? 2 * spec.mlp_width : spec.mlp_width));
         layers.push_back(spec.gated ? make_gated_activation(b + act + "_glu", spec.activation) : activation(b + act));
         layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
         layers.push_back(std::move(mlp.add));
       }
-      layers.push_back(make_layer_norm("ln", d));
+      layers.push_back(norm("ln", d));
     };
     if (spec.kind == ModelKind::vit) {
       // A Vision Transformer (Dosovitskiy et al. 2021) with learned position

@@ -653,6 +653,18 @@ class CudaBackend final : public core::Backend {
                                  static_cast<float*>(scratch.get()), stream());
   }
 
+  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override {
+    const Input v = in(x), g = in(gamma);
+    kernels::rms_norm_forward(v, g, eps, x.rows(), x.cols(), out(y), out(rstd), stream());
+  }
+  void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                              Tensor& dgamma) override {
+    const auto scratch = pool_->get(2 * static_cast<std::size_t>(x.rows()) * sizeof(float), pool_);
+    const Input v = in(x), g = in(gamma), rs = in(rstd), gy = in(dy);
+    kernels::rms_norm_backward(v, g, rs, gy, x.rows(), x.cols(), out(dx), out(dgamma),
+                               static_cast<float*>(scratch.get()), stream());
+  }
+
   // --- Convolution layout and pooling ------------------------------------------------------------------------------
   void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {
     require_geometry(g, x);

@@ -121,6 +121,11 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, f
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
                          std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
                          cudaStream_t stream);
+// RMSNorm: the LayerNorm kernels uncentred (no mean, no beta); scratch as above.
+void rms_norm_forward(const float* x, const float* gamma, float eps, std::int64_t rows, std::int64_t cols, float* y,
+                      float* rstd, cudaStream_t stream);
+void rms_norm_backward(const float* x, const float* gamma, const float* rstd, const float* dy, std::int64_t rows,
+                       std::int64_t cols, float* dx, float* dgamma, float* scratch, cudaStream_t stream);
 
 // --- The training step's scalars (core::Backend's step ops) --------------------------
 // They stay on the device: the loss scaler runs core's rule (numerics.hpp)

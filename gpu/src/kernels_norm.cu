@@ -9,12 +9,16 @@
 namespace mpsim::gpu::kernels {
 namespace {
 
+// RMSNorm runs the same kernels uncentred: mean is null (taken as 0), and
+// so are beta and dbeta.
+__device__ inline float mean_of(const float* mean, std::int64_t r) { return mean ? mean[r] : 0.0f; }
+
 // A thread per row: numerics_layers.hpp's statistics.
 __global__ void layer_norm_statistics(const float* x, float eps, std::int64_t rows, std::int64_t cols, float* mean,
                                       float* rstd) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
-    const core::LayerNormStatistics st = core::layer_norm_statistics(x + r * cols, cols, eps);
-    mean[r] = st.mean;
+    const core::LayerNormStatistics st = core::layer_norm_statistics(x + r * cols, cols, eps, mean != nullptr);
+    if (mean) mean[r] = st.mean;
     rstd[r] = st.rstd;
   }
 }
@@ -25,7 +29,8 @@ __global__ void layer_norm_output(const float* x, const float* gamma, const floa
   const std::int64_t total = rows * cols;
   for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
     const std::int64_t r = t / cols, j = t % cols;
-    y[t] = core::layer_norm_output(x[t], mean[r], rstd[r], gamma[j], beta[j]);
+    y[t] = beta ? core::layer_norm_output(x[t], mean[r], rstd[r], gamma[j], beta[j])
+                : core::rms_norm_output(x[t], rstd[r], gamma[j]);
   }
 }
 
@@ -34,8 +39,8 @@ __global__ void layer_norm_row_means(const float* x, const float* gamma, const f
                                      const float* dy, std::int64_t rows, std::int64_t cols, float* mean_dxhat,
                                      float* mean_dxhat_xhat) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
-    const core::LayerNormRowMeans means =
-        core::layer_norm_row_means(x + r * cols, dy + r * cols, gamma, cols, mean[r], rstd[r]);
+    const core::LayerNormRowMeans means = core::layer_norm_row_means(x + r * cols, dy + r * cols, gamma, cols,
+                                                                     mean_of(mean, r), rstd[r], mean != nullptr);
     mean_dxhat[r] = means.dxhat;
     mean_dxhat_xhat[r] = means.dxhat_xhat;
   }
@@ -48,7 +53,7 @@ __global__ void layer_norm_input_grad(const float* x, const float* gamma, const 
   const std::int64_t total = rows * cols;
   for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
     const std::int64_t r = t / cols, j = t % cols;
-    const float xhat = core::layer_norm_xhat(x[t], mean[r], rstd[r]);
+    const float xhat = core::layer_norm_xhat(x[t], mean_of(mean, r), rstd[r]);
     dx[t] = core::layer_norm_input_grad(dy[t], gamma[j], xhat, rstd[r], {mean_dxhat[r], mean_dxhat_xhat[r]});
   }
 }
@@ -59,12 +64,12 @@ __global__ void layer_norm_parameter_grads(const float* x, const float* mean, co
   for (std::int64_t j = thread_index(); j < cols; j += thread_count()) {
     float gg = 0.0f, gb = 0.0f;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const float xhat = core::layer_norm_xhat(x[r * cols + j], mean[r], rstd[r]);
+      const float xhat = core::layer_norm_xhat(x[r * cols + j], mean_of(mean, r), rstd[r]);
       gg = __fadd_rn(gg, __fmul_rn(dy[r * cols + j], xhat));
       gb = __fadd_rn(gb, dy[r * cols + j]);
     }
     dgamma[j] = gg;
-    dbeta[j] = gb;
+    if (dbeta) dbeta[j] = gb;
   }
 }
 
@@ -95,6 +100,16 @@ void layer_norm_backward(const float* x, const float* gamma, const float* mean, 
   }
   layer_norm_parameter_grads<<<blocks(cols), threads, 0, stream>>>(x, mean, rstd, dy, rows, cols, dgamma, dbeta);
   MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_forward(const float* x, const float* gamma, float eps, std::int64_t rows, std::int64_t cols, float* y,
+                      float* rstd, cudaStream_t stream) {
+  layer_norm_forward(x, gamma, nullptr, eps, rows, cols, y, nullptr, rstd, stream);
+}
+
+void rms_norm_backward(const float* x, const float* gamma, const float* rstd, const float* dy, std::int64_t rows,
+                       std::int64_t cols, float* dx, float* dgamma, float* scratch, cudaStream_t stream) {
+  layer_norm_backward(x, gamma, nullptr, rstd, dy, rows, cols, dx, dgamma, nullptr, scratch, stream);
 }
 
 }  // namespace mpsim::gpu::kernels

@@ -803,7 +803,7 @@ TEST_CASE("GELU within the erff/expf bounds", "[gpu][backend]") {
               [&](std::size_t i) { return std::fabs(g[i]) * 0x1p-20 + 2 * ulp_of(dc[i]); });
 }
 
-TEST_CASE("LayerNorm forward and backward match the CPU bit for bit", "[gpu][backend]") {
+TEST_CASE("LayerNorm and RMSNorm forward and backward match the CPU bit for bit", "[gpu][backend]") {
   require_device();
   Backends b;
   for (const auto& [rows, cols] : {std::pair<std::int64_t, std::int64_t>{37, 96}, {300, 7}, {1, 1024}}) {
@@ -828,6 +828,18 @@ TEST_CASE("LayerNorm forward and backward match the CPU bit for bit", "[gpu][bac
     check_same("layer norm dx", b, dx);
     check_same("layer norm dgamma", b, dgamma);
     check_same("layer norm dbeta", b, dbeta);
+    // RMSNorm: the same kernels uncentred.
+    auto ry = b.empty({rows, cols}), rrstd = b.empty({rows});
+    b.cpu->rms_norm_forward(x.cpu, gamma.cpu, 1e-5f, ry.cpu, rrstd.cpu);
+    b.gpu->rms_norm_forward(x.gpu, gamma.gpu, 1e-5f, ry.gpu, rrstd.gpu);
+    check_same("rms norm", b, ry);
+    check_same("rms norm rstd", b, rrstd);
+    const auto rs = b.upload(b.cpu_values(rrstd.cpu), {rows});
+    auto rdx = b.empty({rows, cols}), rdgamma = b.empty({cols});
+    b.cpu->rms_norm_backward(x.cpu, gamma.cpu, rs.cpu, dy.cpu, rdx.cpu, rdgamma.cpu);
+    b.gpu->rms_norm_backward(x.gpu, gamma.gpu, rs.gpu, dy.gpu, rdx.gpu, rdgamma.gpu);
+    check_same("rms norm dx", b, rdx);
+    check_same("rms norm dgamma", b, rdgamma);
   }
 }
 

@@ -93,6 +93,14 @@ class ForwardingBackend : public core::Backend {
                                       const core::AttentionShape& s, core::Tensor& dqkv) override {
     inner_->attention_scores_backward(dscores, qkv, s, dqkv);
   }
+  void rms_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, float eps, core::Tensor& y,
+                             core::Tensor& rstd) override {
+    inner_->rms_norm_forward(x, gamma, eps, y, rstd);
+  }
+  void rms_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& rstd,
+                              const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma) override {
+    inner_->rms_norm_backward(x, gamma, rstd, dy, dx, dgamma);
+  }
   void gated_activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
     inner_->gated_activation_forward(kind, x, y);
   }

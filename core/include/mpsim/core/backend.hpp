@@ -206,6 +206,12 @@ class Backend {
   void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
+  // RMSNorm over each row: y = x * rstd * gamma (numerics_layers.hpp), its
+  // statistics as LayerNorm's uncentred; backward writes dx and dgamma.
+  void rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd);
+  void rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
+                         Tensor& dgamma);
+
   // NCHW images <-> rows of patches [batch*out_h*out_w, channels*kernel*kernel].
   void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns);
   void col2im(const Tensor& columns, const ConvGeometry& g, Tensor& dx);  // accumulates into zeroed dx
@@ -317,6 +323,9 @@ class Backend {
                                        Tensor& mean, Tensor& rstd) = 0;
   virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                         const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
+  virtual void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) = 0;
+  virtual void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
+                                      Tensor& dx, Tensor& dgamma) = 0;
   virtual void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
   virtual void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;
   virtual void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,

@@ -151,6 +151,10 @@ enum class InitScheme : std::uint8_t { he, xavier, normal };
 // cnn: LeNet-5 style; vit: a Vision Transformer; gpt: a decoder-only
 // character-level language model (model.cpp's build_layers).
 enum class ModelKind : std::uint8_t { mlp, cnn, vit, gpt };
+// The normalisation layers a model builds: LayerNorm, or RMSNorm (LLaMA's).
+enum class NormKind : std::uint8_t { layer_norm, rms_norm };
+inline constexpr EnumNames<NormKind, 2> norm_kind_names{{"layernorm", "rmsnorm"}};
+inline std::string_view to_string(NormKind kind) { return norm_kind_names(kind); }
 inline constexpr EnumNames<ModelKind, 4> model_kind_names{{"mlp", "cnn", "vit", "gpt"}};  // the config's names
 inline std::string_view to_string(ModelKind kind) { return model_kind_names(kind); }
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
@@ -161,6 +165,7 @@ struct ModelSpec {
   std::vector<std::int64_t> hidden{256, 256};  // MLP widths
   Activation activation = Activation::relu;
   bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
+  NormKind norm = NormKind::layer_norm;  // every norm layer the model builds (the MLP's, a transformer's)
   // Transformers (vit, gpt): the ViT's patch side, blocks, model width,
   // attention heads (width / heads each) and the MLP's hidden width.
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
@@ -197,6 +202,7 @@ std::unique_ptr<Layer> make_flatten(std::string name);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
+std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 // Transformers (layers_transformer.cpp). Token ids -> rows of a [vocabulary, width] table.
 std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width);
 // NCHW maps -> a row per position.

@@ -140,11 +140,14 @@ MPSIM_HOST_DEVICE inline float gated_value_grad(float a, float dy) {
 struct LayerNormStatistics {
   float mean, rstd;
 };
-MPSIM_HOST_DEVICE inline LayerNormStatistics layer_norm_statistics(const float* row, std::int64_t cols, float eps) {
+// Uncentred (RMSNorm below): the mean is taken as 0, rstd = 1 / sqrt(mean(x^2) + eps).
+MPSIM_HOST_DEVICE inline LayerNormStatistics layer_norm_statistics(const float* row, std::int64_t cols, float eps,
+                                                                   bool centered = true) {
   const double count = static_cast<double>(cols);
   double s = 0.0, s2 = 0.0;
-  for (std::int64_t j = 0; j < cols; ++j) s += static_cast<double>(row[j]);
-  const double m = s / count;
+  if (centered)
+    for (std::int64_t j = 0; j < cols; ++j) s += static_cast<double>(row[j]);
+  const double m = centered ? s / count : 0.0;
   for (std::int64_t j = 0; j < cols; ++j) {
     const double d = static_cast<double>(row[j]) - m;
     s2 += d * d;
@@ -162,9 +165,10 @@ MPSIM_HOST_DEVICE inline float layer_norm_output(float x, float mean, float rstd
 struct LayerNormRowMeans {
   float dxhat, dxhat_xhat;
 };
+// Uncentred, mean(dxhat) is 0 (no mean was subtracted): dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
 MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row, const float* dy_row,
                                                                 const float* gamma, std::int64_t cols, float mean,
-                                                                float rstd) {
+                                                                float rstd, bool centered = true) {
   double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
   for (std::int64_t j = 0; j < cols; ++j) {
     const float xhat = layer_norm_xhat(row[j], mean, rstd);
@@ -173,11 +177,20 @@ MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row
     sum_dxhat_xhat += static_cast<double>(dxhat) * static_cast<double>(xhat);
   }
   const double count = static_cast<double>(cols);
-  return {static_cast<float>(sum_dxhat / count), static_cast<float>(sum_dxhat_xhat / count)};
+  return {centered ? static_cast<float>(sum_dxhat / count) : 0.0f, static_cast<float>(sum_dxhat_xhat / count)};
 }
 MPSIM_HOST_DEVICE inline float layer_norm_input_grad(float dy, float gamma, float xhat, float rstd,
                                                      const LayerNormRowMeans& means) {
   return rstd * (dy * gamma - means.dxhat - xhat * means.dxhat_xhat);
+}
+
+// --- RMSNorm (Zhang and Sennrich, "Root Mean Square Layer Normalization", 2019; LLaMA) ----------------------------
+// y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps): LayerNorm's rules
+// uncentred (centered = false, mean 0), no beta. The backward is
+// layer_norm_input_grad with the uncentred row means and mean 0;
+// dgamma = sum over rows of dy * xhat.
+MPSIM_HOST_DEVICE inline float rms_norm_output(float x, float rstd, float gamma) {
+  return layer_norm_xhat(x, 0.0f, rstd) * gamma;
 }
 
 // --- Softmax cross-entropy, one row ----------------------------------------------------------------------------------
