@@ -118,31 +118,74 @@ class Table(nn.Module):
         self.weight = nn.Parameter(torch.zeros(rows, cols))
 
 
-class Block(nn.Module):
-    """A pre-LayerNorm transformer block as core/src/model.cpp builds it: x + proj(attn(qkv(ln1(x)))), then
-    x + fc2(act(fc1(ln2(x)))); q, k and v side by side in qkv's output, head h at columns h*dim."""
+class RMSNorm(nn.Module):
+    """RMSNorm (Zhang and Sennrich 2019) as mpsim's: x / sqrt(mean(x^2) + eps) * weight, no bias (PyTorch 1.13 has
+    no nn.RMSNorm)."""
 
-    def __init__(self, width, heads, mlp_width, act, causal):
+    def __init__(self, width, eps=1e-5):
         super().__init__()
-        self.ln1 = nn.LayerNorm(width, eps=1e-5)
+        self.weight = nn.Parameter(torch.ones(width))
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class QkNorm(nn.Module):
+    """QK-LayerNorm as mpsim's: LayerNorm over each head's q (weight[:dim], bias[:dim]) and k (the rest)."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(2 * dim))
+        self.bias = nn.Parameter(torch.zeros(2 * dim))
+        self.dim = dim
+
+    def forward(self, q, k):
+        dim = self.dim
+        return (F.layer_norm(q, (dim,), self.weight[:dim], self.bias[:dim], 1e-5),
+                F.layer_norm(k, (dim,), self.weight[dim:], self.bias[dim:], 1e-5))
+
+
+def make_norm(kind, width):
+    return RMSNorm(width) if kind == "rmsnorm" else nn.LayerNorm(width, eps=1e-5)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block as core/src/model.cpp builds it: x + proj(attn(qkv(ln1(x)))), then
+    x + fc2(act(fc1(ln2(x)))); q, k and v side by side in qkv's output, head h at columns h*dim. Optionally
+    RMSNorm for the norms, QK-LayerNorm on q and k, and a gated MLP (SwiGLU: fc1 makes [gate | value])."""
+
+    def __init__(self, width, heads, mlp_width, act, causal, norm="layernorm", qk_norm=False, gated=False):
+        super().__init__()
+        self.ln1 = make_norm(norm, width)
         self.qkv = nn.Linear(width, 3 * width)
+        if qk_norm:
+            self.qk_norm = QkNorm(width // heads)
         self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width, eps=1e-5)
-        self.fc1 = nn.Linear(width, mlp_width)
+        self.ln2 = make_norm(norm, width)
+        self.fc1 = nn.Linear(width, 2 * mlp_width if gated else mlp_width)
         self.fc2 = nn.Linear(mlp_width, width)
-        self.act, self.heads, self.causal = act(), heads, causal
+        self.act, self.heads, self.causal, self.gated = act(), heads, causal, gated
 
     def forward(self, x):
         b, t, w = x.shape
         dim = w // self.heads
         q, k, v = (part.reshape(b, t, self.heads, dim).transpose(1, 2) for part in self.qkv(self.ln1(x)).split(w, -1))
+        if hasattr(self, "qk_norm"):
+            q, k = self.qk_norm(q, k)
         scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
         if self.causal:
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
         attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, w)
         x = x + self.proj(attended)
-        return x + self.fc2(self.act(self.fc1(self.ln2(x))))
+        h = self.fc1(self.ln2(x))
+        if self.gated:
+            gate, value = h.split(h.shape[-1] // 2, -1)
+            h = self.act(gate) * value
+        else:
+            h = self.act(h)
+        return x + self.fc2(h)
 
 
 class Transformer(nn.Module):
@@ -165,9 +208,12 @@ class Transformer(nn.Module):
             self.embed = Table(classes, width)
         self.pos = Table(tokens, width)
         self.blocks = [f"block{i}" for i in range(1, depth + 1)]
+        norm = d.config.get("norm", ["layernorm"])[0]
+        qk_norm = d.config.get("qk_norm", ["0"])[0] == "1"
+        gated = d.config.get("gated", ["0"])[0] == "1"
         for name in self.blocks:
-            setattr(self, name, Block(width, heads, mlp_width, act, causal=not self.vit))
-        self.ln = nn.LayerNorm(width, eps=1e-5)
+            setattr(self, name, Block(width, heads, mlp_width, act, not self.vit, norm, qk_norm, gated))
+        self.ln = make_norm(norm, width)
         self.head = nn.Linear(width, classes)
 
     def forward(self, x):
@@ -185,7 +231,7 @@ class Transformer(nn.Module):
 
 def build_model(d):
     """The network of core/src/model.cpp, with mpsim's parameter names."""
-    act = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="none")}[d.get("activation")]
+    act = {"relu": nn.ReLU, "gelu": lambda: nn.GELU(approximate="none"), "silu": nn.SiLU}[d.get("activation")]
     act_name = d.get("activation")
     classes = d.get("classes", kind=int)
     c, h, w = d.input_shape
@@ -389,11 +435,15 @@ def free_final_values(d, name, torch_value, mpsim_value):
     (it adds q.b_k to every logit of a row, and softmax ignores a constant added to a row), so its binary32
     gradient is rounding noise; Adam divides that noise by its own root mean square and moves each of those
     biases by about lr per step in the direction of the noise's sign, which differs between two correct
-    implementations. The free check leaves those values out; the local and replay checks cover them."""
+    implementations. The same holds for the k half of a QK-LayerNorm's beta. The free check leaves those
+    values out; the local and replay checks cover them."""
     if d.get("model") in ("vit", "gpt") and name.endswith(".qkv.bias"):
         width = d.get("width", kind=int)
         keep = np.r_[0:width, 2 * width:3 * width]
         return torch_value[keep], mpsim_value[keep]
+    if name.endswith(".qk_norm.bias"):  # k's beta adds q.beta_k to a whole row of logits, as k's bias does
+        dim = d.get("width", kind=int) // d.get("heads", kind=int)
+        return torch_value[:dim], mpsim_value[:dim]
     return torch_value, mpsim_value
 
 

@@ -102,6 +102,16 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
+    // A GPT as LLaMA arranges it (RMSNorm, SwiGLU), with QK-LayerNorm.
+    Case c = all.at("gpt_adamw");
+    c.name = "llama_adamw";
+    c.model.norm = NormKind::rms_norm;
+    c.model.activation = Activation::silu;
+    c.model.gated = true;
+    c.model.qk_norm = true;
+    all.emplace(c.name, c);
+  }
+  {
     Case c{"cnn_sgd", {}, {}};
     c.model.kind = ModelKind::cnn;
     c.model.activation = Activation::relu;
@@ -196,7 +206,8 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << data.train.width << "\nclasses " << data.train.classes << "\nlabels_per_sample "
            << data.train.labels_per_sample << "\npatch " << c.model.patch << "\ndepth " << c.model.depth
            << "\nwidth " << c.model.width << "\nheads " << c.model.heads << "\nmlp_width " << c.model.mlp_width
-           << "\n";
+           << "\nnorm " << to_string(c.model.norm) << "\nqk_norm " << (c.model.qk_norm ? 1 : 0) << "\ngated "
+           << (c.model.gated ? 1 : 0) << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
   bool initial_written = false;
