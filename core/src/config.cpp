@@ -367,8 +367,8 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
                                "`synthetic`: seeded, for fast tests; `fortunes`: English text for a character-level "
                                "language model (`model.kind = \"gpt\"`), Debian's `fortunes` package"),
     key<&DataSpec::path>("path", "",
-                         "where Debian's `dataset-fashion-mnist` puts the IDX files; for `fortunes`, this default "
-                         "means `/usr/share/games/fortunes`"),
+                         "the dataset's directory; empty: where its Debian package puts it "
+                         "(`fashion-mnist`: `/usr/share/datasets/fashion-mnist`, `fortunes`: `/usr/share/games/fortunes`)"),
     key<&DataSpec::context>("context", "tokens", "`fortunes`: the tokens of one sample (the model's context)",
                             at_least(1)),
     key<&DataSpec::train_limit>("train_limit", "samples", "`> 0`: use only the first N training samples"),
@@ -833,6 +833,11 @@ std::string config_keys_markdown() {
   for (const ConfigKey& k : config_keys())
     rows.push_back({"`" + k.key + "`", k.type, "`" + k.default_value + "`", k.unit, k.allowed, k.doc});
   return markdown_table<6>({"key", "type", "default", "unit", "allowed", "meaning"}, rows);
+}
+
+std::string data_directory(const DataSpec& data) {
+  if (!data.path.empty()) return data.path;
+  return data.dataset == "fortunes" ? default_fortunes_dir : default_fashion_mnist_dir;
 }
 
 }  // namespace mpsim::core

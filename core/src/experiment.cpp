@@ -68,9 +68,8 @@ TrainTest load_data(const ExperimentConfig& c) {
     return make_synthetic(c.seeds.front(), c.data.synthetic_train, c.data.synthetic_test);
   try {
     if (c.data.dataset == "fortunes")
-      return load_text(c.data.path == default_fashion_mnist_dir ? default_fortunes_dir : c.data.path, c.data.context,
-                       c.data.train_limit, c.data.test_limit);
-    return load_fashion_mnist(c.data.path, c.data.train_limit, c.data.test_limit);
+      return load_text(data_directory(c.data), c.data.context, c.data.train_limit, c.data.test_limit);
+    return load_fashion_mnist(data_directory(c.data), c.data.train_limit, c.data.test_limit);
   } catch (const DataError& e) {
     throw SetupError(std::string("data: ") + e.what());
   }

@@ -37,6 +37,7 @@ class Linear final : public Layer {
     ctx.backend.gemm(input_, false, weight_.working, true, y, ctx.gemm_numerics(GemmRole::fprop, p.activations, p.weights),
                      ctx.stream(Site::output_sum));
     ctx.backend.add_row_vector(y, bias_.working);
+    ctx.note_output_logits(y);  // the model's logits, when this is its last layer, before they round
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
     return y;
   }
@@ -216,18 +217,26 @@ class Flatten final : public Layer {
   Shape input_shape_;
 };
 
-// Every activation of the table (numerics_layers.hpp): y = f(x), dx = f'(x) dy.
+// An activation of the table (numerics_layers.hpp), element by element, or as a gated linear unit
+// (Shazeer 2020) on rows of [gate | value]: activation(gate) * value (SiLU:
+// SwiGLU). Rounded as autocast rounds the activation (binary32 when fp32_ops
+// lists it and the table allows it).
 class Pointwise final : public Layer {
  public:
-  Pointwise(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
-  Shape output_shape(const Shape& in) const override { return in; }
+  Pointwise(std::string name, Activation kind, bool gated) : Layer(std::move(name)), kind_(kind), gated_(gated) {}
+  Shape output_shape(const Shape& in) const override { return gated_ ? Shape{in[0], in[1] / 2} : in; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
   }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
+    if (gated_ && (x.shape().size() != 2 || x.cols() % 2 != 0))
+      throw std::invalid_argument(name() + ": expects rows of 2n values [gate | value]");
     input_ = x;
-    Tensor y = ctx.backend.empty(x.shape());
-    ctx.backend.activation_forward(kind_, x, y);
+    Tensor y = ctx.backend.empty(output_shape(x.shape()));
+    if (gated_)
+      ctx.backend.gated_activation_forward(kind_, x, y);
+    else
+      ctx.backend.activation_forward(kind_, x, y);
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
@@ -235,7 +244,10 @@ class Pointwise final : public Layer {
     Tensor dx;
     if (need_input_grad) {
       dx = ctx.backend.empty(input_.shape());
-      ctx.backend.activation_backward(kind_, input_, dy, dx);
+      if (gated_)
+        ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
+      else
+        ctx.backend.activation_backward(kind_, input_, dy, dx);
       ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
     input_ = Tensor();
@@ -248,20 +260,26 @@ class Pointwise final : public Layer {
                                                                                           : p.elementwise;
   }
   Activation kind_;
+  bool gated_;
   Tensor input_;
 };
 
-class LayerNorm final : public Layer {
+// LayerNorm, or RMSNorm when not centred (Zhang and Sennrich 2019; LLaMA):
+// no mean and no beta. Both round as autocast's layer_norm: their output in
+// binary32 when fp32_ops lists "layer_norm", else at `elementwise`.
+class Norm final : public Layer {
  public:
-  LayerNorm(std::string name, std::int64_t features, float eps)
-      : Layer(std::move(name)), features_(features), eps_(eps) {
+  Norm(std::string name, std::int64_t features, float eps, bool centered)
+      : Layer(std::move(name)), features_(features), eps_(eps), centered_(centered) {
     gamma_.name = this->name() + ".weight";
     gamma_.shape = {features};
     beta_.name = this->name() + ".bias";
     beta_.shape = {features};
   }
   Shape output_shape(const Shape& in) const override { return in; }
-  std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
+  std::vector<Parameter*> parameters() override {
+    return centered_ ? std::vector<Parameter*>{&gamma_, &beta_} : std::vector<Parameter*>{&gamma_};
+  }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
   }
@@ -269,11 +287,15 @@ class LayerNorm final : public Layer {
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     Backend& b = ctx.backend;
     input_ = x.reshaped(with_rows(x.numel() / features_, features_));
-    mean_ = b.empty({input_.rows()});
     rstd_ = b.empty({input_.rows()});
     Tensor y = b.empty(input_.shape());
     // Statistics in binary32 always (autocast runs layer_norm in FP32).
-    b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_);
+    if (centered_) {
+      mean_ = b.empty({input_.rows()});
+      b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_);
+    } else {
+      b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_);
+    }
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y.reshaped(x.shape());
   }
@@ -281,10 +303,14 @@ class LayerNorm final : public Layer {
     Backend& b = ctx.backend;
     const Policy& p = ctx.policy;
     Tensor dx = b.empty(input_.shape());
-    b.layer_norm_backward(input_, gamma_.working, mean_, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
-                          beta_.grad);
+    if (centered_) {
+      b.layer_norm_backward(input_, gamma_.working, mean_, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
+                            beta_.grad);
+    } else {
+      b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad);
+    }
     ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
-    ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
+    if (centered_) ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
     if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
     input_ = mean_ = rstd_ = Tensor();
     return need_input_grad ? dx.reshaped(dy.shape()) : Tensor();
@@ -296,59 +322,12 @@ class LayerNorm final : public Layer {
   }
   std::int64_t features_;
   float eps_;
+  bool centered_;
   Parameter gamma_, beta_;
   Tensor input_, mean_, rstd_;
 };
 
-// RMSNorm (Zhang and Sennrich 2019): LayerNorm without the mean and the
-// bias, rounded as LayerNorm (fp32_ops' "layer_norm" covers both norms).
-class RmsNorm final : public Layer {
- public:
-  RmsNorm(std::string name, std::int64_t features, float eps)
-      : Layer(std::move(name)), features_(features), eps_(eps) {
-    gamma_.name = this->name() + ".weight";
-    gamma_.shape = {features};
-  }
-  Shape output_shape(const Shape& in) const override { return in; }
-  std::vector<Parameter*> parameters() override { return {&gamma_}; }
-  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return output_point(p);
-  }
-  Tensor forward(StepContext& ctx, const Tensor& x) override {
-    Backend& b = ctx.backend;
-    input_ = x.reshaped(with_rows(x.numel() / features_, features_));
-    rstd_ = b.empty({input_.rows()});
-    Tensor y = b.empty(input_.shape());
-    b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_);
-    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
-    return y.reshaped(x.shape());
-  }
-  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
-    Backend& b = ctx.backend;
-    const Policy& p = ctx.policy;
-    Tensor dx = b.empty(input_.shape());
-    b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad);
-    ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
-    if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    input_ = rstd_ = Tensor();
-    return need_input_grad ? dx.reshaped(dy.shape()) : Tensor();
-  }
-
- private:
-  static RoundingPoint output_point(const Policy& p) {
-    return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
-  }
-  std::int64_t features_;
-  float eps_;
-  Parameter gamma_;
-  Tensor input_, rstd_;
-};
-
 }  // namespace
-
-std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps) {
-  return std::make_unique<RmsNorm>(std::move(name), features, eps);
-}
 
 std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out) {
   return std::make_unique<Linear>(std::move(name), in, out);
@@ -362,10 +341,16 @@ std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, st
 }
 std::unique_ptr<Layer> make_flatten(std::string name) { return std::make_unique<Flatten>(std::move(name)); }
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind) {
-  return std::make_unique<Pointwise>(std::move(name), kind);
+  return std::make_unique<Pointwise>(std::move(name), kind, false);
+}
+std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind) {
+  return std::make_unique<Pointwise>(std::move(name), kind, true);
 }
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
-  return std::make_unique<LayerNorm>(std::move(name), features, eps);
+  return std::make_unique<Norm>(std::move(name), features, eps, true);
+}
+std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps) {
+  return std::make_unique<Norm>(std::move(name), features, eps, false);
 }
 
 }  // namespace mpsim::core

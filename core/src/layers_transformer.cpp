@@ -343,44 +343,6 @@ class QkNorm final : public Layer {
   Tensor input_, mean_, rstd_;
 };
 
-// A gated linear unit f(a) * b on rows of [a | b] (Shazeer 2020): SwiGLU
-// with SiLU, GEGLU with GELU. Rounded as the activation is (binary32 when
-// fp32_ops lists it and autocast would).
-class GatedActivation final : public Layer {
- public:
-  GatedActivation(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
-  Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 2}; }
-  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return output_point(p);
-  }
-  Tensor forward(StepContext& ctx, const Tensor& x) override {
-    if (x.shape().size() != 2 || x.cols() % 2 != 0)
-      throw std::invalid_argument(name() + ": expects rows of 2n values [gate | value]");
-    input_ = x;
-    Tensor y = ctx.backend.empty(output_shape(x.shape()));
-    ctx.backend.gated_activation_forward(kind_, x, y);
-    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
-    return y;
-  }
-  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
-    Tensor dx;
-    if (need_input_grad) {
-      dx = ctx.backend.empty(input_.shape());
-      ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
-      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    }
-    input_ = Tensor();
-    return dx;
-  }
-
- private:
-  RoundingPoint output_point(const Policy& p) const {
-    return activation_is_fp32_op(kind_) && p.runs_in_fp32(to_string(kind_)) ? RoundingPoint{} : p.elementwise;
-  }
-  Activation kind_;
-  Tensor input_;
-};
-
 // The mean over each sample's tokens: [batch * tokens, width] -> [batch, width].
 class SequenceMean final : public Layer {
  public:
@@ -428,9 +390,6 @@ std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps) {
   return std::make_unique<QkNorm>(std::move(name), tokens, heads, head_dim, eps);
-}
-std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind) {
-  return std::make_unique<GatedActivation>(std::move(name), kind);
 }
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens) {
   return std::make_unique<SequenceMean>(std::move(name), tokens);

@@ -118,6 +118,10 @@ void StepContext::note_logit_max(const Tensor& logits) {
   if (logit_max) (*logit_max).at(static_cast<std::size_t>(layer)) = backend.max_abs_finite(logits);
 }
 
+void StepContext::note_output_logits(const Tensor& logits) {
+  if (logit_max && layer == output_layer && !logit_max->empty()) logit_max->back() = backend.max_abs_finite(logits);
+}
+
 void StepContext::round_state(Tensor& state, const RoundingPoint& point, Site site) {
   if (point.is_identity()) return;
   backend.round_state(state, point, history(point, site), policy.delayed_scaling.margin, stream(site));

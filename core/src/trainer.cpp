@@ -67,6 +67,7 @@ class Arm {
     backend_.set_threads(setup.train.threads);
     backend_.set_cpu_gemm(setup.train.gemm);
     auto& layers = model_.layers();
+    ctx_.output_layer = static_cast<int>(layers.size()) - 1;
     bool earlier_has_parameters = false;
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
       needs_input_grad_.push_back(earlier_has_parameters);
@@ -229,7 +230,9 @@ class Arm {
     const auto n = static_cast<std::int64_t>(labels.size());  // rows of logits: labels_per_sample per sample
     const Tensor logits = forward(images, data_.train);
     ctx_.layer = static_cast<int>(layers.size());
-    ctx_.note_logit_max(logits);
+    // A last layer that does not note its logits before rounding them (every
+    // model here ends in a Linear, which does): their rounded values.
+    if (ctx_.logit_max && std::isnan(ctx_.logit_max->back())) ctx_.note_logit_max(logits);
     Tensor d_logits = backend_.empty(logits.shape());
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.

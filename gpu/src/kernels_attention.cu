@@ -225,14 +225,15 @@ void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, co
 
 void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
                       const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta, cudaStream_t stream) {
+  // The parameter gradients first: an empty batch still writes them (zeros), as the CPU does.
+  qk_norm_parameter_grad_kernel<<<blocks(2 * s.head_dim), threads, 0, stream>>>(qkv, mean, rstd, dy, s, dgamma,
+                                                                                 dbeta);
+  MPSIM_CUDA_CHECK_LAUNCH();
   const std::int64_t segments = s.rows() * core::qk_norm_segments(s);
   if (segments <= 0) return;
   qk_norm_input_grad_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, mean, rstd, dy, s, dx);
   MPSIM_CUDA_CHECK_LAUNCH();
   copy_v_kernel<<<blocks(s.rows() * s.width()), threads, 0, stream>>>(dy, s, dx);
-  MPSIM_CUDA_CHECK_LAUNCH();
-  qk_norm_parameter_grad_kernel<<<blocks(2 * s.head_dim), threads, 0, stream>>>(qkv, mean, rstd, dy, s, dgamma,
-                                                                                 dbeta);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

@@ -278,3 +278,13 @@ TEST_CASE("experiment: the summary table's layout", "[experiment]") {
             footnote + "(n/a: no step was instrumented; set train.stats_interval > 0 to measure these)\n" +
             "\nlog: runs/x.h5\nconfig: runs/x.toml\n");
 }
+
+TEST_CASE("data.path: empty means the dataset's Debian directory, anything else is taken as given", "[experiment]") {
+  DataSpec d;
+  CHECK(d.path.empty());
+  CHECK(data_directory(d) == default_fashion_mnist_dir);
+  d.dataset = "fortunes";
+  CHECK(data_directory(d) == default_fortunes_dir);
+  d.path = "/srv/text";
+  CHECK(data_directory(d) == "/srv/text");
+}

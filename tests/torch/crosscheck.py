@@ -437,7 +437,8 @@ def free_final_values(d, name, torch_value, mpsim_value):
     biases by about lr per step in the direction of the noise's sign, which differs between two correct
     implementations. The same holds for the k half of a QK-LayerNorm's beta. The free check leaves those
     values out; the local and replay checks cover them."""
-    if d.get("model") in ("vit", "gpt") and name.endswith(".qkv.bias"):
+    qk_norm = d.config.get("qk_norm", ["0"])[0] == "1"  # then k's bias passes a LayerNorm: a real gradient
+    if d.get("model") in ("vit", "gpt") and name.endswith(".qkv.bias") and not qk_norm:
         width = d.get("width", kind=int)
         keep = np.r_[0:width, 2 * width:3 * width]
         return torch_value[keep], mpsim_value[keep]

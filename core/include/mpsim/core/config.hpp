@@ -27,11 +27,15 @@ class ConfigError : public std::runtime_error {
 
 struct DataSpec {
   std::string dataset = "fashion-mnist";  // or "synthetic", "fortunes"
-  std::string path = default_fashion_mnist_dir;
+  std::string path;  // empty: the dataset's Debian directory (data_directory)
   std::int64_t train_limit = 0, test_limit = 0;            // > 0: use the first N samples
   std::int64_t synthetic_train = 4096, synthetic_test = 1024;
   std::int64_t context = 128;  // fortunes: tokens per sample
 };
+
+// Where a dataset's files are read from: `path`, or when it is empty the
+// directory Debian's package installs them to.
+std::string data_directory(const DataSpec& data);
 
 struct ExperimentConfig {
   std::string name = "default";

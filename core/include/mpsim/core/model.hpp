@@ -88,6 +88,7 @@ class StepContext {
   // logits' maxima and, in the "loss" row, the output logits' (Wortsman et
   // al. 2023 follow both to see a run diverge).
   std::vector<double>* logit_max = nullptr;
+  int output_layer = -1;  // the layer whose output is the model's logits (the trainer sets it)
   int block_points_end = std::numeric_limits<int>::max();
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
@@ -100,6 +101,10 @@ class StepContext {
   // Keeps max |logits| (finite values) as the current layer's logit maximum
   // when this step logs them.
   void note_logit_max(const Tensor& logits);
+  // The same for the model's output logits, kept in the last row ("loss"),
+  // when the current layer is output_layer: a layer calls it before it
+  // rounds its output, so the maximum is the binary32 logits'.
+  void note_output_logits(const Tensor& logits);
   // A stochastic stream unique to (seed, layer, site, step): the one place a
   // tensor's identity becomes its random draws.
   StochasticStream stream(Site site) const { return stream(site, step); }
@@ -201,6 +206,8 @@ std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, st
 std::unique_ptr<Layer> make_flatten(std::string name);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
+// A gated linear unit: rows of [a | b] -> activation(a) * b (SiLU: SwiGLU).
+std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 // Transformers (layers_transformer.cpp). Token ids -> rows of a [vocabulary, width] table.
@@ -219,8 +226,6 @@ std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps = 1e-5f);
-// A gated linear unit: rows of [a | b] -> activation(a) * b (numerics_layers.hpp).
-std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind);
 // The mean over each sample's tokens.
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens);
 

@@ -10,8 +10,9 @@
 // to nearest even (numerics.hpp: no FMA contraction on either side). What
 // still differs between the backends is the libm: erff, expf and logf are
 // glibc's on the host and CUDA's on the device (CUDA documents at most 2, 2
-// and 1 ulps), so GELU and the loss agree within the bounds
-// tests/gpu/test_backend_ops.cpp states; everything else is bit for bit.
+// and 1 ulps), so GELU, SiLU, the gated units and the loss agree within the
+// bounds tests/gpu/test_backend_ops.cpp states; everything else is bit for
+// bit.
 // The reductions that are not per row (the parameter gradients' sums over
 // rows, Eigen's column sums) stay in each backend; LayerNorm's dgamma and
 // dbeta add rows in increasing order from 0 on both.
