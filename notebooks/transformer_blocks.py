@@ -43,9 +43,9 @@ def glu_top_binade(f, arm: str) -> dict:
     """The SwiGLU outputs' top binade (log2 of their largest magnitude, to within a factor of 2) at each stats step,
     over every gated layer: {"step": steps, "top_binade": values}."""
     steps, tops = None, None
+    b = ml.bins(f, arm)
     for layer in glu_layers(f, arm):
         s, _, counts = ml.histogram(f, arm, layer, "activations")
-        b = ml.bins(f, arm)
         top = ml.top_binade(counts, b).astype(float)
         steps, tops = s, top if tops is None else np.fmax(tops, top)
     return {"step": steps if steps is not None else np.array([]), "top_binade": tops if tops is not None else np.array([])}
