@@ -27,7 +27,7 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 # Version 3 lacks stats/logit_max: everything but `logit_max` reads it.

@@ -2,6 +2,7 @@
 // then runs the backend's implementation, which trusts its inputs.
 #include "mpsim/core/backend.hpp"
 
+#include <cmath>
 #include <string>
 
 namespace mpsim::core {
@@ -185,7 +186,7 @@ void Backend::gated_activation_backward(Activation kind, const Tensor& x, const 
 }
 
 void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                                 Tensor& mean, Tensor& rstd) {
+                                 Tensor& mean, Tensor& rstd, const InternalRounding& low) {
   const std::string_view call = "layer_norm_forward";
   require_support(Op::layer_norm, call);
   for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&y, "y"}, {&mean, "mean"},
@@ -194,10 +195,11 @@ void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Ten
   require_shape(gamma.numel() == x.cols() && beta.numel() == x.cols(), call, "gamma and beta need x's row width");
   require_shape(y.numel() == x.numel() && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
                 "y needs x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
-  layer_norm_forward_impl(x, gamma, beta, eps, y, mean, rstd);
+  layer_norm_forward_impl(x, gamma, beta, eps, y, mean, rstd, low);
 }
 
-void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) {
+void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                               const InternalRounding& low) {
   const std::string_view call = "rms_norm_forward";
   require_support(Op::layer_norm, call);
   for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&y, "y"}, {&rstd, "rstd"}})
@@ -205,11 +207,11 @@ void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, 
   require_shape(gamma.numel() == x.cols(), call, "gamma needs x's row width");
   require_shape(y.numel() == x.numel() && rstd.numel() == x.rows(), call,
                 "y needs x's size, rstd one value per row of x " + shape_text(x.shape()));
-  rms_norm_forward_impl(x, gamma, eps, y, rstd);
+  rms_norm_forward_impl(x, gamma, eps, y, rstd, low);
 }
 
 void Backend::rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
-                                Tensor& dx, Tensor& dgamma) {
+                                Tensor& dx, Tensor& dgamma, const InternalRounding& low) {
   const std::string_view call = "rms_norm_backward";
   require_support(Op::layer_norm, call);
   for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&rstd, "rstd"}, {&dy, "dy"}, {&dx, "dx"},
@@ -218,11 +220,12 @@ void Backend::rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tens
   require_shape(gamma.numel() == x.cols() && dgamma.numel() == x.cols(), call, "gamma and dgamma need x's row width");
   require_shape(same_size({&x, &dy, &dx}) && rstd.numel() == x.rows(), call,
                 "x, dy and dx need one size, rstd one value per row of x " + shape_text(x.shape()));
-  rms_norm_backward_impl(x, gamma, rstd, dy, dx, dgamma);
+  rms_norm_backward_impl(x, gamma, rstd, dy, dx, dgamma, low);
 }
 
 void Backend::layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                  const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+                                  const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                                  const InternalRounding& low) {
   const std::string_view call = "layer_norm_backward";
   require_support(Op::layer_norm, call);
   for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dy, "dy"},
@@ -232,7 +235,7 @@ void Backend::layer_norm_backward(const Tensor& x, const Tensor& gamma, const Te
                 "gamma, dgamma and dbeta need x's row width");
   require_shape(same_size({&x, &dy, &dx}) && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
                 "dy and dx need x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
-  layer_norm_backward_impl(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+  layer_norm_backward_impl(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, low);
 }
 
 namespace {
@@ -340,7 +343,7 @@ void Backend::require_attention(const AttentionShape& s, std::string_view call,
 }
 
 void Backend::qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& shape,
-                              float eps, Tensor& y, Tensor& mean, Tensor& rstd) {
+                              float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) {
   const std::string_view call = "qk_norm_forward";
   require_attention(shape, call, {{&qkv, "qkv"}, {&y, "y"}}, {}, {});
   for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&beta, "beta"}, {&mean, "mean"}, {&rstd, "rstd"}})
@@ -349,11 +352,11 @@ void Backend::qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tens
                 "gamma and beta need 2 x head_dim values");
   require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
                 "mean and rstd need one value per row, part (q, k) and head");
-  qk_norm_forward_impl(qkv, gamma, beta, shape, eps, y, mean, rstd);
+  qk_norm_forward_impl(qkv, gamma, beta, shape, eps, y, mean, rstd, low);
 }
 void Backend::qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
-                               Tensor& dbeta) {
+                               Tensor& dbeta, const InternalRounding& low) {
   const std::string_view call = "qk_norm_backward";
   require_attention(shape, call, {{&qkv, "qkv"}, {&dy, "dy"}, {&dx, "dx"}}, {}, {});
   for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dgamma, "dgamma"},
@@ -364,7 +367,7 @@ void Backend::qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Ten
                 call, "gamma, dgamma and dbeta need 2 x head_dim values");
   require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
                 "mean and rstd need one value per row, part (q, k) and head");
-  qk_norm_backward_impl(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta);
+  qk_norm_backward_impl(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta, low);
 }
 
 void Backend::attention_scores(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) {
@@ -388,20 +391,41 @@ void Backend::attention_scores_backward(const Tensor& dscores, const Tensor& qkv
   attention_scores_backward_impl(dscores, qkv, shape, dqkv);
 }
 
-void Backend::softmax_forward(const Tensor& x, Tensor& probs) {
+void Backend::softmax_forward(const Tensor& x, Tensor& probs, const InternalRounding& low) {
   require_support(Op::softmax, "softmax_forward");
   require_tensor(x, "softmax_forward", "x");
   require_tensor(probs, "softmax_forward", "probs");
   require_shape(same_size({&x, &probs}), "softmax_forward", "x and probs differ in size");
-  softmax_forward_impl(x, probs);
+  softmax_forward_impl(x, probs, low);
 }
-void Backend::softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx) {
+void Backend::softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
+                               const InternalRounding& low) {
   require_support(Op::softmax, "softmax_backward");
   require_tensor(probs, "softmax_backward", "probs");
   require_tensor(dprobs, "softmax_backward", "dprobs");
   require_tensor(dx, "softmax_backward", "dx");
   require_shape(same_size({&probs, &dprobs, &dx}), "softmax_backward", "probs, dprobs and dx differ in size");
-  softmax_backward_impl(probs, dprobs, dx);
+  softmax_backward_impl(probs, dprobs, dx, low);
+}
+
+void Backend::soft_cap_forward(const Tensor& x, float cap, Tensor& y) {
+  require_support(Op::soft_cap, "soft_cap_forward");
+  require_tensor(x, "soft_cap_forward", "x");
+  require_tensor(y, "soft_cap_forward", "y");
+  require_shape(same_size({&x, &y}), "soft_cap_forward", "x and y differ in size");
+  if (!(cap > 0.0f && std::isfinite(cap)))
+    throw std::invalid_argument("soft_cap_forward: the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
+  soft_cap_forward_impl(x, cap, y);
+}
+void Backend::soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) {
+  require_support(Op::soft_cap, "soft_cap_backward");
+  require_tensor(y, "soft_cap_backward", "y");
+  require_tensor(dy, "soft_cap_backward", "dy");
+  require_tensor(dx, "soft_cap_backward", "dx");
+  require_shape(same_size({&y, &dy, &dx}), "soft_cap_backward", "y, dy and dx differ in size");
+  if (!(cap > 0.0f && std::isfinite(cap)))
+    throw std::invalid_argument("soft_cap_backward: the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
+  soft_cap_backward_impl(y, dy, cap, dx);
 }
 
 void Backend::sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y) {

@@ -402,6 +402,16 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::gated>("gated", "",
                            "vit, gpt: each block's MLP as a gated linear unit, activation(x W1) * (x V) (Shazeer "
                            "2020): with activation = \"silu\" the SwiGLU of LLaMA; fc1 then has 2 x mlp_width outputs"),
+    key<&ModelSpec::attention_softcap>(
+        "attention_softcap", "",
+        "vit, gpt: > 0 caps every attention logit at +-this, cap x tanh(logit / cap), after its rounding and before "
+        "the softmax (Gemma 2: 50); the logged maximum is the logit before the cap. 0: off",
+        finite_at_least(0)),
+    key<&ModelSpec::logit_softcap>(
+        "logit_softcap", "",
+        "vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30), a `softcap` layer after the head; the loss "
+        "and accuracy read the capped logits, the logged maximum is the head's output before the cap. 0: off",
+        finite_at_least(0)),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
     key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),
@@ -574,6 +584,8 @@ Policy read_policy(const std::string& name, const toml::table* table) {
     gemm_model(p, p.gradient_operands, p.activations);
     gemm_model(p, p.gradient_operands, p.weights);
     check_block_points(p);
+    internal_rounding(p, &Policy::softmax_internals, "softmax");
+    internal_rounding(p, &Policy::norm_statistics, "layer_norm");
   } catch (const std::invalid_argument& e) {
     throw ConfigError("policies." + name + ": " + e.what());
   }

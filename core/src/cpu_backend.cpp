@@ -409,13 +409,13 @@ class CpuBackend final : public Backend {
   // QK-LayerNorm: numerics_attention.hpp's segment rules, rows in order; the
   // parameter gradients per index, as the CUDA kernel's threads sum them.
   void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
-                            float eps, Tensor& y, Tensor& mean, Tensor& rstd) override {
+                            float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
     const float *x = data(qkv), *g = data(gamma), *b = data(beta);
     float *out = data(y), *mu = data(mean), *rs = data(rstd);
     const std::int64_t segments = qk_norm_segments(s), width = s.width();
     for (std::int64_t r = 0; r < s.rows(); ++r) {
       for (std::int64_t seg = 0; seg < segments; ++seg) {
-        const LayerNormStatistics st = qk_norm_segment(x, g, b, s, eps, r, seg, out);
+        const LayerNormStatistics st = qk_norm_segment(x, g, b, s, eps, r, seg, out, low);
         mu[r * segments + seg] = st.mean;
         rs[r * segments + seg] = st.rstd;
       }
@@ -424,13 +424,13 @@ class CpuBackend final : public Backend {
   }
   void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
-                             Tensor& dbeta) override {
+                             Tensor& dbeta, const InternalRounding& low) override {
     const float *x = data(qkv), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
     float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
     const std::int64_t segments = qk_norm_segments(s), width = s.width();
     for (std::int64_t r = 0; r < s.rows(); ++r) {
       for (std::int64_t seg = 0; seg < segments; ++seg)
-        qk_norm_segment_grad(x, g, gy, s, mu[r * segments + seg], rs[r * segments + seg], r, seg, gx);
+        qk_norm_segment_grad(x, g, gy, s, mu[r * segments + seg], rs[r * segments + seg], r, seg, gx, low);
       std::copy_n(gy + r * 3 * width + 2 * width, width, gx + r * 3 * width + 2 * width);
     }
     for (std::int64_t i = 0; i < 2 * s.head_dim; ++i) {
@@ -439,14 +439,25 @@ class CpuBackend final : public Backend {
       gb[i] = p.dbeta;
     }
   }
-  void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
+  void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) override {
     const std::int64_t cols = x.cols();
-    for (std::int64_t r = 0; r < x.rows(); ++r) softmax_row(data(x) + r * cols, cols, data(probs) + r * cols);
+    for (std::int64_t r = 0; r < x.rows(); ++r) softmax_row(data(x) + r * cols, cols, data(probs) + r * cols, low);
   }
-  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) override {
+  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
+                             const InternalRounding& low) override {
     const std::int64_t cols = probs.cols();
     for (std::int64_t r = 0; r < probs.rows(); ++r)
-      softmax_backward_row(data(probs) + r * cols, data(dprobs) + r * cols, cols, data(dx) + r * cols);
+      softmax_backward_row(data(probs) + r * cols, data(dprobs) + r * cols, cols, data(dx) + r * cols, low);
+  }
+  void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
+    const float* in = data(x);
+    float* out = data(y);
+    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = soft_cap(in[i], cap);
+  }
+  void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
+    const float *capped = data(y), *g = data(dy);
+    float* out = data(dx);
+    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = soft_cap_grad(capped[i], g[i], cap);
   }
   void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
     const std::int64_t width = x.cols();
@@ -481,20 +492,21 @@ class CpuBackend final : public Backend {
 
   // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                          Tensor& mean, Tensor& rstd) override {
+                          Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma), *b = data(beta);
     float *out = data(y), *mu = data(mean), *rs = data(rstd);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = in + r * cols;
-      const LayerNormStatistics st = layer_norm_statistics(row, cols, eps);
+      const LayerNormStatistics st = layer_norm_statistics(row, cols, eps, true, low);
       mu[r] = st.mean;
       rs[r] = st.rstd;
       for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = layer_norm_output(row[j], st.mean, st.rstd, g[j], b[j]);
     }
   }
   void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                           const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
     float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
@@ -502,7 +514,7 @@ class CpuBackend final : public Backend {
     std::fill(gb, gb + cols, 0.0f);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float *row = in + r * cols, *grow = gy + r * cols;
-      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, mu[r], rs[r]);
+      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, mu[r], rs[r], true, low);
       for (std::int64_t j = 0; j < cols; ++j) {
         const float xhat = layer_norm_xhat(row[j], mu[r], rs[r]);
         gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);
@@ -513,25 +525,26 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override {
+  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                             const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma);
     float *out = data(y), *rs = data(rstd);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float* row = in + r * cols;
-      rs[r] = layer_norm_statistics(row, cols, eps, false).rstd;
+      rs[r] = layer_norm_statistics(row, cols, eps, false, low).rstd;
       for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = rms_norm_output(row[j], rs[r], g[j]);
     }
   }
   void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                              Tensor& dgamma) override {
+                              Tensor& dgamma, const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     const float *in = data(x), *g = data(gamma), *rs = data(rstd), *gy = data(dy);
     float *gx = data(dx), *gg = data(dgamma);
     std::fill(gg, gg + cols, 0.0f);
     for (std::int64_t r = 0; r < rows; ++r) {
       const float *row = in + r * cols, *grow = gy + r * cols;
-      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, 0.0f, rs[r], false);
+      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, 0.0f, rs[r], false, low);
       for (std::int64_t j = 0; j < cols; ++j) {
         const float xhat = layer_norm_xhat(row[j], 0.0f, rs[r]);
         gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);

@@ -289,12 +289,14 @@ class Norm final : public Layer {
     input_ = x.reshaped(with_rows(x.numel() / features_, features_));
     rstd_ = b.empty({input_.rows()});
     Tensor y = b.empty(input_.shape());
-    // Statistics in binary32 always (autocast runs layer_norm in FP32).
+    // Statistics as norm_statistics says (binary64 sums by default, as
+    // autocast's FP32 layer_norm; binary32 whenever fp32_ops lists it).
+    const InternalRounding low = statistics(ctx.policy);
     if (centered_) {
       mean_ = b.empty({input_.rows()});
-      b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_);
+      b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_, low);
     } else {
-      b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_);
+      b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_, low);
     }
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y.reshaped(x.shape());
@@ -305,9 +307,10 @@ class Norm final : public Layer {
     Tensor dx = b.empty(input_.shape());
     if (centered_) {
       b.layer_norm_backward(input_, gamma_.working, mean_, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
-                            beta_.grad);
+                            beta_.grad, statistics(p));
     } else {
-      b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad);
+      b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
+                          statistics(p));
     }
     ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     if (centered_) ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
@@ -319,6 +322,9 @@ class Norm final : public Layer {
  private:
   static RoundingPoint output_point(const Policy& p) {
     return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
+  }
+  static InternalRounding statistics(const Policy& p) {
+    return internal_rounding(p, &Policy::norm_statistics, "layer_norm");
   }
   std::int64_t features_;
   float eps_;

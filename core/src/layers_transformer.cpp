@@ -202,15 +202,16 @@ class ResidualAdd final : public Layer {
 // the output projection are layers of their own). Rounding, as autocast
 // does it: q, k, v as GEMM operands (activations); the logits as a GEMM's
 // output (gemm_output); softmax in binary32 when fp32_ops lists "softmax",
-// else its probabilities rounded as elementwise, then as the second GEMM's
+// else its arithmetic as softmax_internals says and its probabilities
+// rounded as elementwise, then as the second GEMM's
 // operand; the output as a GEMM's output. Backward: the output gradient as
 // an operand, the probabilities' gradient as a GEMM's result
 // (activation_grads), the logits' gradient as an operand, dqkv as
 // activation_grads.
 class SelfAttention final : public Layer {
  public:
-  SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal)
-      : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal) {}
+  SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap)
+      : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal), softcap_(softcap) {}
   Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 3}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
@@ -225,8 +226,13 @@ class SelfAttention final : public Layer {
     b.attention_scores(qkv_, shape_, scores);
     ctx.note_logit_max(scores);
     ctx.round(scores, p.gemm_output, std::nullopt, Site::attention_scores);
+    if (softcap_ > 0.0f) {  // in binary32 on the rounded logits, as the softmax kernel's prologue
+      capped_ = b.empty(scores.shape());
+      b.soft_cap_forward(scores, softcap_, capped_);
+      scores = capped_;
+    }
     probs_ = b.empty(scores.shape());
-    b.softmax_forward(scores, probs_);
+    b.softmax_forward(scores, probs_, internals(p));
     ctx.round(probs_, softmax_point(p), std::nullopt, Site::attention_probs);
     probs_operand_ = operand(ctx, probs_, p.activations, softmax_point(p), Site::attention_probs_operand);
     Tensor y = b.empty({shape_.rows(), shape_.width()});
@@ -246,18 +252,22 @@ class SelfAttention final : public Layer {
       b.attention_values_backward(probs_operand_, qkv_, dout, shape_, dprobs, dqkv);
       ctx.round(dprobs, p.activation_grads, std::nullopt, Site::attention_probs_grad);
       Tensor dscores = b.empty(probs_.shape());
-      b.softmax_backward(probs_, dprobs, dscores);
+      b.softmax_backward(probs_, dprobs, dscores, internals(p));
+      if (softcap_ > 0.0f) b.soft_cap_backward(capped_, dscores, softcap_, dscores);
       ctx.round(dscores, p.gradient_operands, std::nullopt, Site::attention_scores_grad);
       b.attention_scores_backward(dscores, qkv_, shape_, dqkv);
       ctx.round(dqkv, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
-    qkv_ = probs_ = probs_operand_ = Tensor();
+    qkv_ = probs_ = probs_operand_ = capped_ = Tensor();
     return dqkv;
   }
 
  private:
   static RoundingPoint softmax_point(const Policy& p) {
     return p.runs_in_fp32("softmax") ? RoundingPoint{} : p.elementwise;
+  }
+  static InternalRounding internals(const Policy& p) {
+    return internal_rounding(p, &Policy::softmax_internals, "softmax");
   }
   AttentionShape shape_of(const Tensor& x) const {
     if (x.shape().size() != 2 || x.cols() % (3 * heads_) != 0 || x.rows() % tokens_ != 0)
@@ -273,8 +283,41 @@ class SelfAttention final : public Layer {
   }
   std::int64_t tokens_, heads_;
   bool causal_;
+  float softcap_;  // > 0: the logits soft-capped at +-softcap before the softmax
   AttentionShape shape_;
-  Tensor qkv_, probs_, probs_operand_;
+  Tensor qkv_, probs_, probs_operand_, capped_;
+};
+
+// Soft-capping of the model's logits (Gemma 2's final logit soft-capping):
+// the head's rounded output capped in binary32, as the loss reads it; the
+// gradient rounds at activation_grads. The logged output-logit maximum is
+// the head's, before the cap (StepContext::output_layer is the head).
+class SoftCap final : public Layer {
+ public:
+  SoftCap(std::string name, float cap) : Layer(std::move(name)), cap_(cap) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>&) const override {
+    return RoundingPoint{};
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    capped_ = ctx.backend.empty(x.shape());
+    ctx.backend.soft_cap_forward(x, cap_, capped_);
+    return capped_;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor dx;
+    if (need_input_grad) {
+      dx = ctx.backend.empty(dy.shape());
+      ctx.backend.soft_cap_backward(capped_, dy, cap_, dx);
+      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    }
+    capped_ = Tensor();
+    return dx;
+  }
+
+ private:
+  float cap_;
+  Tensor capped_;
 };
 
 // QK-LayerNorm on the qkv Linear's [q | k | v] rows (numerics_attention.hpp):
@@ -303,7 +346,7 @@ class QkNorm final : public Layer {
     mean_ = b.empty({shape_.rows() * 2 * heads_});
     rstd_ = b.empty(mean_.shape());
     Tensor y = b.empty(x.shape());
-    b.qk_norm_forward(x, gamma_.working, beta_.working, shape_, eps_, y, mean_, rstd_);
+    b.qk_norm_forward(x, gamma_.working, beta_.working, shape_, eps_, y, mean_, rstd_, statistics(ctx.policy));
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
@@ -311,7 +354,8 @@ class QkNorm final : public Layer {
     Backend& b = ctx.backend;
     const Policy& p = ctx.policy;
     Tensor dx = b.empty(input_.shape());
-    b.qk_norm_backward(input_, gamma_.working, mean_, rstd_, dy, shape_, dx, gamma_.grad, beta_.grad);
+    b.qk_norm_backward(input_, gamma_.working, mean_, rstd_, dy, shape_, dx, gamma_.grad, beta_.grad,
+                       statistics(p));
     ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
     if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
@@ -322,6 +366,9 @@ class QkNorm final : public Layer {
  private:
   static RoundingPoint output_point(const Policy& p) {
     return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
+  }
+  static InternalRounding statistics(const Policy& p) {
+    return internal_rounding(p, &Policy::norm_statistics, "layer_norm");
   }
   AttentionShape shape_of(const Tensor& x) const {
     const std::int64_t head_dim = head_dim_;
@@ -384,8 +431,12 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
   auto state = std::make_shared<ResidualState>();
   return {std::make_unique<ResidualBranch>(branch_name, state), std::make_unique<ResidualAdd>(add_name, state)};
 }
-std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal) {
-  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal);
+std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
+                                           float softcap) {
+  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap);
+}
+std::unique_ptr<Layer> make_soft_cap(std::string name, float cap) {
+  return std::make_unique<SoftCap>(std::move(name), cap);
 }
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps) {

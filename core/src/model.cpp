@@ -159,7 +159,8 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(norm(b + "ln1", d));
         layers.push_back(make_linear(b + "qkv", d, 3 * d));
         if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
-        layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal));
+        layers.push_back(
+            make_self_attention(b + "attn", tokens, spec.heads, causal, static_cast<float>(spec.attention_softcap)));
         layers.push_back(make_linear(b + "proj", d, d));
         layers.push_back(std::move(attention.add));
         ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
@@ -184,6 +185,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       blocks(tokens, false);
       layers.push_back(make_sequence_mean("mean", tokens));
       layers.push_back(make_linear("head", d, in.classes));
+      if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     } else {
       // A decoder-only language model (Radford et al. 2018, GPT): token and
       // learned position embeddings, causal blocks, an untied head giving
@@ -194,6 +196,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       layers.push_back(make_position_embedding("pos", tokens, d));
       blocks(tokens, true);
       layers.push_back(make_linear("head", d, in.classes));
+      if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     }
   } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.

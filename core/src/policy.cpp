@@ -1,5 +1,6 @@
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/emulation/pattern_format.hpp"
 
 #include <algorithm>
 #include <sstream>
@@ -199,6 +200,20 @@ std::optional<AccumulationModel> gemm_model(const Policy& p, const RoundingPoint
                                 to_string(a) + " by " + to_string(b) +
                                 " operands; give activations, weights and gradient_operands one unscaled format");
   return model;
+}
+
+InternalRounding internal_rounding(const Policy& p, const RoundingPoint Policy::*point, std::string_view op) {
+  const RoundingPoint& r = p.*point;
+  if (r.delayed_scaling || r.rounding.mode == RoundingMode::stochastic) {
+    std::string_view key = "internal point";
+    for (const auto& named : rounding_points)
+      if (named.point == point) key = named.name;
+    throw std::invalid_argument(std::string(key) + " = \"" + to_string(r) + "\": the internal arithmetic of " +
+                                std::string(op) + " has no tensor to scale and no stream of random draws; use a " +
+                                "deterministic rounding without /scaled (for example \"bfloat16\")");
+  }
+  if (r.is_identity() || p.runs_in_fp32(op)) return {};
+  return {true, binary64_pattern_format(r.format), pattern_rounding(r.rounding)};
 }
 
 bool Policy::runs_in_fp32(std::string_view op) const {

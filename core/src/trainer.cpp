@@ -67,7 +67,10 @@ class Arm {
     backend_.set_threads(setup.train.threads);
     backend_.set_cpu_gemm(setup.train.gemm);
     auto& layers = model_.layers();
+    // The head: the last layer with parameters (a soft cap after it has none).
     ctx_.output_layer = static_cast<int>(layers.size()) - 1;
+    while (ctx_.output_layer > 0 && layers[static_cast<std::size_t>(ctx_.output_layer)]->parameters().empty())
+      --ctx_.output_layer;
     bool earlier_has_parameters = false;
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
       needs_input_grad_.push_back(earlier_has_parameters);

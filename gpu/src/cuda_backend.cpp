@@ -52,6 +52,7 @@ using core::Activation;
 using core::AttentionShape;
 using core::ConvGeometry;
 using core::Counter;
+using core::InternalRounding;
 using core::RoundingPoint;
 using core::RoundResult;
 using core::Shape;
@@ -594,23 +595,32 @@ class CudaBackend final : public core::Backend {
     kernels::attention_scores_backward(d, q, s, inout(dqkv), stream());
   }
   void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
-                            float eps, Tensor& y, Tensor& mean, Tensor& rstd) override {
+                            float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
     const Input x = in(qkv), g = in(gamma), b = in(beta);
-    kernels::qk_norm_forward(x, g, b, s, eps, out(y), out(mean), out(rstd), stream());
+    kernels::qk_norm_forward(x, g, b, s, eps, out(y), out(mean), out(rstd), low, stream());
   }
   void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                              const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
-                             Tensor& dbeta) override {
+                             Tensor& dbeta, const InternalRounding& low) override {
     const Input x = in(qkv), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
-    kernels::qk_norm_backward(x, g, mu, rs, gy, s, out(dx), out(dgamma), out(dbeta), stream());
+    kernels::qk_norm_backward(x, g, mu, rs, gy, s, out(dx), out(dgamma), out(dbeta), low, stream());
   }
-  void softmax_forward_impl(const Tensor& x, Tensor& probs) override {
+  void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) override {
     const Input v = in(x);
-    kernels::softmax_forward(v, x.rows(), x.cols(), out(probs), stream());
+    kernels::softmax_forward(v, x.rows(), x.cols(), out(probs), low, stream());
   }
-  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) override {
+  void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
+                             const InternalRounding& low) override {
     const Input p = in(probs), g = in(dprobs);
-    kernels::softmax_backward(p, g, probs.rows(), probs.cols(), out(dx), stream());
+    kernels::softmax_backward(p, g, probs.rows(), probs.cols(), out(dx), low, stream());
+  }
+  void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
+    const Input v = in(x);
+    kernels::soft_cap_forward(v, cap, x.numel(), out(y), stream());
+  }
+  void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
+    const Input v = in(y), g = in(dy);
+    kernels::soft_cap_backward(v, g, cap, y.numel(), out(dx), stream());
   }
   void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
     const Input v = in(x);
@@ -633,16 +643,17 @@ class CudaBackend final : public core::Backend {
     kernels::embedding_backward(i, g, ids.numel(), dtable.rows(), dtable.cols(), out(dtable), stream());
   }
   void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
-                          Tensor& rstd) override {
+                          Tensor& rstd, const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     require(gamma.numel() == cols && beta.numel() == cols && y.numel() == x.numel() && mean.numel() == rows &&
                 rstd.numel() == rows,
             "layer_norm_forward: sizes differ");
     const Input v = in(x), g = in(gamma), b = in(beta);
-    kernels::layer_norm_forward(v, g, b, eps, rows, cols, out(y), out(mean), out(rstd), stream());
+    kernels::layer_norm_forward(v, g, b, eps, rows, cols, out(y), out(mean), out(rstd), low, stream());
   }
   void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) override {
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                           const InternalRounding& low) override {
     const std::int64_t rows = x.rows(), cols = x.cols();
     require(gamma.numel() == cols && mean.numel() == rows && rstd.numel() == rows && dy.numel() == x.numel() &&
                 dx.numel() == x.numel() && dgamma.numel() == cols && dbeta.numel() == cols,
@@ -650,19 +661,20 @@ class CudaBackend final : public core::Backend {
     const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
     const Input v = in(x), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
     kernels::layer_norm_backward(v, g, mu, rs, gy, rows, cols, out(dx), out(dgamma), out(dbeta),
-                                 static_cast<float*>(scratch.get()), stream());
+                                 static_cast<float*>(scratch.get()), low, stream());
   }
 
-  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) override {
+  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                             const InternalRounding& low) override {
     const Input v = in(x), g = in(gamma);
-    kernels::rms_norm_forward(v, g, eps, x.rows(), x.cols(), out(y), out(rstd), stream());
+    kernels::rms_norm_forward(v, g, eps, x.rows(), x.cols(), out(y), out(rstd), low, stream());
   }
   void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                              Tensor& dgamma) override {
+                              Tensor& dgamma, const InternalRounding& low) override {
     const auto scratch = pool_->get(2 * static_cast<std::size_t>(x.rows()) * sizeof(float), pool_);
     const Input v = in(x), g = in(gamma), rs = in(rstd), gy = in(dy);
     kernels::rms_norm_backward(v, g, rs, gy, x.rows(), x.cols(), out(dx), out(dgamma),
-                               static_cast<float*>(scratch.get()), stream());
+                               static_cast<float*>(scratch.get()), low, stream());
   }
 
   // --- Convolution layout and pooling ------------------------------------------------------------------------------

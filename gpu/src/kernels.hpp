@@ -67,12 +67,17 @@ void attention_values_backward(const float* probs, const float* qkv, const float
 void attention_scores_backward(const float* dscores, const float* qkv, const core::AttentionShape& s, float* dqkv,
                                cudaStream_t stream);
 void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
-                     float eps, float* y, float* mean, float* rstd, cudaStream_t stream);
+                     float eps, float* y, float* mean, float* rstd, const core::InternalRounding& low,
+                     cudaStream_t stream);
 void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
-                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta, cudaStream_t stream);
-void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs, cudaStream_t stream);
+                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta,
+                      const core::InternalRounding& low, cudaStream_t stream);
+void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs,
+                     const core::InternalRounding& low, cudaStream_t stream);
 void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows, std::int64_t cols, float* dx,
-                      cudaStream_t stream);
+                      const core::InternalRounding& low, cudaStream_t stream);
+void soft_cap_forward(const float* x, float cap, std::int64_t n, float* y, cudaStream_t stream);
+void soft_cap_backward(const float* y, const float* dy, float cap, std::int64_t n, float* dx, cudaStream_t stream);
 void sequence_mean_forward(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width, float* y,
                            cudaStream_t stream);
 void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t rows, std::int64_t width, float* dx,
@@ -116,16 +121,18 @@ void max_pool_backward(const float* dy, const float* argmax, std::int64_t planes
 
 // --- LayerNorm ------------------------------------------------------------------
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, std::int64_t rows,
-                        std::int64_t cols, float* y, float* mean, float* rstd, cudaStream_t stream);
+                        std::int64_t cols, float* y, float* mean, float* rstd, const core::InternalRounding& low,
+                        cudaStream_t stream);
 // scratch holds 2 * rows floats.
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
                          std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
-                         cudaStream_t stream);
+                         const core::InternalRounding& low, cudaStream_t stream);
 // RMSNorm: the LayerNorm kernels uncentred (no mean, no beta); scratch as above.
 void rms_norm_forward(const float* x, const float* gamma, float eps, std::int64_t rows, std::int64_t cols, float* y,
-                      float* rstd, cudaStream_t stream);
+                      float* rstd, const core::InternalRounding& low, cudaStream_t stream);
 void rms_norm_backward(const float* x, const float* gamma, const float* rstd, const float* dy, std::int64_t rows,
-                       std::int64_t cols, float* dx, float* dgamma, float* scratch, cudaStream_t stream);
+                       std::int64_t cols, float* dx, float* dgamma, float* scratch, const core::InternalRounding& low,
+                       cudaStream_t stream);
 
 // --- The training step's scalars (core::Backend's step ops) --------------------------
 // They stay on the device: the loss scaler runs core's rule (numerics.hpp)

@@ -17,10 +17,11 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
 // outputs or input gradients, a thread per v element, a thread per parameter
 // index for dgamma and dbeta (the CPU's loop bodies).
 __global__ void qk_norm_forward_kernel(const float* qkv, const float* gamma, const float* beta, core::AttentionShape s,
-                                       float eps, float* y, float* mean, float* rstd) {
+                                       float eps, float* y, float* mean, float* rstd, core::InternalRounding low) {
   const std::int64_t segments = core::qk_norm_segments(s), total = s.rows() * segments;
   for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
-    const core::LayerNormStatistics st = core::qk_norm_segment(qkv, gamma, beta, s, eps, t / segments, t % segments, y);
+    const core::LayerNormStatistics st =
+        core::qk_norm_segment(qkv, gamma, beta, s, eps, t / segments, t % segments, y, low);
     mean[t] = st.mean;
     rstd[t] = st.rstd;
   }
@@ -33,10 +34,11 @@ __global__ void copy_v_kernel(const float* from, core::AttentionShape s, float* 
   }
 }
 __global__ void qk_norm_input_grad_kernel(const float* qkv, const float* gamma, const float* mean, const float* rstd,
-                                          const float* dy, core::AttentionShape s, float* dx) {
+                                          const float* dy, core::AttentionShape s, float* dx,
+                                          core::InternalRounding low) {
   const std::int64_t segments = core::qk_norm_segments(s), total = s.rows() * segments;
   for (std::int64_t t = thread_index(); t < total; t += thread_count())
-    core::qk_norm_segment_grad(qkv, gamma, dy, s, mean[t], rstd[t], t / segments, t % segments, dx);
+    core::qk_norm_segment_grad(qkv, gamma, dy, s, mean[t], rstd[t], t / segments, t % segments, dx, low);
 }
 __global__ void qk_norm_parameter_grad_kernel(const float* qkv, const float* mean, const float* rstd, const float* dy,
                                               core::AttentionShape s, float* dgamma, float* dbeta) {
@@ -92,13 +94,22 @@ __global__ void attention_qk_grad_kernel(const float* dscores, const float* qkv,
   }
 }
 
-__global__ void softmax_kernel(const float* x, std::int64_t rows, std::int64_t cols, float* p) {
-  for (std::int64_t r = thread_index(); r < rows; r += thread_count()) core::softmax_row(x + r * cols, cols, p + r * cols);
+__global__ void softmax_kernel(const float* x, std::int64_t rows, std::int64_t cols, float* p,
+                               core::InternalRounding low) {
+  for (std::int64_t r = thread_index(); r < rows; r += thread_count())
+    core::softmax_row(x + r * cols, cols, p + r * cols, low);
 }
 __global__ void softmax_backward_kernel(const float* p, const float* dp, std::int64_t rows, std::int64_t cols,
-                                        float* dx) {
+                                        float* dx, core::InternalRounding low) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count())
-    core::softmax_backward_row(p + r * cols, dp + r * cols, cols, dx + r * cols);
+    core::softmax_backward_row(p + r * cols, dp + r * cols, cols, dx + r * cols, low);
+}
+
+__global__ void soft_cap_kernel(const float* x, float cap, std::int64_t n, float* y) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap);
+}
+__global__ void soft_cap_backward_kernel(const float* y, const float* dy, float cap, std::int64_t n, float* dx) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = core::soft_cap_grad(y[i], dy[i], cap);
 }
 
 __global__ void sequence_mean_kernel(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width,
@@ -186,16 +197,29 @@ void attention_scores_backward(const float* dscores, const float* qkv, const cor
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
-void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs, cudaStream_t stream) {
+void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs,
+                     const core::InternalRounding& low, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  softmax_kernel<<<blocks(rows), threads, 0, stream>>>(x, rows, cols, probs);
+  softmax_kernel<<<blocks(rows), threads, 0, stream>>>(x, rows, cols, probs, low);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows, std::int64_t cols, float* dx,
-                      cudaStream_t stream) {
+                      const core::InternalRounding& low, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
-  softmax_backward_kernel<<<blocks(rows), threads, 0, stream>>>(probs, dprobs, rows, cols, dx);
+  softmax_backward_kernel<<<blocks(rows), threads, 0, stream>>>(probs, dprobs, rows, cols, dx, low);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void soft_cap_forward(const float* x, float cap, std::int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  soft_cap_kernel<<<blocks(n), threads, 0, stream>>>(x, cap, n, y);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void soft_cap_backward(const float* y, const float* dy, float cap, std::int64_t n, float* dx, cudaStream_t stream) {
+  if (n <= 0) return;
+  soft_cap_backward_kernel<<<blocks(n), threads, 0, stream>>>(y, dy, cap, n, dx);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
@@ -214,24 +238,26 @@ void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t r
 }
 
 void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
-                     float eps, float* y, float* mean, float* rstd, cudaStream_t stream) {
+                     float eps, float* y, float* mean, float* rstd, const core::InternalRounding& low,
+                     cudaStream_t stream) {
   const std::int64_t segments = s.rows() * core::qk_norm_segments(s);
   if (segments <= 0) return;
-  qk_norm_forward_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, beta, s, eps, y, mean, rstd);
+  qk_norm_forward_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, beta, s, eps, y, mean, rstd, low);
   MPSIM_CUDA_CHECK_LAUNCH();
   copy_v_kernel<<<blocks(s.rows() * s.width()), threads, 0, stream>>>(qkv, s, y);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
-                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta, cudaStream_t stream) {
+                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta,
+                      const core::InternalRounding& low, cudaStream_t stream) {
   // The parameter gradients first: an empty batch still writes them (zeros), as the CPU does.
   qk_norm_parameter_grad_kernel<<<blocks(2 * s.head_dim), threads, 0, stream>>>(qkv, mean, rstd, dy, s, dgamma,
                                                                                  dbeta);
   MPSIM_CUDA_CHECK_LAUNCH();
   const std::int64_t segments = s.rows() * core::qk_norm_segments(s);
   if (segments <= 0) return;
-  qk_norm_input_grad_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, mean, rstd, dy, s, dx);
+  qk_norm_input_grad_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, mean, rstd, dy, s, dx, low);
   MPSIM_CUDA_CHECK_LAUNCH();
   copy_v_kernel<<<blocks(s.rows() * s.width()), threads, 0, stream>>>(dy, s, dx);
   MPSIM_CUDA_CHECK_LAUNCH();

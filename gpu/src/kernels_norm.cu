@@ -15,9 +15,9 @@ __device__ inline float mean_of(const float* mean, std::int64_t r) { return mean
 
 // A thread per row: numerics_layers.hpp's statistics.
 __global__ void layer_norm_statistics(const float* x, float eps, std::int64_t rows, std::int64_t cols, float* mean,
-                                      float* rstd) {
+                                      float* rstd, core::InternalRounding low) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
-    const core::LayerNormStatistics st = core::layer_norm_statistics(x + r * cols, cols, eps, mean != nullptr);
+    const core::LayerNormStatistics st = core::layer_norm_statistics(x + r * cols, cols, eps, mean != nullptr, low);
     if (mean) mean[r] = st.mean;
     rstd[r] = st.rstd;
   }
@@ -37,10 +37,10 @@ __global__ void layer_norm_output(const float* x, const float* gamma, const floa
 // Per row: the means of dxhat = dy * gamma and of dxhat * xhat (binary64 sums).
 __global__ void layer_norm_row_means(const float* x, const float* gamma, const float* mean, const float* rstd,
                                      const float* dy, std::int64_t rows, std::int64_t cols, float* mean_dxhat,
-                                     float* mean_dxhat_xhat) {
+                                     float* mean_dxhat_xhat, core::InternalRounding low) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
     const core::LayerNormRowMeans means = core::layer_norm_row_means(x + r * cols, dy + r * cols, gamma, cols,
-                                                                     mean_of(mean, r), rstd[r], mean != nullptr);
+                                                                     mean_of(mean, r), rstd[r], mean != nullptr, low);
     mean_dxhat[r] = means.dxhat;
     mean_dxhat_xhat[r] = means.dxhat_xhat;
   }
@@ -76,9 +76,10 @@ __global__ void layer_norm_parameter_grads(const float* x, const float* mean, co
 }  // namespace
 
 void layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, std::int64_t rows,
-                        std::int64_t cols, float* y, float* mean, float* rstd, cudaStream_t stream) {
+                        std::int64_t cols, float* y, float* mean, float* rstd, const core::InternalRounding& low,
+                        cudaStream_t stream) {
   if (rows <= 0) return;
-  layer_norm_statistics<<<blocks(rows), threads, 0, stream>>>(x, eps, rows, cols, mean, rstd);
+  layer_norm_statistics<<<blocks(rows), threads, 0, stream>>>(x, eps, rows, cols, mean, rstd, low);
   MPSIM_CUDA_CHECK_LAUNCH();
   if (cols <= 0) return;
   layer_norm_output<<<blocks(rows * cols), threads, 0, stream>>>(x, gamma, beta, mean, rstd, rows, cols, y);
@@ -87,12 +88,12 @@ void layer_norm_forward(const float* x, const float* gamma, const float* beta, f
 
 void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
                          std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
-                         cudaStream_t stream) {
+                         const core::InternalRounding& low, cudaStream_t stream) {
   if (cols <= 0) return;
   if (rows > 0) {
     float *mean_dxhat = scratch, *mean_dxhat_xhat = scratch + rows;
     layer_norm_row_means<<<blocks(rows), threads, 0, stream>>>(x, gamma, mean, rstd, dy, rows, cols, mean_dxhat,
-                                                                mean_dxhat_xhat);
+                                                                mean_dxhat_xhat, low);
     MPSIM_CUDA_CHECK_LAUNCH();
     layer_norm_input_grad<<<blocks(rows * cols), threads, 0, stream>>>(x, gamma, mean, rstd, dy, mean_dxhat,
                                                                         mean_dxhat_xhat, rows, cols, dx);
@@ -103,13 +104,14 @@ void layer_norm_backward(const float* x, const float* gamma, const float* mean, 
 }
 
 void rms_norm_forward(const float* x, const float* gamma, float eps, std::int64_t rows, std::int64_t cols, float* y,
-                      float* rstd, cudaStream_t stream) {
-  layer_norm_forward(x, gamma, nullptr, eps, rows, cols, y, nullptr, rstd, stream);
+                      float* rstd, const core::InternalRounding& low, cudaStream_t stream) {
+  layer_norm_forward(x, gamma, nullptr, eps, rows, cols, y, nullptr, rstd, low, stream);
 }
 
 void rms_norm_backward(const float* x, const float* gamma, const float* rstd, const float* dy, std::int64_t rows,
-                       std::int64_t cols, float* dx, float* dgamma, float* scratch, cudaStream_t stream) {
-  layer_norm_backward(x, gamma, nullptr, rstd, dy, rows, cols, dx, dgamma, nullptr, scratch, stream);
+                       std::int64_t cols, float* dx, float* dgamma, float* scratch, const core::InternalRounding& low,
+                       cudaStream_t stream) {
+  layer_norm_backward(x, gamma, nullptr, rstd, dy, rows, cols, dx, dgamma, nullptr, scratch, low, stream);
 }
 
 }  // namespace mpsim::gpu::kernels

@@ -513,6 +513,31 @@ TEST_CASE("SiLU forward and backward match binary64 references", "[layers]") {
   check_layer("silu", *layer, x, {67, 1}, {}, ref, 24);
 }
 
+TEST_CASE("Logit soft-capping forward and backward match binary64 references", "[layers][transformer]") {
+  Rng rng{31};
+  constexpr double cap = 5.0;
+  FVec x = uniform(rng, 60, -4.0 * cap, 4.0 * cap);
+  for (const float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 1e6f, -1e6f}) x.push_back(v);
+  auto layer = make_soft_cap("softcap", static_cast<float>(cap));
+  Reference ref;
+  ref.forward = [](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    for (double& v : y) v = cap * std::tanh(v / cap);
+    return y;
+  };
+  // x / cap, tanhf (glibc: within 2 ulps) and the product: about 4u |y|,
+  // plus tanh's slope times x / cap's rounding, u |x| / cap <= u |x|. Bound 8u (|y| + |x|).
+  ref.forward_bound = [ref](const std::vector<Vec>& a) {
+    Vec b = ref.forward(a);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = 8.0 * u * (std::fabs(b[i]) + std::fabs(a[0][i]));
+    return b;
+  };
+  // dx = dy (1 - t^2), t = y / cap within 6u relative: 1 - t^2 within 12u
+  // absolute (it cancels as |t| -> 1), then a product. Bound 16u |dy|.
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>&, const Vec& r, const Fd&) { return scaled(abs_of(r), 16.0 * u); };
+  check_layer("soft cap", *layer, x, {66, 1}, {}, ref, 25);
+}
+
 TEST_CASE("SwiGLU: silu(a) * b on rows of [a | b], forward and backward against binary64", "[layers][transformer]") {
   const Index rows = 6, n = 9;
   Rng rng{25};
@@ -1408,6 +1433,15 @@ TEST_CASE("GPT as LLaMA arranges it (RMSNorm, SwiGLU): gradients match finite di
   // central difference of one gamma was 4.6% off (truncation, which falls
   // as h^2). The layers are checked tightly one by one above.
   check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2030, 30, true);
+}
+
+TEST_CASE("GPT with soft-capped attention and output logits: gradients match finite differences of the loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  // Caps near the logits' size, so that tanh bends them (a cap far above them would be the identity).
+  spec.attention_softcap = 0.5;
+  spec.logit_softcap = 0.3;
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2031, 30, true);
 }
 
 TEST_CASE("GPT with QK-LayerNorm: backward gradients match finite differences of the binary32 loss",

@@ -843,6 +843,73 @@ TEST_CASE("LayerNorm and RMSNorm forward and backward match the CPU bit for bit"
   }
 }
 
+TEST_CASE("logit soft-capping matches the CPU within tanhf's bound", "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  const std::int64_t n = 4097;
+  const float cap = 30.0f;
+  const auto x = b.upload(normal_values(static_cast<std::size_t>(n), 960, 40.0f), {n});
+  auto y = b.empty({n});
+  b.cpu->soft_cap_forward(x.cpu, cap, y.cpu);
+  b.gpu->soft_cap_forward(x.gpu, cap, y.gpu);
+  // tanhf: CUDA within 2 ulps, glibc within 2: y = cap * t differs by at most 4 ulps of t, then one rounding each.
+  const FVec yc = b.cpu_values(y.cpu);
+  check_close("soft cap", yc, b.gpu_values(y.gpu), [&](std::size_t i) { return 6 * ulp_of(yc[i]); });
+  // The backward from the same capped values is elementwise binary32: bit for bit.
+  const auto capped = b.upload(yc, {n});
+  const auto dy = b.upload(normal_values(static_cast<std::size_t>(n), 961), {n});
+  auto dx = b.empty({n});
+  b.cpu->soft_cap_backward(capped.cpu, dy.cpu, cap, dx.cpu);
+  b.gpu->soft_cap_backward(capped.gpu, dy.gpu, cap, dx.gpu);
+  check_same("soft cap backward", b, dx);
+}
+
+TEST_CASE("softmax and norm statistics in a narrow format (policy internals) match the CPU bit for bit",
+          "[gpu][backend][transformer]") {
+  // Binary64 sums rounded to odd, exact products, IEEE binary64 quotients and roots (numerics_layers.hpp's
+  // InternalRounding): the same bits on both. The softmax's exp is binary64's (CUDA's within 1 ulp of glibc's):
+  // its rounding to a format of <= 11 bits could differ only if the two straddled a rounding boundary.
+  require_device();
+  Backends b;
+  for (const Format& f : {formats::binary16, formats::bfloat16}) {
+    INFO(f.name());
+    core::Policy policy = *core::preset_policy("fp32");
+    policy.softmax_internals = core::RoundingPoint{f};
+    policy.norm_statistics = core::RoundingPoint{f};
+    const core::InternalRounding soft = core::internal_rounding(policy, &core::Policy::softmax_internals, "softmax");
+    const core::InternalRounding stats = core::internal_rounding(policy, &core::Policy::norm_statistics, "layer_norm");
+    const std::int64_t rows = 45, cols = 96;
+    const auto n = static_cast<std::size_t>(rows * cols);
+    const auto x = b.upload(normal_values(n, 950, 4.0f, 1.0f), {rows, cols});
+    auto probs = b.empty({rows, cols}), dx = b.empty({rows, cols});
+    b.cpu->softmax_forward(x.cpu, probs.cpu, soft);
+    b.gpu->softmax_forward(x.gpu, probs.gpu, soft);
+    check_same("narrow softmax", b, probs);
+    const auto p = b.upload(b.cpu_values(probs.cpu), {rows, cols});
+    const auto dp = b.upload(normal_values(n, 951, 0.01f), {rows, cols});
+    b.cpu->softmax_backward(p.cpu, dp.cpu, dx.cpu, soft);
+    b.gpu->softmax_backward(p.gpu, dp.gpu, dx.gpu, soft);
+    check_same("narrow softmax backward", b, dx);
+    const auto gamma = b.upload(normal_values(static_cast<std::size_t>(cols), 952, 1.0f, 1.0f), {cols});
+    const auto beta = b.upload(normal_values(static_cast<std::size_t>(cols), 953), {cols});
+    auto y = b.empty({rows, cols}), mean = b.empty({rows}), rstd = b.empty({rows});
+    b.cpu->layer_norm_forward(x.cpu, gamma.cpu, beta.cpu, 1e-5f, y.cpu, mean.cpu, rstd.cpu, stats);
+    b.gpu->layer_norm_forward(x.gpu, gamma.gpu, beta.gpu, 1e-5f, y.gpu, mean.gpu, rstd.gpu, stats);
+    check_same("narrow layer norm", b, y);
+    check_same("narrow layer norm rstd", b, rstd);
+    auto lx = b.empty({rows, cols}), dgamma = b.empty({cols}), dbeta = b.empty({cols});
+    b.cpu->layer_norm_backward(x.cpu, gamma.cpu, mean.cpu, rstd.cpu, dp.cpu, lx.cpu, dgamma.cpu, dbeta.cpu, stats);
+    const auto mu = b.upload(b.cpu_values(mean.cpu), {rows});
+    const auto rs = b.upload(b.cpu_values(rstd.cpu), {rows});
+    b.gpu->layer_norm_backward(x.gpu, gamma.gpu, mu.gpu, rs.gpu, dp.gpu, lx.gpu, dgamma.gpu, dbeta.gpu, stats);
+    check_same("narrow layer norm dx", b, lx);
+    auto ry = b.empty({rows, cols}), rrstd = b.empty({rows});
+    b.cpu->rms_norm_forward(x.cpu, gamma.cpu, 1e-5f, ry.cpu, rrstd.cpu, stats);
+    b.gpu->rms_norm_forward(x.gpu, gamma.gpu, 1e-5f, ry.gpu, rrstd.gpu, stats);
+    check_same("narrow rms norm", b, ry);
+  }
+}
+
 TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, softmax within expf's bound",
           "[gpu][backend][transformer]") {
   require_device();

@@ -50,13 +50,14 @@ class ForwardingBackend : public core::Backend {
     inner_->activation_backward(kind, x, dy, dx);
   }
   void layer_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
-                          core::Tensor& y, core::Tensor& mean, core::Tensor& rstd) override {
-    inner_->layer_norm_forward(x, gamma, beta, eps, y, mean, rstd);
+                          core::Tensor& y, core::Tensor& mean, core::Tensor& rstd,
+                          const core::InternalRounding& low) override {
+    inner_->layer_norm_forward(x, gamma, beta, eps, y, mean, rstd, low);
   }
   void layer_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& mean,
                            const core::Tensor& rstd, const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma,
-                           core::Tensor& dbeta) override {
-    inner_->layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta);
+                           core::Tensor& dbeta, const core::InternalRounding& low) override {
+    inner_->layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, low);
   }
   void im2col_impl(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& columns) override {
     inner_->im2col(x, g, columns);
@@ -94,12 +95,13 @@ class ForwardingBackend : public core::Backend {
     inner_->attention_scores_backward(dscores, qkv, s, dqkv);
   }
   void rms_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, float eps, core::Tensor& y,
-                             core::Tensor& rstd) override {
-    inner_->rms_norm_forward(x, gamma, eps, y, rstd);
+                             core::Tensor& rstd, const core::InternalRounding& low) override {
+    inner_->rms_norm_forward(x, gamma, eps, y, rstd, low);
   }
   void rms_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& rstd,
-                              const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma) override {
-    inner_->rms_norm_backward(x, gamma, rstd, dy, dx, dgamma);
+                              const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma,
+                              const core::InternalRounding& low) override {
+    inner_->rms_norm_backward(x, gamma, rstd, dy, dx, dgamma, low);
   }
   void gated_activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
     inner_->gated_activation_forward(kind, x, y);
@@ -110,17 +112,27 @@ class ForwardingBackend : public core::Backend {
   }
   void qk_norm_forward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& beta,
                             const core::AttentionShape& shape, float eps, core::Tensor& y, core::Tensor& mean,
-                            core::Tensor& rstd) override {
-    inner_->qk_norm_forward(qkv, gamma, beta, shape, eps, y, mean, rstd);
+                            core::Tensor& rstd, const core::InternalRounding& low) override {
+    inner_->qk_norm_forward(qkv, gamma, beta, shape, eps, y, mean, rstd, low);
   }
   void qk_norm_backward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& mean,
                              const core::Tensor& rstd, const core::Tensor& dy, const core::AttentionShape& shape,
-                             core::Tensor& dx, core::Tensor& dgamma, core::Tensor& dbeta) override {
-    inner_->qk_norm_backward(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta);
+                             core::Tensor& dx, core::Tensor& dgamma, core::Tensor& dbeta,
+                             const core::InternalRounding& low) override {
+    inner_->qk_norm_backward(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta, low);
   }
-  void softmax_forward_impl(const core::Tensor& x, core::Tensor& probs) override { inner_->softmax_forward(x, probs); }
-  void softmax_backward_impl(const core::Tensor& probs, const core::Tensor& dprobs, core::Tensor& dx) override {
-    inner_->softmax_backward(probs, dprobs, dx);
+  void softmax_forward_impl(const core::Tensor& x, core::Tensor& probs, const core::InternalRounding& low) override {
+    inner_->softmax_forward(x, probs, low);
+  }
+  void softmax_backward_impl(const core::Tensor& probs, const core::Tensor& dprobs, core::Tensor& dx,
+                             const core::InternalRounding& low) override {
+    inner_->softmax_backward(probs, dprobs, dx, low);
+  }
+  void soft_cap_forward_impl(const core::Tensor& x, float cap, core::Tensor& y) override {
+    inner_->soft_cap_forward(x, cap, y);
+  }
+  void soft_cap_backward_impl(const core::Tensor& y, const core::Tensor& dy, float cap, core::Tensor& dx) override {
+    inner_->soft_cap_backward(y, dy, cap, dx);
   }
   void sequence_mean_forward_impl(const core::Tensor& x, std::int64_t tokens, core::Tensor& y) override {
     inner_->sequence_mean_forward(x, tokens, y);

@@ -115,13 +115,13 @@ struct AdamParams {
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean, embedding, max_abs_finite
+  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap
 };
-inline constexpr EnumNames<Op, 22> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 23> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
-                                             "sequence_mean", "embedding", "max_abs_finite"}};
+                                             "sequence_mean", "embedding", "max_abs_finite", "soft_cap"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -200,17 +200,20 @@ class Backend {
   // [a | b] -> y [rows, n] = f(a) * b, and dx [rows, 2n] = [da | db].
   void gated_activation_forward(Activation kind, const Tensor& x, Tensor& y);
   void gated_activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
-  // Normalises each row; statistics in binary32 from the binary32 inputs.
+  // Normalises each row; statistics from the binary32 inputs in binary64,
+  // or in a narrow format when `low` is enabled (policy.norm_statistics).
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                          Tensor& mean, Tensor& rstd);
+                          Tensor& mean, Tensor& rstd, const InternalRounding& low = {});
   void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                           const InternalRounding& low = {});
 
   // RMSNorm over each row: y = x * rstd * gamma (numerics_layers.hpp), its
   // statistics as LayerNorm's uncentred; backward writes dx and dgamma.
-  void rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd);
+  void rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                        const InternalRounding& low = {});
   void rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                         Tensor& dgamma);
+                         Tensor& dgamma, const InternalRounding& low = {});
 
   // NCHW images <-> rows of patches [batch*out_h*out_w, channels*kernel*kernel].
   void im2col(const Tensor& x, const ConvGeometry& g, Tensor& columns);
@@ -238,12 +241,18 @@ class Backend {
   // q or k, head); gamma, beta, dgamma, dbeta 2 x head_dim values. Backward
   // writes dx whole (v's part is dy's).
   void qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& shape,
-                       float eps, Tensor& y, Tensor& mean, Tensor& rstd);
+                       float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low = {});
   void qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
-  // Softmax over each row, and its backward from the probabilities.
-  void softmax_forward(const Tensor& x, Tensor& probs);
-  void softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx);
+                        const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                        const InternalRounding& low = {});
+  // Softmax over each row, and its backward from the probabilities; in a
+  // narrow format when `low` is enabled (policy.softmax_internals).
+  void softmax_forward(const Tensor& x, Tensor& probs, const InternalRounding& low = {});
+  void softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx, const InternalRounding& low = {});
+  // Logit soft-capping, element by element (numerics_attention.hpp's soft_cap):
+  // y = cap tanh(x / cap), and dx = dy (1 - (y / cap)^2) from the capped y.
+  void soft_cap_forward(const Tensor& x, float cap, Tensor& y);
+  void soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx);
   // The mean over each sample's tokens: x [batch * tokens, width] -> y [batch, width].
   void sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y);
   void sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tensor& dx);
@@ -320,12 +329,14 @@ class Backend {
   virtual void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
   virtual void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                                       Tensor& mean, Tensor& rstd) = 0;
+                                       Tensor& mean, Tensor& rstd, const InternalRounding& low) = 0;
   virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                        const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta) = 0;
-  virtual void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd) = 0;
+                                        const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                                        const InternalRounding& low) = 0;
+  virtual void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                                     const InternalRounding& low) = 0;
   virtual void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
-                                      Tensor& dx, Tensor& dgamma) = 0;
+                                      Tensor& dx, Tensor& dgamma, const InternalRounding& low) = 0;
   virtual void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
   virtual void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;
   virtual void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
@@ -342,12 +353,16 @@ class Backend {
   virtual void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
                                               Tensor& dqkv) = 0;
   virtual void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta,
-                                    const AttentionShape& shape, float eps, Tensor& y, Tensor& mean, Tensor& rstd) = 0;
+                                    const AttentionShape& shape, float eps, Tensor& y, Tensor& mean, Tensor& rstd,
+                                    const InternalRounding& low) = 0;
   virtual void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                      const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
-                                     Tensor& dbeta) = 0;
-  virtual void softmax_forward_impl(const Tensor& x, Tensor& probs) = 0;
-  virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx) = 0;
+                                     Tensor& dbeta, const InternalRounding& low) = 0;
+  virtual void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) = 0;
+  virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
+                                     const InternalRounding& low) = 0;
+  virtual void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) = 0;
+  virtual void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
   virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;
   virtual void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& out) = 0;

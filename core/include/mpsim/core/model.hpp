@@ -88,7 +88,7 @@ class StepContext {
   // logits' maxima and, in the "loss" row, the output logits' (Wortsman et
   // al. 2023 follow both to see a run diverge).
   std::vector<double>* logit_max = nullptr;
-  int output_layer = -1;  // the layer whose output is the model's logits (the trainer sets it)
+  int output_layer = -1;  // the layer whose GEMM makes the model's logits: the last with parameters (the trainer sets it)
   int block_points_end = std::numeric_limits<int>::max();
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,
@@ -176,6 +176,8 @@ struct ModelSpec {
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
   bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
   bool gated = false;                 // vit, gpt: the block MLP as a gated linear unit of `activation` (silu: SwiGLU)
+  double attention_softcap = 0.0;     // vit, gpt: > 0 caps the attention logits at +-this (Gemma 2: 50)
+  double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };
@@ -221,8 +223,12 @@ struct ResidualLayers {
   std::unique_ptr<Layer> branch, add;
 };
 ResidualLayers make_residual(const std::string& branch_name, const std::string& add_name);
-// Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp).
-std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal);
+// Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp);
+// softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax.
+std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
+                                           float softcap = 0.0f);
+// y = cap tanh(x / cap), element by element (the model's logits, Gemma 2).
+std::unique_ptr<Layer> make_soft_cap(std::string name, float cap);
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps = 1e-5f);

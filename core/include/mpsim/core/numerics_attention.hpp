@@ -116,7 +116,26 @@ MPSIM_HOST_DEVICE inline float attention_k_grad(const float* dscores, const floa
 // in binary32, their sum in binary64 in increasing j, each p_j one binary64
 // division rounded to binary32. -inf entries (masked) give 0; a NaN anywhere
 // makes the row NaN (the sum is NaN), as PyTorch's softmax.
-MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, float* p) {
+// With `low` enabled (policy.softmax_internals), a softmax computed in that
+// format: the inputs as read, x_j - max, each exponential, the running sum
+// (in increasing j) and each quotient rounded by `low`. A narrow sum swallows
+// the small exponentials of a long row once it has grown (bfloat16: terms
+// below 2^-8 of the sum), which biases every probability of the row.
+MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, float* p,
+                                          const InternalRounding& low = {}) {
+  if (low.enabled) {
+    double max = -INFINITY;
+    for (std::int64_t j = 0; j < cols; ++j)
+      if (low(x[j]) > max) max = low(x[j]);
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const double e = low(exp(low.sub(low(x[j]), max)));
+      p[j] = static_cast<float>(e);
+      sum = low.add(sum, e);
+    }
+    for (std::int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(low.div(p[j], sum));
+    return;
+  }
   float max = -INFINITY;
   for (std::int64_t j = 0; j < cols; ++j)
     if (x[j] > max) max = x[j];
@@ -128,12 +147,32 @@ MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, flo
   for (std::int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(static_cast<double>(p[j]) / sum);
 }
 // dx_j = p_j (dp_j - sum_k p_k dp_k), the sum in binary64 in increasing k
-// and rounded once to binary32, the rest in binary32.
-MPSIM_HOST_DEVICE inline void softmax_backward_row(const float* p, const float* dp, std::int64_t cols, float* dx) {
+// and rounded once to binary32, the rest in binary32; with `low` enabled,
+// the inputs, each product, the running sum, each difference and each dx_j
+// rounded by `low`.
+MPSIM_HOST_DEVICE inline void softmax_backward_row(const float* p, const float* dp, std::int64_t cols, float* dx,
+                                                   const InternalRounding& low = {}) {
+  if (low.enabled) {
+    double dot = 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) dot = low.add(dot, low.mul(low(p[j]), low(dp[j])));
+    for (std::int64_t j = 0; j < cols; ++j) dx[j] = static_cast<float>(low.mul(low(p[j]), low.sub(low(dp[j]), dot)));
+    return;
+  }
   double dot = 0.0;
   for (std::int64_t j = 0; j < cols; ++j) dot += static_cast<double>(p[j]) * static_cast<double>(dp[j]);
   const float d = static_cast<float>(dot);
   for (std::int64_t j = 0; j < cols; ++j) dx[j] = p[j] * (dp[j] - d);
+}
+
+// --- Logit soft-capping (Gemma Team, "Gemma 2", 2024, section 2; Grok-1) -----------------------------------------
+// y = cap * tanh(x / cap): logits keep their order but never pass +-cap;
+// the backward reads the capped value, dx = dy * (1 - (y / cap)^2). Binary32
+// throughout; tanhf is glibc's on the host and CUDA's on the device (at most
+// 2 ulps apart), which tests/gpu bounds.
+MPSIM_HOST_DEVICE inline float soft_cap(float x, float cap) { return cap * tanhf(x / cap); }
+MPSIM_HOST_DEVICE inline float soft_cap_grad(float y, float dy, float cap) {
+  const float t = y / cap;
+  return dy * (1.0f - t * t);
 }
 
 // --- QK-LayerNorm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"; Wortsman et al.
@@ -151,9 +190,10 @@ MPSIM_HOST_DEVICE inline std::int64_t qk_norm_parameter(const AttentionShape& s,
 // Forward of one segment: its statistics and outputs.
 MPSIM_HOST_DEVICE inline LayerNormStatistics qk_norm_segment(const float* qkv, const float* gamma, const float* beta,
                                                               const AttentionShape& s, float eps, std::int64_t row,
-                                                              std::int64_t segment, float* y) {
+                                                              std::int64_t segment, float* y,
+                                                              const InternalRounding& low = {}) {
   const std::int64_t at = qk_norm_offset(s, row, segment), p = qk_norm_parameter(s, segment);
-  const LayerNormStatistics st = layer_norm_statistics(qkv + at, s.head_dim, eps);
+  const LayerNormStatistics st = layer_norm_statistics(qkv + at, s.head_dim, eps, true, low);
   for (std::int64_t c = 0; c < s.head_dim; ++c)
     y[at + c] = layer_norm_output(qkv[at + c], st.mean, st.rstd, gamma[p + c], beta[p + c]);
   return st;
@@ -161,9 +201,9 @@ MPSIM_HOST_DEVICE inline LayerNormStatistics qk_norm_segment(const float* qkv, c
 // Backward of one segment's input: dx, as LayerNorm's.
 MPSIM_HOST_DEVICE inline void qk_norm_segment_grad(const float* qkv, const float* gamma, const float* dy,
                                                    const AttentionShape& s, float mean, float rstd, std::int64_t row,
-                                                   std::int64_t segment, float* dx) {
+                                                   std::int64_t segment, float* dx, const InternalRounding& low = {}) {
   const std::int64_t at = qk_norm_offset(s, row, segment), p = qk_norm_parameter(s, segment);
-  const LayerNormRowMeans means = layer_norm_row_means(qkv + at, dy + at, gamma + p, s.head_dim, mean, rstd);
+  const LayerNormRowMeans means = layer_norm_row_means(qkv + at, dy + at, gamma + p, s.head_dim, mean, rstd, true, low);
   for (std::int64_t c = 0; c < s.head_dim; ++c)
     dx[at + c] = layer_norm_input_grad(dy[at + c], gamma[p + c], layer_norm_xhat(qkv[at + c], mean, rstd), rstd,
                                        means);

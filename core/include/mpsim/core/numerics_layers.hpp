@@ -26,8 +26,49 @@
 
 #include "mpsim/core/names.hpp"
 #include "mpsim/emulation/host_device.hpp"
+#include "mpsim/emulation/pattern_rounding.hpp"
+#include "mpsim/emulation/round_to_odd.hpp"
 
 namespace mpsim::core {
+
+// --- An op's internal arithmetic in a narrow format ----------------------------------------------------------------
+// The policy's softmax_internals and norm_statistics points: when enabled,
+// every intermediate result of the op's reductions (each input as read, each
+// difference, product, exponential, running sum, quotient and square root)
+// is the format's correctly rounded result, as a kernel computing in that
+// format gets it; the sums run in increasing index. How, for any format of
+// p <= 24 bits and any deterministic mode: operands are format values held
+// in binary64; a sum is rounded to odd in binary64 and then into the format
+// (correct: Boldo and Melquiond, IEEE TC 57(4), 2008); a product of two is
+// exact in binary64; a quotient or square root that is not exact lies at
+// least 2^-(2p+2) (relative) from every p-bit number and midpoint, farther
+// than binary64's rounding error 2^-53, so rounding its binary64 value gives
+// the correctly rounded result in every mode. Exponentials are binary64's
+// exp rounded (libm's, not correctly rounded). Disabled (the default), the
+// ops keep their binary32/binary64 arithmetic bit for bit.
+struct InternalRounding {
+  bool enabled = false;
+  PatternFormat<std::uint64_t> format{};
+  PatternRounding rounding{};  // a deterministic mode: no stream of draws inside an op
+
+  // x rounded once into the format.
+  MPSIM_HOST_DEVICE double operator()(double x) const {
+    return std::bit_cast<double>(round_pattern<std::uint64_t>(std::bit_cast<std::uint64_t>(x), format, rounding, 0u).value);
+  }
+  // The format's a + b, a - b, a * b, a / b and sqrt(a), for a and b format values.
+  MPSIM_HOST_DEVICE double add(double a, double b) const {
+    const double sum = add_round_to_odd(a, b);
+    // IEEE 754-2019 §6.3: an exact zero sum is -0 under roundTowardNegative unless both operands are +0
+    // (binary64's nearest-even sum gave +0, or -0 for two -0s, which holds in the other modes).
+    if (sum == 0.0 && rounding.mode == pattern_mode::toward_negative)
+      return std::bit_cast<std::uint64_t>(a) == 0 && std::bit_cast<std::uint64_t>(b) == 0 ? 0.0 : -0.0;
+    return (*this)(sum);
+  }
+  MPSIM_HOST_DEVICE double sub(double a, double b) const { return add(a, -b); }
+  MPSIM_HOST_DEVICE double mul(double a, double b) const { return (*this)(a * b); }
+  MPSIM_HOST_DEVICE double div(double a, double b) const { return (*this)(a / b); }
+  MPSIM_HOST_DEVICE double root(double a) const { return (*this)(sqrt(a)); }
+};
 
 // --- Activations ----------------------------------------------------------------------------------------------------
 // An element-wise activation is one entry of the table below: a struct with
@@ -142,8 +183,25 @@ struct LayerNormStatistics {
   float mean, rstd;
 };
 // Uncentred (RMSNorm below): the mean is taken as 0, rstd = 1 / sqrt(mean(x^2) + eps).
+// With `low` enabled: s = sum x_j, mean = s / n, var = sum (x_j - mean)^2 / n,
+// rstd = 1 / sqrt(var + eps), every step rounded by `low` (a binary16 sum of
+// squares overflows once the row's RMS passes sqrt(65504 / n): rstd becomes 0).
 MPSIM_HOST_DEVICE inline LayerNormStatistics layer_norm_statistics(const float* row, std::int64_t cols, float eps,
-                                                                   bool centered = true) {
+                                                                   bool centered = true,
+                                                                   const InternalRounding& low = {}) {
+  if (low.enabled) {
+    const double count = low(static_cast<double>(cols));
+    double s = 0.0, s2 = 0.0;
+    if (centered)
+      for (std::int64_t j = 0; j < cols; ++j) s = low.add(s, low(row[j]));
+    const double m = centered ? low.div(s, count) : 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const double d = low.sub(low(row[j]), m);
+      s2 = low.add(s2, low.mul(d, d));
+    }
+    const double rstd = low.div(1.0, low.root(low.add(low.div(s2, count), low(eps))));
+    return {static_cast<float>(m), static_cast<float>(rstd)};
+  }
   const double count = static_cast<double>(cols);
   double s = 0.0, s2 = 0.0;
   if (centered)
@@ -161,15 +219,29 @@ MPSIM_HOST_DEVICE inline float layer_norm_output(float x, float mean, float rstd
 }
 
 // Backward, per row: the means of dxhat = dy * gamma and of dxhat * xhat
-// (binary64 sums in increasing j, stored as binary32), then per element
-// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
+// (binary64 sums in increasing j, stored as binary32; with `low` enabled,
+// xhat, dxhat, each product, each running sum and each mean rounded by
+// `low`), then per element dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)).
 struct LayerNormRowMeans {
   float dxhat, dxhat_xhat;
 };
 // Uncentred, mean(dxhat) is 0 (no mean was subtracted): dx = rstd * (dxhat - xhat * mean(dxhat * xhat)).
 MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row, const float* dy_row,
                                                                 const float* gamma, std::int64_t cols, float mean,
-                                                                float rstd, bool centered = true) {
+                                                                float rstd, bool centered = true,
+                                                                const InternalRounding& low = {}) {
+  if (low.enabled) {
+    const double count = low(static_cast<double>(cols));
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const double xhat = low.mul(low.sub(low(row[j]), low(mean)), low(rstd));
+      const double dxhat = low.mul(low(dy_row[j]), low(gamma[j]));
+      sum_dxhat = low.add(sum_dxhat, dxhat);
+      sum_dxhat_xhat = low.add(sum_dxhat_xhat, low.mul(dxhat, xhat));
+    }
+    return {centered ? static_cast<float>(low.div(sum_dxhat, count)) : 0.0f,
+            static_cast<float>(low.div(sum_dxhat_xhat, count))};
+  }
   double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
   for (std::int64_t j = 0; j < cols; ++j) {
     const float xhat = layer_norm_xhat(row[j], mean, rstd);

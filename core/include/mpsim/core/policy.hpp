@@ -86,6 +86,13 @@ struct Policy {
   std::string gemm = "ieee";
   RoundingPoint gemm_output;       // GEMM (+bias) results
   RoundingPoint elementwise;       // outputs of activations, pooling and normalisation
+  // The arithmetic inside attention's softmax and inside LayerNorm/RMSNorm's
+  // statistics (forward and backward): binary32 (the default) keeps their
+  // binary32 ops and binary64 sums; a narrower format rounds every
+  // intermediate result (numerics_layers.hpp's InternalRounding). An op that
+  // fp32_ops lists ("softmax", "layer_norm") ignores its point.
+  RoundingPoint softmax_internals;
+  RoundingPoint norm_statistics;
   // Backward.
   RoundingPoint gradient_operands;  // output gradient as a GEMM operand (FP8: e5m2, scaled)
   RoundingPoint activation_grads;   // every gradient with respect to an activation
@@ -122,12 +129,16 @@ struct NamedPoint {
   RoundingPoint Policy::*point;
   std::string_view doc;  // what rounds there (docs/configs.md)
 };
-inline constexpr std::array<NamedPoint, 10> rounding_points{{
+inline constexpr std::array<NamedPoint, 12> rounding_points{{
     {"weights", &Policy::weights, "working copy of the weights, rounded from the master copy once per step"},
     {"activations", &Policy::activations, "activation operand of Linear/Conv GEMMs"},
     {"accumulation", &Policy::accumulation, "binary32: FP32 accumulation; else every GEMM addition rounds to this"},
     {"gemm_output", &Policy::gemm_output, "GEMM (+bias) results"},
     {"elementwise", &Policy::elementwise, "outputs of activations, pooling and normalisation"},
+    {"softmax_internals", &Policy::softmax_internals,
+     "attention softmax's max, exponentials, sum and quotients (binary32: binary64 sum; not scaled or stochastic)"},
+    {"norm_statistics", &Policy::norm_statistics,
+     "LayerNorm/RMSNorm's mean, variance, 1/sqrt and backward row means (binary32: binary64 sums)"},
     {"gradient_operands", &Policy::gradient_operands, "output gradient as a GEMM operand (FP8: e5m2, scaled)"},
     {"activation_grads", &Policy::activation_grads, "every gradient with respect to an activation"},
     {"weight_grads", &Policy::weight_grads, "gradients with respect to parameters"},
@@ -163,6 +174,12 @@ constexpr std::size_t block_point_index(GemmRole role, int operand) {
   return static_cast<std::size_t>(role) * 2 + static_cast<std::size_t>(operand);
 }
 bool uses_block_formats(const Policy& p);
+
+// The rounding an op's internal arithmetic applies (numerics_layers.hpp):
+// disabled when `point` is the identity or when fp32_ops lists `op`.
+// Throws std::invalid_argument when the point is scaled or stochastic (an
+// op's internals have no tensor to scale and no stream of draws).
+InternalRounding internal_rounding(const Policy& p, const RoundingPoint Policy::*point, std::string_view op);
 // Throws std::invalid_argument naming the problem when a role's block points
 // cannot form a block-scaled GEMM: one operand block-scaled and not the
 // other, blocks of different lengths along k, the transform on one side, a
