@@ -408,6 +408,17 @@ void Backend::softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor
   softmax_backward_impl(probs, dprobs, dx, low);
 }
 
+void Backend::rotary(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse, Tensor& y) {
+  const std::string_view call = "rotary";
+  require_support(Op::rotary, call);
+  require_attention(shape, call, {{&qkv, "qkv"}, {&y, "y"}}, {}, {});
+  require_tensor(table, call, "table");
+  require_shape(shape.head_dim % 2 == 0, call, "rotary embeddings pair a head's features: head_dim must be even");
+  require_shape(table.numel() == shape.tokens * shape.head_dim, call,
+                "the table needs 2 x tokens x head_dim / 2 values (cos, then sin)");
+  rotary_impl(qkv, table, shape, inverse, y);
+}
+
 void Backend::soft_cap_forward(const Tensor& x, float cap, Tensor& y) {
   require_support(Op::soft_cap, "soft_cap_forward");
   require_tensor(x, "soft_cap_forward", "x");

@@ -402,6 +402,14 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::gated>("gated", "",
                            "vit, gpt: each block's MLP as a gated linear unit, activation(x W1) * (x V) (Shazeer "
                            "2020): with activation = \"silu\" the SwiGLU of LLaMA; fc1 then has 2 x mlp_width outputs"),
+    enum_key<&ModelSpec::positions, position_kind_names>(
+        "positions", "vit, gpt: `learned` (a position table added to the input rows, GPT-2) or `rotary` (rotary "
+                     "embeddings of q and k in every attention, Su et al. 2021, LLaMA's \"rotate half\" pairing; "
+                     "width / heads must be even)"),
+    key<&ModelSpec::rotary_base>("rotary_base", "",
+                                 "vit, gpt with rotary positions: the angle of feature pair c at position i is i x "
+                                 "rotary_base^(-2c / head_dim) (LLaMA: 10000)",
+                                 finite_above(1)),
     key<&ModelSpec::attention_softcap>(
         "attention_softcap", "",
         "vit, gpt: > 0 caps every attention logit at +-this, cap x tanh(logit / cap), after its rounding and before "

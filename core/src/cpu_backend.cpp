@@ -449,6 +449,17 @@ class CpuBackend final : public Backend {
     for (std::int64_t r = 0; r < probs.rows(); ++r)
       softmax_backward_row(data(probs) + r * cols, data(dprobs) + r * cols, cols, data(dx) + r * cols, low);
   }
+  void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& s, bool inverse,
+                   Tensor& y) override {
+    const float* x = data(qkv);
+    float* out = data(y);
+    const RotaryAngles angles{data(table), inverse};
+    for (std::int64_t r = 0; r < s.rows(); ++r)
+      for (int part = attention_q; part <= attention_v; ++part)
+        for (std::int64_t h = 0; h < s.heads; ++h)
+          for (std::int64_t c = 0; c < s.head_dim; ++c)
+            out[s.qkv_index(r / s.tokens, r % s.tokens, part, h, c)] = rotary_value(x, s, angles, r, part, h, c);
+  }
   void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
     const float* in = data(x);
     float* out = data(y);

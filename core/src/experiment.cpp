@@ -155,6 +155,10 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
       throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
                                    "heads values: use a width that {} divides",
                                    m.width, m.heads, m.heads));
+    if (m.positions == PositionKind::rotary && (m.width / m.heads) % 2 != 0)
+      throw SetupError(fmt::format("model.positions = \"rotary\" pairs each head's features, but width / heads = {} "
+                                   "is odd: use a width that 2 x heads divides",
+                                   m.width / m.heads));
     if (!language_model && (data.train.height % m.patch != 0 || data.train.width % m.patch != 0))
       throw SetupError(fmt::format("model.patch = {} does not divide the {}x{} images; use a divisor of both sides",
                                    m.patch, data.train.height, data.train.width));

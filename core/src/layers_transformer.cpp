@@ -288,6 +288,55 @@ class SelfAttention final : public Layer {
   Tensor qkv_, probs_, probs_operand_, capped_;
 };
 
+// Rotary position embeddings on the qkv Linear's [q | k | v] rows
+// (numerics_attention.hpp's rotary_value), in place of a learned position
+// table: q and k turned by their positions' angles, v unchanged; the output
+// rounds at `elementwise`, the input gradient (the inverse rotation of dy) at
+// `activation_grads`. No parameters.
+class Rotary final : public Layer {
+ public:
+  Rotary(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, double base)
+      : Layer(std::move(name)), tokens_(tokens), heads_(heads), head_dim_(head_dim),
+        host_table_(rotary_table(tokens, head_dim, base)) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return p.elementwise;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    shape_ = shape_of(x);
+    if (table_.empty()) table_ = ctx.backend.from_host(host_table_, {static_cast<std::int64_t>(host_table_.size())});
+    Tensor y = ctx.backend.empty(x.shape());
+    ctx.backend.rotary(x, table_, shape_, false, y);
+    ctx.round(y, ctx.policy.elementwise, TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    if (!need_input_grad) return {};
+    Tensor dx = ctx.backend.empty(dy.shape());
+    ctx.backend.rotary(dy, table_, shape_, true, dx);
+    ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    return dx;
+  }
+
+ private:
+  AttentionShape shape_of(const Tensor& x) const {
+    if (x.shape().size() != 2 || x.cols() != 3 * heads_ * head_dim_ || x.rows() % tokens_ != 0)
+      throw std::invalid_argument(name() + ": expects [q | k | v] rows of 3 x " + std::to_string(heads_) + " x " +
+                                  std::to_string(head_dim_) + " values, " + std::to_string(tokens_) +
+                                  " rows per sample");
+    AttentionShape s;
+    s.batch = x.rows() / tokens_;
+    s.tokens = tokens_;
+    s.heads = heads_;
+    s.head_dim = head_dim_;
+    return s;
+  }
+  std::int64_t tokens_, heads_, head_dim_;
+  std::vector<float> host_table_;
+  Tensor table_;  // on the backend, uploaded at the first forward pass
+  AttentionShape shape_;
+};
+
 // Soft-capping of the model's logits (Gemma 2's final logit soft-capping):
 // the head's rounded output capped in binary32, as the loss reads it; the
 // gradient rounds at activation_grads. The logged output-logit maximum is
@@ -434,6 +483,27 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
                                            float softcap) {
   return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap);
+}
+std::vector<float> rotary_table(std::int64_t tokens, std::int64_t head_dim, double base) {
+  if (tokens < 1 || head_dim < 2 || head_dim % 2 != 0 || !(base > 1.0))
+    throw std::invalid_argument("rotary_table: needs tokens >= 1, an even head_dim >= 2 and a base > 1 (got " +
+                                std::to_string(tokens) + ", " + std::to_string(head_dim) + ", " +
+                                std::to_string(base) + ")");
+  const std::int64_t half = head_dim / 2;
+  std::vector<float> table(static_cast<std::size_t>(2 * tokens * half));
+  for (std::int64_t i = 0; i < tokens; ++i)
+    for (std::int64_t c = 0; c < half; ++c) {
+      // theta = i * base^(-2c/d) in binary64, its cos and sin rounded once to binary32.
+      const double theta =
+          static_cast<double>(i) * std::pow(base, -2.0 * static_cast<double>(c) / static_cast<double>(head_dim));
+      table[static_cast<std::size_t>(i * half + c)] = static_cast<float>(std::cos(theta));
+      table[static_cast<std::size_t>((tokens + i) * half + c)] = static_cast<float>(std::sin(theta));
+    }
+  return table;
+}
+std::unique_ptr<Layer> make_rotary(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                                   double base) {
+  return std::make_unique<Rotary>(std::move(name), tokens, heads, head_dim, base);
 }
 std::unique_ptr<Layer> make_soft_cap(std::string name, float cap) {
   return std::make_unique<SoftCap>(std::move(name), cap);

@@ -159,6 +159,8 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(norm(b + "ln1", d));
         layers.push_back(make_linear(b + "qkv", d, 3 * d));
         if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
+        if (spec.positions == PositionKind::rotary)  // after QK-LayerNorm, as OLMo 2 orders them
+          layers.push_back(make_rotary(b + "rope", tokens, spec.heads, d / spec.heads, spec.rotary_base));
         layers.push_back(
             make_self_attention(b + "attn", tokens, spec.heads, causal, static_cast<float>(spec.attention_softcap)));
         layers.push_back(make_linear(b + "proj", d, d));
@@ -181,7 +183,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       const std::int64_t tokens = (in.height / spec.patch) * (in.width / spec.patch);
       layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
       layers.push_back(make_tokens("tokens"));
-      layers.push_back(make_position_embedding("pos", tokens, d));
+      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
       blocks(tokens, false);
       layers.push_back(make_sequence_mean("mean", tokens));
       layers.push_back(make_linear("head", d, in.classes));
@@ -193,7 +195,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       // next token; the context is the input's width.
       const std::int64_t tokens = in.height * in.width;
       layers.push_back(make_embedding("embed", in.classes, d));
-      layers.push_back(make_position_embedding("pos", tokens, d));
+      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
       blocks(tokens, true);
       layers.push_back(make_linear("head", d, in.classes));
       if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));

@@ -614,6 +614,11 @@ class CudaBackend final : public core::Backend {
     const Input p = in(probs), g = in(dprobs);
     kernels::softmax_backward(p, g, probs.rows(), probs.cols(), out(dx), low, stream());
   }
+  void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& s, bool inverse,
+                   Tensor& y) override {
+    const Input x = in(qkv), t = in(table);
+    kernels::rotary(x, t, s, inverse, out(y), stream());
+  }
   void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
     const Input v = in(x);
     kernels::soft_cap_forward(v, cap, x.numel(), out(y), stream());

@@ -105,6 +105,15 @@ __global__ void softmax_backward_kernel(const float* p, const float* dp, std::in
     core::softmax_backward_row(p + r * cols, dp + r * cols, cols, dx + r * cols, low);
 }
 
+// A thread per element of the [q | k | v] rows.
+__global__ void rotary_kernel(const float* qkv, core::AttentionShape s, core::RotaryAngles angles, float* y) {
+  const std::int64_t cols = 3 * s.width(), total = s.rows() * cols;
+  for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
+    const std::int64_t r = t / cols, col = t % cols, part = col / s.width(), h = col % s.width() / s.head_dim;
+    y[t] = core::rotary_value(qkv, s, angles, r, static_cast<int>(part), h, col % s.head_dim);
+  }
+}
+
 __global__ void soft_cap_kernel(const float* x, float cap, std::int64_t n, float* y) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap);
 }
@@ -208,6 +217,14 @@ void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows
                       const core::InternalRounding& low, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   softmax_backward_kernel<<<blocks(rows), threads, 0, stream>>>(probs, dprobs, rows, cols, dx, low);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void rotary(const float* qkv, const float* table, const core::AttentionShape& s, bool inverse, float* y,
+            cudaStream_t stream) {
+  const std::int64_t n = s.rows() * 3 * s.width();
+  if (n <= 0) return;
+  rotary_kernel<<<blocks(n), threads, 0, stream>>>(qkv, s, core::RotaryAngles{table, inverse}, y);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

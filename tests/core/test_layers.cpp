@@ -1444,6 +1444,121 @@ TEST_CASE("GPT with soft-capped attention and output logits: gradients match fin
   check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2031, 30, true);
 }
 
+// The model's logits for token ids x (rows: sample-major positions).
+FVec model_logits(Fixture& f, Model& model, const FVec& x, const Shape& x_shape) {
+  Tensor h = f.tensor(x, x_shape);
+  auto& layers = model.layers();
+  for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
+    f.ctx.layer = i;
+    h = layers[static_cast<std::size_t>(i)]->forward(f.ctx, h);
+  }
+  return f.host(h);
+}
+
+TEST_CASE("a causal GPT's logits at a position never depend on later tokens (rotary, soft caps, QK-LayerNorm)",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.positions = PositionKind::rotary;
+  spec.attention_softcap = 0.5;
+  spec.logit_softcap = 0.3;
+  spec.qk_norm = true;
+  const InputShape in{1, 1, 6, 5};
+  Fixture f;
+  Model model(spec, in, 77);
+  for (Parameter* p : model.parameters()) f.set_parameter(*p, p->initial);
+  const Shape x_shape{2, 1, 1, 6};
+  const FVec x{0, 1, 2, 3, 4, 0, 4, 3, 2, 1, 0, 4};
+  const FVec base = model_logits(f, model, x, x_shape);
+  for (std::size_t changed = 0; changed < x.size(); ++changed) {
+    FVec y = x;
+    y[changed] = std::fmod(y[changed] + 1.0f, 5.0f);
+    const FVec logits = model_logits(f, model, y, x_shape);
+    const std::size_t sample_start = changed / 6 * 6;
+    int earlier_differ = 0, later_differ = 0;
+    for (std::size_t pos = 0; pos < x.size(); ++pos)
+      for (std::size_t c = 0; c < 5; ++c) {
+        const bool same = base[pos * 5 + c] == logits[pos * 5 + c];
+        if (pos >= sample_start && pos < changed) earlier_differ += !same;
+        if (pos == changed) later_differ += !same;
+      }
+    INFO("token " << changed << " changed");
+    CHECK(earlier_differ == 0);  // the mask held through the cap and the rotation
+    CHECK(later_differ > 0);     // and the change did reach its own position
+  }
+}
+
+TEST_CASE("soft-capped causal attention keeps its mask: the first query attends to its own value alone",
+          "[layers][transformer]") {
+  Fixture f;
+  const Index batch = 2, tokens = 4, heads = 2, head_dim = 3, width = heads * head_dim;
+  Rng rng{43};
+  const FVec x = uniform(rng, static_cast<std::size_t>(batch * tokens * 3 * width), -3.0, 3.0);
+  auto layer = make_self_attention("attn", tokens, heads, true, 0.5f);
+  const FVec y = f.host(layer->forward(f.ctx, f.tensor(x, {batch * tokens, 3 * width})));
+  int differ = 0;
+  for (Index b = 0; b < batch; ++b)
+    for (Index c = 0; c < width; ++c)  // position 0 sees key 0 only: probability exactly 1, output = v_0
+      differ += y[static_cast<std::size_t>(b * tokens * width + c)] !=
+                x[static_cast<std::size_t>(b * tokens * 3 * width + 2 * width + c)];
+  CHECK(differ == 0);
+  // Infinities pass the cap with a zero gradient (a capped -inf would be -cap: an unmasked key).
+  CHECK(soft_cap(-INFINITY, 0.5f) == -INFINITY);
+  CHECK(soft_cap(INFINITY, 0.5f) == INFINITY);
+  CHECK(soft_cap_grad(-INFINITY, 1.0f, 0.5f) == 0.0f);
+}
+
+TEST_CASE("GPT with rotary positions: backward gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.positions = PositionKind::rotary;
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2032, 30, true);
+}
+
+TEST_CASE("Rotary embeddings forward and backward match binary64 references", "[layers][transformer]") {
+  Rng rng{41};
+  const Index batch = 2, tokens = 5, heads = 2, head_dim = 6, half = head_dim / 2, width = heads * head_dim;
+  constexpr double base = 10000.0;
+  const FVec x = uniform(rng, static_cast<std::size_t>(batch * tokens * 3 * width), -2.0, 2.0);
+  auto layer = make_rotary("rope", tokens, heads, head_dim, base);
+  // The rotation of each (c, c + half) pair of q and k at the row's position, v unchanged, in binary64.
+  const auto rotate = [&](const Vec& v, double sign) {
+    Vec y = v;
+    for (Index r = 0; r < batch * tokens; ++r)
+      for (Index part = 0; part < 2; ++part)
+        for (Index h = 0; h < heads; ++h)
+          for (Index c = 0; c < half; ++c) {
+            const double theta = static_cast<double>(r % tokens) * std::pow(base, -2.0 * c / head_dim);
+            const std::size_t at = static_cast<std::size_t>(r * 3 * width + part * width + h * head_dim + c),
+                              partner = at + static_cast<std::size_t>(half);
+            y[at] = v[at] * std::cos(theta) - sign * v[partner] * std::sin(theta);
+            y[partner] = v[partner] * std::cos(theta) + sign * v[at] * std::sin(theta);
+          }
+    return y;
+  };
+  Reference ref;
+  ref.forward = [&](const std::vector<Vec>& a) { return rotate(a[0], 1.0); };
+  // cos and sin each rounded once (u), two products and a sum (3u): within 4u (|x_c| + |x_partner|) + u.
+  ref.forward_bound = [&](const std::vector<Vec>& a) {
+    Vec b(a[0].size());
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      const std::size_t in_head = i % static_cast<std::size_t>(head_dim), partner =
+          in_head < static_cast<std::size_t>(half) ? i + static_cast<std::size_t>(half) : i - static_cast<std::size_t>(half);
+      b[i] = 4.0 * u * (std::fabs(a[0][i]) + std::fabs(a[0][partner]));
+    }
+    return b;
+  };
+  ref.grad_bound = [&](std::size_t, const std::vector<Vec>& a, const Vec& r, const Fd&) {
+    Vec b(a[0].size());
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      const std::size_t in_head = i % static_cast<std::size_t>(head_dim), partner =
+          in_head < static_cast<std::size_t>(half) ? i + static_cast<std::size_t>(half) : i - static_cast<std::size_t>(half);
+      b[i] = 4.0 * u * (std::fabs(r[i]) + std::fabs(r[partner]));
+    }
+    return b;
+  };
+  check_layer("rotary", *layer, x, {batch * tokens, 3 * width}, {}, ref, 42);
+}
+
 TEST_CASE("GPT with QK-LayerNorm: backward gradients match finite differences of the binary32 loss",
           "[layers][transformer]") {
   ModelSpec spec = small_transformer(ModelKind::gpt);

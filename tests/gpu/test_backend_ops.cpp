@@ -864,6 +864,27 @@ TEST_CASE("logit soft-capping matches the CPU within tanhf's bound", "[gpu][back
   check_same("soft cap backward", b, dx);
 }
 
+TEST_CASE("rotary embeddings match the CPU bit for bit", "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  core::AttentionShape s;
+  s.batch = 3;
+  s.tokens = 17;
+  s.heads = 4;
+  s.head_dim = 8;
+  const std::int64_t rows = s.rows(), cols = 3 * s.width();
+  const std::vector<float> host_table = core::rotary_table(s.tokens, s.head_dim, 10000.0);
+  const auto table = b.upload(host_table, {static_cast<std::int64_t>(host_table.size())});
+  const auto qkv = b.upload(normal_values(static_cast<std::size_t>(rows * cols), 970, 2.0f), {rows, cols});
+  for (const bool inverse : {false, true}) {
+    INFO((inverse ? "backward" : "forward"));
+    auto y = b.upload(FVec(static_cast<std::size_t>(rows * cols), NAN), {rows, cols});  // every element written
+    b.cpu->rotary(qkv.cpu, table.cpu, s, inverse, y.cpu);
+    b.gpu->rotary(qkv.gpu, table.gpu, s, inverse, y.gpu);
+    check_same("rotary", b, y);
+  }
+}
+
 TEST_CASE("softmax and norm statistics in a narrow format (policy internals) match the CPU bit for bit",
           "[gpu][backend][transformer]") {
   // Binary64 sums rounded to odd, exact products, IEEE binary64 quotients and roots (numerics_layers.hpp's

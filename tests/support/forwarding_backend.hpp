@@ -128,6 +128,10 @@ class ForwardingBackend : public core::Backend {
                              const core::InternalRounding& low) override {
     inner_->softmax_backward(probs, dprobs, dx, low);
   }
+  void rotary_impl(const core::Tensor& qkv, const core::Tensor& table, const core::AttentionShape& shape,
+                   bool inverse, core::Tensor& y) override {
+    inner_->rotary(qkv, table, shape, inverse, y);
+  }
   void soft_cap_forward_impl(const core::Tensor& x, float cap, core::Tensor& y) override {
     inner_->soft_cap_forward(x, cap, y);
   }

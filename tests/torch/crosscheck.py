@@ -146,6 +146,26 @@ class QkNorm(nn.Module):
                 F.layer_norm(k, (dim,), self.weight[dim:], self.bias[dim:], 1e-5))
 
 
+def rotary_tables(tokens, dim, base):
+    """cos and sin of theta = i * base^(-2c/dim), c < dim/2, in float64, rounded once to float32 (as mpsim's table)."""
+    half = dim // 2
+    inv = torch.tensor([base ** (-2.0 * c / dim) for c in range(half)], dtype=torch.float64)
+    theta = torch.arange(tokens, dtype=torch.float64)[:, None] * inv[None, :]
+    return theta.cos().float(), theta.sin().float()
+
+
+def rotate_half(x, cos, sin):
+    """Hugging Face LLaMA's rotary embedding: features c and c + dim/2 of each head turn by theta(position, c)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1)
+
+
+def soft_cap(x, cap):
+    """Gemma 2's soft-capping, cap * tanh(x / cap); 0: off. Infinities (the causal mask) pass."""
+    return x if cap <= 0 else torch.where(torch.isinf(x), x, cap * torch.tanh(x / cap))
+
+
 def make_norm(kind, width):
     return RMSNorm(width) if kind == "rmsnorm" else nn.LayerNorm(width, eps=1e-5)
 
@@ -155,8 +175,10 @@ class Block(nn.Module):
     x + fc2(act(fc1(ln2(x)))); q, k and v side by side in qkv's output, head h at columns h*dim. Optionally
     RMSNorm for the norms, QK-LayerNorm on q and k, and a gated MLP (SwiGLU: fc1 makes [gate | value])."""
 
-    def __init__(self, width, heads, mlp_width, act, causal, norm="layernorm", qk_norm=False, gated=False):
+    def __init__(self, width, heads, mlp_width, act, causal, norm="layernorm", qk_norm=False, gated=False,
+                 rotary=None, attention_softcap=0.0):
         super().__init__()
+        self.rotary, self.attention_softcap = rotary, attention_softcap
         self.ln1 = make_norm(norm, width)
         self.qkv = nn.Linear(width, 3 * width)
         if qk_norm:
@@ -173,10 +195,13 @@ class Block(nn.Module):
         q, k, v = (part.reshape(b, t, self.heads, dim).transpose(1, 2) for part in self.qkv(self.ln1(x)).split(w, -1))
         if hasattr(self, "qk_norm"):
             q, k = self.qk_norm(q, k)
+        if self.rotary is not None:
+            q, k = rotate_half(q, *self.rotary), rotate_half(k, *self.rotary)
         scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
         if self.causal:
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
+        scores = soft_cap(scores, self.attention_softcap)
         attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, w)
         x = x + self.proj(attended)
         h = self.fc1(self.ln2(x))
@@ -206,13 +231,20 @@ class Transformer(nn.Module):
         else:
             tokens = h * w
             self.embed = Table(classes, width)
-        self.pos = Table(tokens, width)
+        rotary = None
+        if d.config.get("positions", ["learned"])[0] == "rotary":
+            rotary = rotary_tables(tokens, width // heads, float(d.config["rotary_base"][0]))
+        else:
+            self.pos = Table(tokens, width)
+        attention_softcap = float(d.config.get("attention_softcap", ["0"])[0])
+        self.logit_softcap = float(d.config.get("logit_softcap", ["0"])[0])
         self.blocks = [f"block{i}" for i in range(1, depth + 1)]
         norm = d.config.get("norm", ["layernorm"])[0]
         qk_norm = d.config.get("qk_norm", ["0"])[0] == "1"
         gated = d.config.get("gated", ["0"])[0] == "1"
         for name in self.blocks:
-            setattr(self, name, Block(width, heads, mlp_width, act, not self.vit, norm, qk_norm, gated))
+            setattr(self, name, Block(width, heads, mlp_width, act, not self.vit, norm, qk_norm, gated, rotary,
+                                      attention_softcap))
         self.ln = make_norm(norm, width)
         self.head = nn.Linear(width, classes)
 
@@ -221,13 +253,14 @@ class Transformer(nn.Module):
             y = self.patch(x).flatten(2).transpose(1, 2)  # [batch, tokens, width]: mpsim's nchw_to_rows
         else:
             y = self.embed.weight[x.reshape(x.shape[0], -1).long()]
-        y = y + self.pos.weight
+        if hasattr(self, "pos"):
+            y = y + self.pos.weight
         for name in self.blocks:
             y = getattr(self, name)(y)
         y = self.ln(y)
         if self.vit:
-            return self.head(y.mean(1))
-        return self.head(y).reshape(-1, self.head.out_features)  # a row per position, as mpsim's logits
+            return soft_cap(self.head(y.mean(1)), self.logit_softcap)
+        return soft_cap(self.head(y).reshape(-1, self.head.out_features), self.logit_softcap)  # a row per position
 
 def build_model(d):
     """The network of core/src/model.cpp, with mpsim's parameter names."""
@@ -438,7 +471,8 @@ def free_final_values(d, name, torch_value, mpsim_value):
     implementations. The same holds for the k half of a QK-LayerNorm's beta. The free check leaves those
     values out; the local and replay checks cover them."""
     qk_norm = d.config.get("qk_norm", ["0"])[0] == "1"  # then k's bias passes a LayerNorm: a real gradient
-    if d.get("model") in ("vit", "gpt") and name.endswith(".qkv.bias") and not qk_norm:
+    rotary = d.config.get("positions", ["learned"])[0] == "rotary"  # and a rotation by the key's position
+    if d.get("model") in ("vit", "gpt") and name.endswith(".qkv.bias") and not qk_norm and not rotary:
         width = d.get("width", kind=int)
         keep = np.r_[0:width, 2 * width:3 * width]
         return torch_value[keep], mpsim_value[keep]

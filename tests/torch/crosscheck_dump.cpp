@@ -112,6 +112,15 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
+    // Rotary positions (no position table) and Gemma 2's soft caps, set near the logits' size so that tanh bends them.
+    Case c = all.at("gpt_adamw");
+    c.name = "rotary_softcap_adamw";
+    c.model.positions = PositionKind::rotary;
+    c.model.attention_softcap = 1.0;
+    c.model.logit_softcap = 0.5;
+    all.emplace(c.name, c);
+  }
+  {
     Case c{"cnn_sgd", {}, {}};
     c.model.kind = ModelKind::cnn;
     c.model.activation = Activation::relu;
@@ -207,7 +216,9 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << data.train.labels_per_sample << "\npatch " << c.model.patch << "\ndepth " << c.model.depth
            << "\nwidth " << c.model.width << "\nheads " << c.model.heads << "\nmlp_width " << c.model.mlp_width
            << "\nnorm " << to_string(c.model.norm) << "\nqk_norm " << (c.model.qk_norm ? 1 : 0) << "\ngated "
-           << (c.model.gated ? 1 : 0) << "\n";
+           << (c.model.gated ? 1 : 0) << "\npositions " << to_string(c.model.positions) << "\nrotary_base "
+           << number(c.model.rotary_base) << "\nattention_softcap " << number(c.model.attention_softcap)
+           << "\nlogit_softcap " << number(c.model.logit_softcap) << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
   bool initial_written = false;

@@ -115,13 +115,14 @@ struct AdamParams {
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap
+  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap, rotary
 };
-inline constexpr EnumNames<Op, 23> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 24> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
-                                             "sequence_mean", "embedding", "max_abs_finite", "soft_cap"}};
+                                             "sequence_mean", "embedding", "max_abs_finite", "soft_cap",
+                                             "rotary"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -249,6 +250,11 @@ class Backend {
   // narrow format when `low` is enabled (policy.softmax_internals).
   void softmax_forward(const Tensor& x, Tensor& probs, const InternalRounding& low = {});
   void softmax_backward(const Tensor& probs, const Tensor& dprobs, Tensor& dx, const InternalRounding& low = {});
+  // Rotary position embeddings on [q | k | v] rows (numerics_attention.hpp's
+  // rotary_value): y holds q and k turned by their positions' angles (by
+  // minus them with angles.inverse, the backward), v copied. `table` holds
+  // 2 x tokens x head_dim / 2 values (rotary_table).
+  void rotary(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse, Tensor& y);
   // Logit soft-capping, element by element (numerics_attention.hpp's soft_cap):
   // y = cap tanh(x / cap), and dx = dy (1 - (y / cap)^2) from the capped y.
   void soft_cap_forward(const Tensor& x, float cap, Tensor& y);
@@ -361,6 +367,8 @@ class Backend {
   virtual void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) = 0;
   virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
                                      const InternalRounding& low) = 0;
+  virtual void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse,
+                           Tensor& y) = 0;
   virtual void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) = 0;
   virtual void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;

@@ -160,6 +160,11 @@ enum class ModelKind : std::uint8_t { mlp, cnn, vit, gpt };
 enum class NormKind : std::uint8_t { layer_norm, rms_norm };
 inline constexpr EnumNames<NormKind, 2> norm_kind_names{{"layernorm", "rmsnorm"}};
 inline std::string_view to_string(NormKind kind) { return norm_kind_names(kind); }
+// How a transformer knows positions: a learned table added to the input
+// rows, or rotary embeddings of q and k in every attention (RoFormer; LLaMA).
+enum class PositionKind : std::uint8_t { learned, rotary };
+inline constexpr EnumNames<PositionKind, 2> position_kind_names{{"learned", "rotary"}};
+inline std::string_view to_string(PositionKind kind) { return position_kind_names(kind); }
 inline constexpr EnumNames<ModelKind, 4> model_kind_names{{"mlp", "cnn", "vit", "gpt"}};  // the config's names
 inline std::string_view to_string(ModelKind kind) { return model_kind_names(kind); }
 inline constexpr EnumNames<InitScheme, 3> init_scheme_names{{"he", "xavier", "normal"}};
@@ -176,6 +181,8 @@ struct ModelSpec {
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
   bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
   bool gated = false;                 // vit, gpt: the block MLP as a gated linear unit of `activation` (silu: SwiGLU)
+  PositionKind positions = PositionKind::learned;  // vit, gpt
+  double rotary_base = 10000.0;       // vit, gpt with rotary positions: theta_c = base^(-2c/head_dim)
   double attention_softcap = 0.0;     // vit, gpt: > 0 caps the attention logits at +-this (Gemma 2: 50)
   double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
   InitScheme init = InitScheme::he;
@@ -227,6 +234,11 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
 // softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax.
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
                                            float softcap = 0.0f);
+// Rotary position embeddings on [q | k | v] rows (numerics_attention.hpp), and
+// their table: cos and sin of theta = i base^(-2c/head_dim), [2][tokens][head_dim / 2].
+std::unique_ptr<Layer> make_rotary(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
+                                   double base = 10000.0);
+std::vector<float> rotary_table(std::int64_t tokens, std::int64_t head_dim, double base);
 // y = cap tanh(x / cap), element by element (the model's logits, Gemma 2).
 std::unique_ptr<Layer> make_soft_cap(std::string name, float cap);
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).

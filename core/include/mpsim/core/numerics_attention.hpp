@@ -164,15 +164,43 @@ MPSIM_HOST_DEVICE inline void softmax_backward_row(const float* p, const float* 
   for (std::int64_t j = 0; j < cols; ++j) dx[j] = p[j] * (dp[j] - d);
 }
 
+// --- Rotary position embeddings (Su et al., "RoFormer", 2021; LLaMA) ------------------------------------------------
+// Each head's q and k turned pairwise by angles that grow with the token's
+// position: at position i, features c and c + d/2 of a head of d features
+// (the "rotate half" pairing of GPT-NeoX and Hugging Face's LLaMA) turn by
+// theta = i * base^(-2c/d), c < d/2:
+//   y_c = x_c cos - x_{c+d/2} sin,   y_{c+d/2} = x_{c+d/2} cos + x_c sin.
+// cos and sin come from a table of 2 x tokens x d/2 binary32 values (cos,
+// then sin; rotary_table below, binary64 rounded once), so both backends read
+// the same angles; each output is two binary32 products and one sum. The
+// backward is the same rotation by -theta; v passes unchanged.
+struct RotaryAngles {
+  const float* table;  // [2][tokens][head_dim / 2]
+  bool inverse;        // rotate by -theta (the backward)
+};
+MPSIM_HOST_DEVICE inline float rotary_value(const float* x, const AttentionShape& s, const RotaryAngles& a,
+                                            std::int64_t row, int part, std::int64_t h, std::int64_t c) {
+  const std::int64_t half = s.head_dim / 2, at = row * 3 * s.width() + part * s.width() + h * s.head_dim;
+  if (part == attention_v) return x[at + c];
+  const std::int64_t pair = c < half ? c : c - half, angle = (row % s.tokens) * half + pair;
+  const float cos = a.table[angle], sin = a.inverse ? -a.table[s.tokens * half + angle] : a.table[s.tokens * half + angle];
+  return c < half ? x[at + c] * cos - x[at + c + half] * sin : x[at + c] * cos + x[at + pair] * sin;
+}
+
 // --- Logit soft-capping (Gemma Team, "Gemma 2", 2024, section 2; Grok-1) -----------------------------------------
 // y = cap * tanh(x / cap): logits keep their order but never pass +-cap;
 // the backward reads the capped value, dx = dy * (1 - (y / cap)^2). Binary32
 // throughout; tanhf is glibc's on the host and CUDA's on the device (at most
-// 2 ulps apart), which tests/gpu bounds.
-MPSIM_HOST_DEVICE inline float soft_cap(float x, float cap) { return cap * tanhf(x / cap); }
+// 2 ulps apart), which tests/gpu bounds. Infinities pass unchanged, with a
+// zero gradient: the causal mask's -inf must stay a mask (Gemma 2 caps before
+// masking), so an overflowed logit stays an overflow here too.
+MPSIM_HOST_DEVICE inline bool is_infinite(float x) {
+  return (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) == 0x7f800000u;
+}
+MPSIM_HOST_DEVICE inline float soft_cap(float x, float cap) { return is_infinite(x) ? x : cap * tanhf(x / cap); }
 MPSIM_HOST_DEVICE inline float soft_cap_grad(float y, float dy, float cap) {
   const float t = y / cap;
-  return dy * (1.0f - t * t);
+  return is_infinite(y) ? 0.0f : dy * (1.0f - t * t);
 }
 
 // --- QK-LayerNorm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"; Wortsman et al.
