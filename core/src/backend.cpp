@@ -419,6 +419,14 @@ void Backend::rotary(const Tensor& qkv, const Tensor& table, const AttentionShap
   rotary_impl(qkv, table, shape, inverse, y);
 }
 
+void Backend::dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
+  require_support(Op::dropout, "dropout");
+  require_tensor(x, "dropout", "x");
+  require_tensor(y, "dropout", "y");
+  require_shape(same_size({&x, &y}), "dropout", "x and y differ in size");
+  dropout_impl(x, mask, y);
+}
+
 void Backend::soft_cap_forward(const Tensor& x, float cap, Tensor& y) {
   require_support(Op::soft_cap, "soft_cap_forward");
   require_tensor(x, "soft_cap_forward", "x");

@@ -410,6 +410,15 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
                                  "vit, gpt with rotary positions: the angle of feature pair c at position i is i x "
                                  "rotary_base^(-2c / head_dim) (LLaMA: 10000)",
                                  finite_above(1)),
+    key<&ModelSpec::dropout>("dropout", "",
+                             "vit, gpt: dropout probability after the embeddings and after each block's attention "
+                             "and MLP branches (GPT-2's embd_pdrop and resid_pdrop), in training only; the mask is "
+                             "counter-based from the seed, layer and step, the same on every backend. 0: off",
+                             at_least_below(0, 1)),
+    key<&ModelSpec::attention_dropout>("attention_dropout", "",
+                                       "vit, gpt: dropout probability on the attention probabilities (GPT-2's "
+                                       "attn_pdrop), in training only. 0: off",
+                                       at_least_below(0, 1)),
     key<&ModelSpec::attention_softcap>(
         "attention_softcap", "",
         "vit, gpt: > 0 caps every attention logit at +-this, cap x tanh(logit / cap), after its rounding and before "

@@ -460,6 +460,11 @@ class CpuBackend final : public Backend {
           for (std::int64_t c = 0; c < s.head_dim; ++c)
             out[s.qkv_index(r / s.tokens, r % s.tokens, part, h, c)] = rotary_value(x, s, angles, r, part, h, c);
   }
+  void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) override {
+    const float* in = data(x);
+    float* out = data(y);
+    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = dropout_value(in[i], mask, i);
+  }
   void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
     const float* in = data(x);
     float* out = data(y);

@@ -9,11 +9,13 @@
 // (make_residual): the model stays a sequence, and every layer of f keeps
 // its own name, statistics and rounding sites.
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
 #include "layer_operand.hpp"
 #include "mpsim/core/model.hpp"
+#include "mpsim/emulation/rounding.hpp"
 
 namespace mpsim::core {
 namespace {
@@ -210,8 +212,10 @@ class ResidualAdd final : public Layer {
 // activation_grads.
 class SelfAttention final : public Layer {
  public:
-  SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap)
-      : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal), softcap_(softcap) {}
+  SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap,
+                double dropout)
+      : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal), softcap_(softcap),
+        dropout_(dropout) {}
   Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 3}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
@@ -234,7 +238,15 @@ class SelfAttention final : public Layer {
     probs_ = b.empty(scores.shape());
     b.softmax_forward(scores, probs_, internals(p));
     ctx.round(probs_, softmax_point(p), std::nullopt, Site::attention_probs);
-    probs_operand_ = operand(ctx, probs_, p.activations, softmax_point(p), Site::attention_probs_operand);
+    dropping_ = ctx.training && dropout_ > 0.0;
+    Tensor kept = probs_;
+    if (dropping_) {  // on the probabilities, as the second product reads them (PyTorch's attn_dropout)
+      mask_ = dropout_mask(ctx.stream(Site::attention_dropout_mask), dropout_);
+      kept = b.empty(probs_.shape());
+      b.dropout(probs_, mask_, kept);
+      ctx.round(kept, softmax_point(p), std::nullopt, Site::attention_probs);
+    }
+    probs_operand_ = operand(ctx, kept, p.activations, softmax_point(p), Site::attention_probs_operand);
     Tensor y = b.empty({shape_.rows(), shape_.width()});
     b.attention_values(probs_operand_, qkv_, shape_, y);
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
@@ -250,6 +262,7 @@ class SelfAttention final : public Layer {
       Tensor dprobs = b.empty(probs_.shape());
       dqkv = b.empty(qkv_.shape());
       b.attention_values_backward(probs_operand_, qkv_, dout, shape_, dprobs, dqkv);
+      if (dropping_) b.dropout(dprobs, mask_, dprobs);
       ctx.round(dprobs, p.activation_grads, std::nullopt, Site::attention_probs_grad);
       Tensor dscores = b.empty(probs_.shape());
       b.softmax_backward(probs_, dprobs, dscores, internals(p));
@@ -284,8 +297,47 @@ class SelfAttention final : public Layer {
   std::int64_t tokens_, heads_;
   bool causal_;
   float softcap_;  // > 0: the logits soft-capped at +-softcap before the softmax
+  double dropout_;  // > 0: dropout on the probabilities in training
+  bool dropping_ = false;
+  DropoutMask mask_;
   AttentionShape shape_;
   Tensor qkv_, probs_, probs_operand_, capped_;
+};
+
+// Dropout in training (numerics_layers.hpp's dropout_value; identity in
+// evaluation): its output rounds at `elementwise` (the scaling by 1 / (1 - p)
+// leaves the format), its input gradient, the same mask on dy, at
+// `activation_grads`.
+class Dropout final : public Layer {
+ public:
+  Dropout(std::string name, double p) : Layer(std::move(name)), p_(p) {}
+  Shape output_shape(const Shape& in) const override { return in; }
+  // Unknown: elementwise in training, the input's own in evaluation.
+  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>&) const override {
+    return std::nullopt;
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    dropping_ = ctx.training && p_ > 0.0;
+    if (!dropping_) return x;
+    mask_ = dropout_mask(ctx.stream(Site::dropout_mask), p_);
+    Tensor y = ctx.backend.empty(x.shape());
+    ctx.backend.dropout(x, mask_, y);
+    ctx.round(y, ctx.policy.elementwise, TensorKind::activations, Site::output);
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    if (!need_input_grad) return {};
+    if (!dropping_) return dy;
+    Tensor dx = ctx.backend.empty(dy.shape());
+    ctx.backend.dropout(dy, mask_, dx);
+    ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    return dx;
+  }
+
+ private:
+  double p_;
+  bool dropping_ = false;
+  DropoutMask mask_;
 };
 
 // Rotary position embeddings on the qkv Linear's [q | k | v] rows
@@ -481,9 +533,19 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
   return {std::make_unique<ResidualBranch>(branch_name, state), std::make_unique<ResidualAdd>(add_name, state)};
 }
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
-                                           float softcap) {
-  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap);
+                                           float softcap, double dropout) {
+  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap, dropout);
 }
+DropoutMask dropout_mask(const StochasticStream& stream, double p) {
+  if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout probability " + std::to_string(p) + " is not in [0, 1)");
+  DropoutMask m;
+  m.key = make_draw_key(stream.key);
+  m.first_index = stream.first_index;
+  m.threshold = static_cast<std::uint32_t>(std::floor(p * 0x1p32));
+  m.scale = static_cast<float>(1.0 / (1.0 - p));
+  return m;
+}
+std::unique_ptr<Layer> make_dropout(std::string name, double p) { return std::make_unique<Dropout>(std::move(name), p); }
 std::vector<float> rotary_table(std::int64_t tokens, std::int64_t head_dim, double base) {
   if (tokens < 1 || head_dim < 2 || head_dim % 2 != 0 || !(base > 1.0))
     throw std::invalid_argument("rotary_table: needs tokens >= 1, an even head_dim >= 2 and a base > 1 (got " +

@@ -34,7 +34,8 @@ constexpr std::array<std::string_view, site_count> site_names{
     "bias_state1",   "bias_state2",    "output_sum",     "weight_grad_sum", "input_grad_sum",
     "fprop_activation_blocks", "fprop_weight_blocks", "dgrad_gradient_blocks", "dgrad_weight_blocks",
     "wgrad_gradient_blocks", "wgrad_activation_blocks", "wgrad_hadamard", "attention_scores", "attention_probs",
-    "attention_probs_operand", "attention_probs_grad", "attention_scores_grad"};
+    "attention_probs_operand", "attention_probs_grad", "attention_scores_grad", "dropout_mask",
+    "attention_dropout_mask"};
 }  // namespace
 
 std::string_view to_string(Site site) { return site_names.at(static_cast<std::size_t>(site)); }
@@ -161,9 +162,10 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
         if (spec.positions == PositionKind::rotary)  // after QK-LayerNorm, as OLMo 2 orders them
           layers.push_back(make_rotary(b + "rope", tokens, spec.heads, d / spec.heads, spec.rotary_base));
-        layers.push_back(
-            make_self_attention(b + "attn", tokens, spec.heads, causal, static_cast<float>(spec.attention_softcap)));
+        layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal,
+                                             static_cast<float>(spec.attention_softcap), spec.attention_dropout));
         layers.push_back(make_linear(b + "proj", d, d));
+        if (spec.dropout > 0) layers.push_back(make_dropout(b + "drop1", spec.dropout));
         layers.push_back(std::move(attention.add));
         ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
         layers.push_back(std::move(mlp.branch));
@@ -172,6 +174,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(make_linear(b + "fc1", d, spec.gated ? 2 * spec.mlp_width : spec.mlp_width));
         layers.push_back(spec.gated ? make_gated_activation(b + act + "_glu", spec.activation) : activation(b + act));
         layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
+        if (spec.dropout > 0) layers.push_back(make_dropout(b + "drop2", spec.dropout));
         layers.push_back(std::move(mlp.add));
       }
       layers.push_back(norm("ln", d));
@@ -184,6 +187,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
       layers.push_back(make_tokens("tokens"));
       if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
+      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       blocks(tokens, false);
       layers.push_back(make_sequence_mean("mean", tokens));
       layers.push_back(make_linear("head", d, in.classes));
@@ -196,6 +200,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       const std::int64_t tokens = in.height * in.width;
       layers.push_back(make_embedding("embed", in.classes, d));
       if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
+      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       blocks(tokens, true);
       layers.push_back(make_linear("head", d, in.classes));
       if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));

@@ -619,6 +619,10 @@ class CudaBackend final : public core::Backend {
     const Input x = in(qkv), t = in(table);
     kernels::rotary(x, t, s, inverse, out(y), stream());
   }
+  void dropout_impl(const Tensor& x, const core::DropoutMask& mask, Tensor& y) override {
+    const Input v = in(x);
+    kernels::dropout(v, mask, x.numel(), out(y), stream());
+  }
   void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
     const Input v = in(x);
     kernels::soft_cap_forward(v, cap, x.numel(), out(y), stream());

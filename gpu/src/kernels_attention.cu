@@ -114,6 +114,10 @@ __global__ void rotary_kernel(const float* qkv, core::AttentionShape s, core::Ro
   }
 }
 
+__global__ void dropout_kernel(const float* x, core::DropoutMask mask, std::int64_t n, float* y) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::dropout_value(x[i], mask, i);
+}
+
 __global__ void soft_cap_kernel(const float* x, float cap, std::int64_t n, float* y) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap);
 }
@@ -225,6 +229,12 @@ void rotary(const float* qkv, const float* table, const core::AttentionShape& s,
   const std::int64_t n = s.rows() * 3 * s.width();
   if (n <= 0) return;
   rotary_kernel<<<blocks(n), threads, 0, stream>>>(qkv, s, core::RotaryAngles{table, inverse}, y);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void dropout(const float* x, const core::DropoutMask& mask, std::int64_t n, float* y, cudaStream_t stream) {
+  if (n <= 0) return;
+  dropout_kernel<<<blocks(n), threads, 0, stream>>>(x, mask, n, y);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

@@ -864,6 +864,21 @@ TEST_CASE("logit soft-capping matches the CPU within tanhf's bound", "[gpu][back
   check_same("soft cap backward", b, dx);
 }
 
+TEST_CASE("dropout draws the CPU's mask", "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  const std::int64_t n = 100003;
+  const auto x = b.upload(normal_values(static_cast<std::size_t>(n), 980), {n});
+  StochasticStream stream;
+  stream.key = {2026, 77};
+  stream.first_index = std::uint64_t{5} << 32;
+  const core::DropoutMask mask = core::dropout_mask(stream, 0.1);
+  auto y = b.empty({n});
+  b.cpu->dropout(x.cpu, mask, y.cpu);
+  b.gpu->dropout(x.gpu, mask, y.gpu);
+  check_same("dropout", b, y);
+}
+
 TEST_CASE("rotary embeddings match the CPU bit for bit", "[gpu][backend][transformer]") {
   require_device();
   Backends b;

@@ -132,6 +132,9 @@ class ForwardingBackend : public core::Backend {
                    bool inverse, core::Tensor& y) override {
     inner_->rotary(qkv, table, shape, inverse, y);
   }
+  void dropout_impl(const core::Tensor& x, const core::DropoutMask& mask, core::Tensor& y) override {
+    inner_->dropout(x, mask, y);
+  }
   void soft_cap_forward_impl(const core::Tensor& x, float cap, core::Tensor& y) override {
     inner_->soft_cap_forward(x, cap, y);
   }

@@ -115,14 +115,14 @@ struct AdamParams {
 enum class Op : std::uint8_t {
   round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap, rotary
+  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap, rotary, dropout
 };
-inline constexpr EnumNames<Op, 24> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+inline constexpr EnumNames<Op, 25> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
                                              "sum_squares", "activation", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
                                              "sequence_mean", "embedding", "max_abs_finite", "soft_cap",
-                                             "rotary"}};
+                                             "rotary", "dropout"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -255,6 +255,9 @@ class Backend {
   // minus them with angles.inverse, the backward), v copied. `table` holds
   // 2 x tokens x head_dim / 2 values (rotary_table).
   void rotary(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse, Tensor& y);
+  // Dropout with a counter-based mask (numerics_layers.hpp's dropout_value):
+  // y_i = x_i / (1 - p) where element i keeps, else 0; the backward is the same call on dy.
+  void dropout(const Tensor& x, const DropoutMask& mask, Tensor& y);
   // Logit soft-capping, element by element (numerics_attention.hpp's soft_cap):
   // y = cap tanh(x / cap), and dx = dy (1 - (y / cap)^2) from the capped y.
   void soft_cap_forward(const Tensor& x, float cap, Tensor& y);
@@ -369,6 +372,7 @@ class Backend {
                                      const InternalRounding& low) = 0;
   virtual void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse,
                            Tensor& y) = 0;
+  virtual void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) = 0;
   virtual void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) = 0;
   virtual void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;

@@ -52,8 +52,10 @@ enum class Site : std::uint8_t {
   // Self-attention's inner tensors: the logits, the probabilities (and their
   // copy as the second GEMM's operand), and the gradients of both.
   attention_scores, attention_probs, attention_probs_operand, attention_probs_grad, attention_scores_grad,
+  // Dropout's masks: a dropout layer's, and self-attention's on its probabilities.
+  dropout_mask, attention_dropout_mask,
 };
-inline constexpr int site_count = 30;
+inline constexpr int site_count = 32;
 // The sites' names, for messages and logs ("" for the unused value).
 std::string_view to_string(Site site);
 
@@ -182,6 +184,8 @@ struct ModelSpec {
   bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
   bool gated = false;                 // vit, gpt: the block MLP as a gated linear unit of `activation` (silu: SwiGLU)
   PositionKind positions = PositionKind::learned;  // vit, gpt
+  double dropout = 0.0;               // vit, gpt: after the embeddings and each block's two branches (GPT-2)
+  double attention_dropout = 0.0;     // vit, gpt: on the attention probabilities
   double rotary_base = 10000.0;       // vit, gpt with rotary positions: theta_c = base^(-2c/head_dim)
   double attention_softcap = 0.0;     // vit, gpt: > 0 caps the attention logits at +-this (Gemma 2: 50)
   double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
@@ -233,12 +237,17 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
 // Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp);
 // softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax.
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
-                                           float softcap = 0.0f);
+                                           float softcap = 0.0f, double dropout = 0.0);
 // Rotary position embeddings on [q | k | v] rows (numerics_attention.hpp), and
 // their table: cos and sin of theta = i base^(-2c/head_dim), [2][tokens][head_dim / 2].
 std::unique_ptr<Layer> make_rotary(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                    double base = 10000.0);
 std::vector<float> rotary_table(std::int64_t tokens, std::int64_t head_dim, double base);
+// Dropout of probability p in training (identity in evaluation), its mask
+// drawn per (seed, layer, step) from StepContext::stream (numerics_layers.hpp).
+std::unique_ptr<Layer> make_dropout(std::string name, double p);
+// The mask of a stream for probability p in [0, 1).
+DropoutMask dropout_mask(const StochasticStream& stream, double p);
 // y = cap tanh(x / cap), element by element (the model's logits, Gemma 2).
 std::unique_ptr<Layer> make_soft_cap(std::string name, float cap);
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).

@@ -27,6 +27,7 @@
 #include "mpsim/core/names.hpp"
 #include "mpsim/emulation/host_device.hpp"
 #include "mpsim/emulation/pattern_rounding.hpp"
+#include "mpsim/emulation/random_draw.hpp"
 #include "mpsim/emulation/round_to_odd.hpp"
 
 namespace mpsim::core {
@@ -69,6 +70,23 @@ struct InternalRounding {
   MPSIM_HOST_DEVICE double div(double a, double b) const { return (*this)(a / b); }
   MPSIM_HOST_DEVICE double root(double a) const { return (*this)(sqrt(a)); }
 };
+
+// --- Dropout (Srivastava et al., JMLR 2014) with a counter-based mask ------------------------------------------------
+// Element i keeps its value when its 32-bit draw random_draw(key,
+// first_index + i) is at least threshold = floor(p 2^32), so it keeps with
+// probability 1 - p to within 2^-32, and is then scaled by 1 / (1 - p) in
+// binary32 (inverted dropout, as PyTorch's); the rest become +0. The backward
+// applies the same mask to dy: the draws are recomputed from the counter, so
+// no mask is stored and both backends draw the same one (random_draw.hpp).
+struct DropoutMask {
+  DrawKey key{};
+  std::uint64_t first_index = 0;
+  std::uint32_t threshold = 0;
+  float scale = 1.0f;
+};
+MPSIM_HOST_DEVICE inline float dropout_value(float x, const DropoutMask& m, std::int64_t i) {
+  return random_draw(m.key, m.first_index + static_cast<std::uint64_t>(i)) >= m.threshold ? x * m.scale : 0.0f;
+}
 
 // --- Activations ----------------------------------------------------------------------------------------------------
 // An element-wise activation is one entry of the table below: a struct with
