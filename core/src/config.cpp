@@ -410,6 +410,9 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
                                  "vit, gpt with rotary positions: the angle of feature pair c at position i is i x "
                                  "rotary_base^(-2c / head_dim) (LLaMA: 10000)",
                                  finite_above(1)),
+    key<&ModelSpec::tie_embeddings>("tie_embeddings", "",
+                                    "gpt: the head's weight is the token table (Press and Wolf 2017; GPT-2), one "
+                                    "parameter whose gradient sums the head's and the embedding's parts"),
     key<&ModelSpec::dropout>("dropout", "",
                              "vit, gpt: dropout probability after the embeddings and after each block's attention "
                              "and MLP branches (GPT-2's embd_pdrop and resid_pdrop), in training only; the mask is "

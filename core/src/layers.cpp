@@ -17,14 +17,20 @@ using detail::operand;
 
 class Linear final : public Layer {
  public:
-  Linear(std::string name, std::int64_t in, std::int64_t out) : Layer(std::move(name)), in_(in), out_(out) {
+  Linear(std::string name, std::int64_t in, std::int64_t out, std::shared_ptr<TiedTable> tie = nullptr)
+      : Layer(std::move(name)), in_(in), out_(out), tie_(std::move(tie)) {
     weight_.name = this->name() + ".weight";
     weight_.shape = {out, in};
     bias_.name = this->name() + ".bias";
     bias_.shape = {out};
+    if (tie_ && (!tie_->table || tie_->table->shape != weight_.shape))
+      throw std::invalid_argument(this->name() + ": a tied weight must be an existing [" + std::to_string(out) + ", " +
+                                  std::to_string(in) + "] table");
   }
   Shape output_shape(const Shape& input) const override { return with_rows(input[0], out_); }
-  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::vector<Parameter*> parameters() override {
+    return tie_ ? std::vector<Parameter*>{&bias_} : std::vector<Parameter*>{&weight_, &bias_};
+  }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
   }
@@ -34,7 +40,7 @@ class Linear final : public Layer {
     input_shape_ = x.shape();
     input_ = operand(ctx, x.reshaped(with_rows(x.rows(), in_)), p.activations, Site::input_operand);
     Tensor y = ctx.backend.empty(with_rows(x.rows(), out_));
-    ctx.backend.gemm(input_, false, weight_.working, true, y, ctx.gemm_numerics(GemmRole::fprop, p.activations, p.weights),
+    ctx.backend.gemm(input_, false, weight().working, true, y, ctx.gemm_numerics(GemmRole::fprop, p.activations, p.weights),
                      ctx.stream(Site::output_sum));
     ctx.backend.add_row_vector(y, bias_.working);
     ctx.note_output_logits(y);  // the model's logits, when this is its last layer, before they round
@@ -46,15 +52,16 @@ class Linear final : public Layer {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
     const Tensor dyq = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
-    b.gemm(dyq, true, input_, false, weight_.grad, ctx.gemm_numerics(GemmRole::wgrad, p.gradient_operands, p.activations),
+    Tensor& weight_grad = tie_ ? (tie_->head_grad = b.empty(weight_.shape)) : weight_.grad;
+    b.gemm(dyq, true, input_, false, weight_grad, ctx.gemm_numerics(GemmRole::wgrad, p.gradient_operands, p.activations),
            ctx.stream(Site::weight_grad_sum));
-    ctx.round(weight_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    ctx.round(weight_grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     b.column_sums(dy, bias_.grad);
     ctx.round(bias_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
     Tensor dx;
     if (need_input_grad) {
       dx = b.empty(input_.shape());
-      b.gemm(dyq, false, weight_.working, false, dx, ctx.gemm_numerics(GemmRole::dgrad, p.gradient_operands, p.weights),
+      b.gemm(dyq, false, weight().working, false, dx, ctx.gemm_numerics(GemmRole::dgrad, p.gradient_operands, p.weights),
              ctx.stream(Site::input_grad_sum));
       ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
       dx = dx.reshaped(input_shape_);
@@ -64,7 +71,9 @@ class Linear final : public Layer {
   }
 
  private:
+  Parameter& weight() { return tie_ ? *tie_->table : weight_; }
   std::int64_t in_, out_;
+  std::shared_ptr<TiedTable> tie_;  // null: the weight is weight_
   Parameter weight_, bias_;
   Tensor input_;
   Shape input_shape_;
@@ -337,6 +346,11 @@ class Norm final : public Layer {
 
 std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out) {
   return std::make_unique<Linear>(std::move(name), in, out);
+}
+std::unique_ptr<Layer> make_tied_linear(std::string name, std::int64_t in, std::int64_t out,
+                                        std::shared_ptr<TiedTable> tie) {
+  if (!tie) throw std::invalid_argument(name + ": a tied Linear needs the embedding's table");
+  return std::make_unique<Linear>(std::move(name), in, out, std::move(tie));
 }
 std::unique_ptr<Layer> make_conv2d(std::string name, std::int64_t in_channels, std::int64_t out_channels,
                                    std::int64_t kernel, std::int64_t stride, std::int64_t padding) {

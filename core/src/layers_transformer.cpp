@@ -61,9 +61,11 @@ class Tokens final : public Layer {
 // rounded as weights: counted as activations, not rounded again.
 class Embedding final : public Layer {
  public:
-  Embedding(std::string name, std::int64_t vocabulary, std::int64_t width) : Layer(std::move(name)), width_(width) {
+  Embedding(std::string name, std::int64_t vocabulary, std::int64_t width, std::shared_ptr<TiedTable> tie)
+      : Layer(std::move(name)), width_(width), tie_(std::move(tie)) {
     table_.name = this->name() + ".weight";
     table_.shape = {vocabulary, width};
+    if (tie_) tie_->table = &table_;
   }
   Shape output_shape(const Shape& in) const override { return {element_count(in), width_}; }
   std::vector<Parameter*> parameters() override { return {&table_}; }
@@ -80,6 +82,10 @@ class Embedding final : public Layer {
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
     if (need_input_grad) throw std::invalid_argument(name() + ": token ids have no gradient; put it first");
     ctx.backend.embedding_backward(ids_, dy, table_.grad);
+    if (tie_ && !tie_->head_grad.empty()) {  // the tied head's part, rounded at its own site already
+      ctx.backend.add(table_.grad, tie_->head_grad);
+      tie_->head_grad = Tensor();
+    }
     ctx.round(table_.grad, ctx.policy.weight_grads, TensorKind::weight_grads, Site::weight_grad);
     ids_ = Tensor();
     return {};
@@ -87,6 +93,7 @@ class Embedding final : public Layer {
 
  private:
   std::int64_t width_;
+  std::shared_ptr<TiedTable> tie_;  // a tied head reads table_ and leaves its gradient here
   Parameter table_;
   Tensor ids_;
 };
@@ -521,8 +528,9 @@ class SequenceMean final : public Layer {
 
 }  // namespace
 
-std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width) {
-  return std::make_unique<Embedding>(std::move(name), vocabulary, width);
+std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width,
+                                      std::shared_ptr<TiedTable> tie) {
+  return std::make_unique<Embedding>(std::move(name), vocabulary, width, std::move(tie));
 }
 std::unique_ptr<Layer> make_tokens(std::string name) { return std::make_unique<Tokens>(std::move(name)); }
 std::unique_ptr<Layer> make_position_embedding(std::string name, std::int64_t tokens, std::int64_t width) {

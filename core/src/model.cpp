@@ -194,15 +194,16 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     } else {
       // A decoder-only language model (Radford et al. 2018, GPT): token and
-      // learned position embeddings, causal blocks, an untied head giving
+      // learned position embeddings, causal blocks, a head (tied to the token table with tie_embeddings) giving
       // every position's logits over the vocabulary (in.classes) for the
       // next token; the context is the input's width.
       const std::int64_t tokens = in.height * in.width;
-      layers.push_back(make_embedding("embed", in.classes, d));
+      auto tie = spec.tie_embeddings ? std::make_shared<TiedTable>() : nullptr;
+      layers.push_back(make_embedding("embed", in.classes, d, tie));
       if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
       if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       blocks(tokens, true);
-      layers.push_back(make_linear("head", d, in.classes));
+      layers.push_back(tie ? make_tied_linear("head", d, in.classes, tie) : make_linear("head", d, in.classes));
       if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     }
   } else {

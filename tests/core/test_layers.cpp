@@ -1556,6 +1556,20 @@ TEST_CASE("GPT with dropout and attention dropout: gradients match finite differ
   check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2033, 30, true);
 }
 
+TEST_CASE("GPT with a head tied to the token table: gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.tie_embeddings = true;
+  Model model(spec, InputShape{1, 1, 6, 5}, 1);
+  std::vector<std::string> names;
+  for (Parameter* p : model.parameters()) names.push_back(p->name);
+  CHECK(std::count(names.begin(), names.end(), "embed.weight") == 1);  // one parameter, not two
+  CHECK(std::count(names.begin(), names.end(), "head.weight") == 0);
+  CHECK(std::count(names.begin(), names.end(), "head.bias") == 1);
+  // The table's difference quotient moves both of its uses: it checks the sum of the two gradient parts.
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2034, 30, true);
+}
+
 TEST_CASE("GPT with rotary positions: backward gradients match finite differences of the binary32 loss",
           "[layers][transformer]") {
   ModelSpec spec = small_transformer(ModelKind::gpt);

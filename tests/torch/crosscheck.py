@@ -247,6 +247,8 @@ class Transformer(nn.Module):
                                       attention_softcap))
         self.ln = make_norm(norm, width)
         self.head = nn.Linear(width, classes)
+        if d.config.get("tie_embeddings", ["0"])[0] == "1":
+            self.head.weight = self.embed.weight  # one parameter (named embed.weight): its gradient sums both uses
 
     def forward(self, x):
         if self.vit:

@@ -112,9 +112,11 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
-    // Rotary positions (no position table) and Gemma 2's soft caps, set near the logits' size so that tanh bends them.
+    // Rotary positions (no position table), Gemma 2's soft caps, set near the logits' size so that tanh bends
+    // them, and a head tied to the token table.
     Case c = all.at("gpt_adamw");
     c.name = "rotary_softcap_adamw";
+    c.model.tie_embeddings = true;
     c.model.positions = PositionKind::rotary;
     c.model.attention_softcap = 1.0;
     c.model.logit_softcap = 0.5;
@@ -218,7 +220,8 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << "\nnorm " << to_string(c.model.norm) << "\nqk_norm " << (c.model.qk_norm ? 1 : 0) << "\ngated "
            << (c.model.gated ? 1 : 0) << "\npositions " << to_string(c.model.positions) << "\nrotary_base "
            << number(c.model.rotary_base) << "\nattention_softcap " << number(c.model.attention_softcap)
-           << "\nlogit_softcap " << number(c.model.logit_softcap) << "\n";
+           << "\nlogit_softcap " << number(c.model.logit_softcap) << "\ntie_embeddings " << (c.model.tie_embeddings ? 1 : 0)
+           << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
   bool initial_written = false;

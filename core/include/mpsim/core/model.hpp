@@ -184,6 +184,7 @@ struct ModelSpec {
   bool qk_norm = false;               // vit, gpt: QK-LayerNorm between each qkv Linear and its attention
   bool gated = false;                 // vit, gpt: the block MLP as a gated linear unit of `activation` (silu: SwiGLU)
   PositionKind positions = PositionKind::learned;  // vit, gpt
+  bool tie_embeddings = false;        // gpt: the head's weight is the token table (GPT-2)
   double dropout = 0.0;               // vit, gpt: after the embeddings and each block's two branches (GPT-2)
   double attention_dropout = 0.0;     // vit, gpt: on the attention probabilities
   double rotary_base = 10000.0;       // vit, gpt with rotary positions: theta_c = base^(-2c/head_dim)
@@ -223,8 +224,22 @@ std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f);
+// A tied output head (Press and Wolf 2017; GPT-2): the head's weight is the
+// token table, one parameter that the embedding owns. The head writes its
+// part of the gradient (rounded at its own weight_grad site) into head_grad;
+// the embedding, whose backward runs later, adds it to its own and rounds the
+// sum at its weight_grad site.
+struct TiedTable {
+  Parameter* table = nullptr;  // the embedding's
+  Tensor head_grad;
+};
 // Transformers (layers_transformer.cpp). Token ids -> rows of a [vocabulary, width] table.
-std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width);
+std::unique_ptr<Layer> make_embedding(std::string name, std::int64_t vocabulary, std::int64_t width,
+                                      std::shared_ptr<TiedTable> tie = nullptr);
+// A Linear whose weight is tie->table ([out, in] = the table's [vocabulary, width]); its only parameter is
+// its bias (the bias keys its sites as its layer's parameter 0).
+std::unique_ptr<Layer> make_tied_linear(std::string name, std::int64_t in, std::int64_t out,
+                                        std::shared_ptr<TiedTable> tie);
 // NCHW maps -> a row per position.
 std::unique_ptr<Layer> make_tokens(std::string name);
 // Adds a learned [tokens, width] table to each sample's rows.
