@@ -480,7 +480,7 @@ constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
     key<&OptimizerSpec::weight_decay>("weight_decay", "", "weight decay (AdamW: decoupled)", finite_at_least(0)),
     key<&OptimizerSpec::clip_norm>("clip_norm", "",
                                    "`> 0`: clip the gradients' global L2 norm, after unscaling, to this, as "
-                                   "`torch.nn.utils.clip_grad_norm_` (`core::clip_factor`); CPU backend only so far",
+                                   "`torch.nn.utils.clip_grad_norm_` (`core::clip_factor`, shared by the CPU and CUDA optimiser steps)",
                                    finite_at_least(0)),
     key<&OptimizerSpec::decay_vectors>("decay_vectors", "",
                                        "`false`: no weight decay on parameters of one dimension (biases, LayerNorm's "

@@ -639,10 +639,6 @@ class CudaBackend final : public core::Backend {
     const Input g = in(dy);
     kernels::sequence_mean_backward(g, tokens, dx.rows(), dx.cols(), out(dx), stream());
   }
-  std::string optimizer_refusal(const core::OptimizerParams& p) const override {
-    return p.clip_norm > 0.0f ? "gradient clipping (optimizer.clip_norm) is not implemented on the cuda backend yet"
-                              : std::string();
-  }
   void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& o) override {
     const Input i = in(ids), t = in(table);
     kernels::embedding_forward(i, t, ids.numel(), table.rows(), table.cols(), out(o), stream());
@@ -814,7 +810,7 @@ class CudaBackend final : public core::Backend {
       require(p.momentum == 0.0f || state1.numel() == n, "optimizer_step: momentum size differs");
       const Input g = in(grad);
       kernels::sgd_update(w, g, inout(state1), out(update), n, p.lr, p.momentum, p.weight_decay, false, step_.data(),
-                          this->stream());
+                          this->stream(), p.clip_norm);
     } else {
       require(state1.numel() == n && state2.numel() == n, "optimizer_step: Adam state sizes differ");
       // step_size and bias2_sqrt come from the table at the gate's t.
@@ -822,7 +818,8 @@ class CudaBackend final : public core::Backend {
                                                           p.kind == core::OptimizerKind::adamw, 1),
                                      p.lr, adam_bias_table(p.beta1, p.beta2, steps_started_)};
       const Input g = in(grad);
-      kernels::adam_update(w, g, inout(state1), inout(state2), out(update), n, c, step_.data(), this->stream());
+      kernels::adam_update(w, g, inout(state1), inout(state2), out(update), n, c, step_.data(), this->stream(),
+                           p.clip_norm);
     }
     apply_update_gated(weight, update, storage, stream, stats, step_.data(), narrow);
   }

@@ -156,6 +156,9 @@ struct StepState {
   int unscale;          // scale != 1
   int skip;             // inf or NaN found: no optimiser step
   long long optimizer_steps;  // steps that ran: Adam's t
+  // The decided step's sum of squares of the loss-scaled gradients and its
+  // loss scale: gradient clipping's norm (core::clip_factor), as the CPU keeps them.
+  double last_sum_squares, last_scale;
 };
 void step_start(StepState* state, const core::LossScaling& scaling, const core::LossDefinition& loss,
                 cudaStream_t stream);
@@ -185,9 +188,10 @@ void softmax_cross_entropy(const float* logits, const float* labels, std::int64_
 // gate (when not null): the step's decision (StepState). The kernels then do
 // nothing on a skipped step, unscale the gradient first (one binary32
 // multiplication, fused), and take the first step (SGD) or t (Adam) from it.
+// clip_norm > 0: the unscaled gradient times core::clip_factor of the gate's last step (needs a gate).
 void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
                 float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
-                cudaStream_t stream);
+                cudaStream_t stream, float clip_norm = 0.0f);
 // The per-call constants (core::adam_constants, as the CPU's). With a gate,
 // t is the gate's: step_size = lr / bias[2t - 2] and bias2_sqrt =
 // bias[2t - 1], a table of core::adam_bias the host computes.
@@ -197,7 +201,7 @@ struct AdamConstants {
   const float* bias;
 };
 void adam_update(const float* weight, const float* grad, float* m, float* v, float* update, std::int64_t n,
-                 const AdamConstants& c, const StepState* gate, cudaStream_t stream);
+                 const AdamConstants& c, const StepState* gate, cudaStream_t stream, float clip_norm = 0.0f);
 
 // counters (when not null): the rounding counters (launch.hpp `counter`),
 // then the swallowed updates at swallowed_counter.

@@ -13,33 +13,41 @@ namespace {
 // The step's gate (kernels.hpp): false when the step skips its optimiser step.
 __device__ inline bool step_runs(const StepState* gate) { return gate == nullptr || gate->skip == 0; }
 
-// The gradient as the optimiser reads it: unscaled when the gate says so.
-__device__ inline float unscaled(float g, const StepState* gate) {
-  return gate != nullptr && gate->unscale ? core::unscale(g, gate->inverse_scale) : g;
+// The gradient as the optimiser reads it: unscaled when the gate says so,
+// then clipped (`clip` = core::clip_factor, applied when below 1), two
+// binary32 multiplications as the CPU's in-place passes.
+__device__ inline float unscaled(float g, const StepState* gate, float clip) {
+  const float u = gate != nullptr && gate->unscale ? core::unscale(g, gate->inverse_scale) : g;
+  return clip < 1.0f ? u * clip : u;
+}
+__device__ inline float clip_of(const StepState* gate, float clip_norm) {
+  return gate != nullptr ? core::clip_factor(gate->last_sum_squares, gate->last_scale, clip_norm) : 1.0f;
 }
 
 __global__ void sgd_kernel(const float* w, const float* g, float* m, float* u, std::int64_t n,
-                           core::SgdConstants c, const StepState* gate) {
+                           core::SgdConstants c, const StepState* gate, float clip_norm) {
   if (!step_runs(gate)) return;
   if (gate) c.first_step = gate->optimizer_steps == 1;
+  const float clip = clip_of(gate, clip_norm);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
     float mi = c.momentum != 0.0f ? m[i] : 0.0f;
-    u[i] = core::sgd_update(c, w[i], unscaled(g[i], gate), mi);
+    u[i] = core::sgd_update(c, w[i], unscaled(g[i], gate, clip), mi);
     if (c.momentum != 0.0f) m[i] = mi;
   }
 }
 
 __global__ void adam_kernel(const float* w, const float* g, float* m, float* v, float* u, std::int64_t n,
-                            AdamConstants c, const StepState* gate) {
+                            AdamConstants c, const StepState* gate, float clip_norm) {
   if (!step_runs(gate)) return;
   if (gate) {
     const long long t = gate->optimizer_steps;
     c.step.step_size = c.lr / c.bias[2 * t - 2];
     c.step.bias2_sqrt = c.bias[2 * t - 1];
   }
+  const float clip = clip_of(gate, clip_norm);
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) {
     float mi = m[i], vi = v[i];
-    u[i] = core::adam_update(c.step, w[i], unscaled(g[i], gate), mi, vi);
+    u[i] = core::adam_update(c.step, w[i], unscaled(g[i], gate, clip), mi, vi);
     m[i] = mi;
     v[i] = vi;
   }
@@ -99,18 +107,18 @@ __global__ void apply_rounded_kernel(float* w, const float* u, std::int64_t n, D
 
 void sgd_update(const float* weight, const float* grad, float* momentum, float* update, std::int64_t n, float lr,
                 float momentum_factor, float weight_decay, bool first_step, const StepState* gate,
-                cudaStream_t stream) {
+                cudaStream_t stream, float clip_norm) {
   if (n <= 0) return;
   sgd_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, momentum, update, n,
                                                 core::SgdConstants{-lr, momentum_factor, weight_decay, first_step},
-                                                gate);
+                                                gate, clip_norm);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
 void adam_update(const float* weight, const float* grad, float* m, float* v, float* update, std::int64_t n,
-                 const AdamConstants& c, const StepState* gate, cudaStream_t stream) {
+                 const AdamConstants& c, const StepState* gate, cudaStream_t stream, float clip_norm) {
   if (n <= 0) return;
-  adam_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, m, v, update, n, c, gate);
+  adam_kernel<<<blocks(n), threads, 0, stream>>>(weight, grad, m, v, update, n, c, gate, clip_norm);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

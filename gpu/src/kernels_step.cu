@@ -40,6 +40,8 @@ __global__ void end_kernel(StepState* state, core::LossScaling scaling, StepReco
   r.correct = s.correct;
   const core::StepDecision decision = core::decide_step(s.scaler, scaling, s.loss_sum, s.grad_sum_squares);
   r.found_inf = decision.found_inf;
+  s.last_sum_squares = s.grad_sum_squares;
+  s.last_scale = r.loss_scale;  // the step's scale, before decide_step updated the scaler (the CPU's last_scale_)
   s.skip = decision.found_inf;
   s.unscale = decision.unscale;
   s.inverse_scale = decision.inverse_scale;
