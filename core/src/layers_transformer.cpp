@@ -22,6 +22,21 @@ namespace {
 
 using detail::operand;
 
+// The attention shape of [q | k | v] rows of a layer with a fixed head size
+// (QK-LayerNorm, rotary embeddings); a clear error naming the layer otherwise.
+AttentionShape qkv_shape(const std::string& layer, const Tensor& x, std::int64_t tokens, std::int64_t heads,
+                         std::int64_t head_dim) {
+  if (x.shape().size() != 2 || x.cols() != 3 * heads * head_dim || x.rows() % tokens != 0)
+    throw std::invalid_argument(layer + ": expects [q | k | v] rows of 3 x " + std::to_string(heads) + " x " +
+                                std::to_string(head_dim) + " values, " + std::to_string(tokens) + " rows per sample");
+  AttentionShape s;
+  s.batch = x.rows() / tokens;
+  s.tokens = tokens;
+  s.heads = heads;
+  s.head_dim = head_dim;
+  return s;
+}
+
 // The residual stream's rounding: binary32 when fp32_ops lists "residual".
 RoundingPoint residual_point(const Policy& p) { return p.runs_in_fp32("residual") ? RoundingPoint{} : p.elementwise; }
 
@@ -378,18 +393,7 @@ class Rotary final : public Layer {
   }
 
  private:
-  AttentionShape shape_of(const Tensor& x) const {
-    if (x.shape().size() != 2 || x.cols() != 3 * heads_ * head_dim_ || x.rows() % tokens_ != 0)
-      throw std::invalid_argument(name() + ": expects [q | k | v] rows of 3 x " + std::to_string(heads_) + " x " +
-                                  std::to_string(head_dim_) + " values, " + std::to_string(tokens_) +
-                                  " rows per sample");
-    AttentionShape s;
-    s.batch = x.rows() / tokens_;
-    s.tokens = tokens_;
-    s.heads = heads_;
-    s.head_dim = head_dim_;
-    return s;
-  }
+  AttentionShape shape_of(const Tensor& x) const { return qkv_shape(name(), x, tokens_, heads_, head_dim_); }
   std::int64_t tokens_, heads_, head_dim_;
   std::vector<float> host_table_;
   Tensor table_;  // on the backend, uploaded at the first forward pass
@@ -478,19 +482,7 @@ class QkNorm final : public Layer {
   static InternalRounding statistics(const Policy& p) {
     return internal_rounding(p, &Policy::norm_statistics, "layer_norm");
   }
-  AttentionShape shape_of(const Tensor& x) const {
-    const std::int64_t head_dim = head_dim_;
-    if (x.shape().size() != 2 || x.cols() != 3 * heads_ * head_dim || x.rows() % tokens_ != 0)
-      throw std::invalid_argument(name() + ": expects [q | k | v] rows of 3 x " + std::to_string(heads_) + " x " +
-                                  std::to_string(head_dim) + " values, " + std::to_string(tokens_) +
-                                  " rows per sample");
-    AttentionShape s;
-    s.batch = x.rows() / tokens_;
-    s.tokens = tokens_;
-    s.heads = heads_;
-    s.head_dim = head_dim;
-    return s;
-  }
+  AttentionShape shape_of(const Tensor& x) const { return qkv_shape(name(), x, tokens_, heads_, head_dim_); }
   std::int64_t tokens_, heads_, head_dim_;
   float eps_;
   Parameter gamma_, beta_;

@@ -124,14 +124,16 @@ MPSIM_HOST_DEVICE inline float attention_k_grad(const float* dscores, const floa
 MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, float* p,
                                           const InternalRounding& low = {}) {
   if (low.enabled) {
+    // Masked entries (-inf) stay out of the format: probability 0, nothing added (a format without
+    // infinities would otherwise turn the mask into a finite logit).
     double max = -INFINITY;
     for (std::int64_t j = 0; j < cols; ++j)
-      if (low(x[j]) > max) max = low(x[j]);
+      if (x[j] != -INFINITY && low(x[j]) > max) max = low(x[j]);
     double sum = 0.0;
     for (std::int64_t j = 0; j < cols; ++j) {
-      const double e = low(exp(low.sub(low(x[j]), max)));
+      const double e = x[j] == -INFINITY ? 0.0 : low(exp(low.sub(low(x[j]), max)));
       p[j] = static_cast<float>(e);
-      sum = low.add(sum, e);
+      if (x[j] != -INFINITY) sum = low.add(sum, e);
     }
     for (std::int64_t j = 0; j < cols; ++j) p[j] = static_cast<float>(low.div(p[j], sum));
     return;
