@@ -80,14 +80,14 @@ def verdict(found: dict) -> str:
     lines = []
     for a in found["arms"]:
         above = a["first_stats_step_above_fp16_max"]
-        text = (f"{label(a):<28} largest attention logit {a['max_attention_logit']:.4g}"
-                f"{f' (past 65504 at step {above})' if above is not None else ' (never past 65504)'}; "
+        text = (f"{a['arm']:<32} {label(a):<26} largest attention logit {a['max_attention_logit']:.4g}"
+                f"{f' (first logged above 65504 at step {above})' if above is not None else ' (never above 65504)'}; "
                 f"{a['skipped_steps']} of {a['steps']} steps skipped")
         if a["first_nonfinite_loss_step"] is not None:
             text += f", loss not finite from step {a['first_nonfinite_loss_step']}"
         text += f"; validation loss {a['final_test_loss']:.4f}"
         lines.append(text)
-    lines.append("One seed: single runs, not tested findings.")
+    lines.append("Each line is a single run (its seed in the arm's name), not a tested finding.")
     return "\n".join(lines)
 
 

@@ -416,6 +416,7 @@ void Backend::rotary(const Tensor& qkv, const Tensor& table, const AttentionShap
   require_shape(shape.head_dim % 2 == 0, call, "rotary embeddings pair a head's features: head_dim must be even");
   require_shape(table.numel() == shape.tokens * shape.head_dim, call,
                 "the table needs 2 x tokens x head_dim / 2 values (cos, then sin)");
+  require_shape(qkv.buffer() != y.buffer(), call, "y must not be qkv: each output reads its pair's other input");
   rotary_impl(qkv, table, shape, inverse, y);
 }
 
@@ -427,14 +428,14 @@ void Backend::dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
   dropout_impl(x, mask, y);
 }
 
-void Backend::soft_cap_forward(const Tensor& x, float cap, Tensor& y) {
+void Backend::soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tensor& y) {
   require_support(Op::soft_cap, "soft_cap_forward");
   require_tensor(x, "soft_cap_forward", "x");
   require_tensor(y, "soft_cap_forward", "y");
   require_shape(same_size({&x, &y}), "soft_cap_forward", "x and y differ in size");
   if (!(cap > 0.0f && std::isfinite(cap)))
     throw std::invalid_argument("soft_cap_forward: the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
-  soft_cap_forward_impl(x, cap, y);
+  soft_cap_forward_impl(x, cap, keep_mask, y);
 }
 void Backend::soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) {
   require_support(Op::soft_cap, "soft_cap_backward");

@@ -465,10 +465,10 @@ class CpuBackend final : public Backend {
     float* out = data(y);
     for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = dropout_value(in[i], mask, i);
   }
-  void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
+  void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) override {
     const float* in = data(x);
     float* out = data(y);
-    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = soft_cap(in[i], cap);
+    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = soft_cap(in[i], cap, keep_mask);
   }
   void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
     const float *capped = data(y), *g = data(dy);

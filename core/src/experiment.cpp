@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -155,6 +156,11 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
       throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
                                    "heads values: use a width that {} divides",
                                    m.width, m.heads, m.heads));
+    for (const auto& [key, cap] : {std::pair{"attention_softcap", m.attention_softcap}, {"logit_softcap", m.logit_softcap}})
+      if (cap > 0 && !(static_cast<float>(cap) > 0.0f && std::isfinite(static_cast<float>(cap))))
+        throw SetupError(fmt::format("model.{} = {} is not a positive binary32 value (the cap runs in binary32): "
+                                     "use a cap between 1e-30 and 1e30, or 0 for none",
+                                     key, cap));
     if (m.positions == PositionKind::rotary && (m.width / m.heads) % 2 != 0)
       throw SetupError(fmt::format("model.positions = \"rotary\" pairs each head's features, but width / heads = {} "
                                    "is odd: use a width that 2 x heads divides",

@@ -254,7 +254,7 @@ class SelfAttention final : public Layer {
     ctx.round(scores, p.gemm_output, std::nullopt, Site::attention_scores);
     if (softcap_ > 0.0f) {  // in binary32 on the rounded logits, as the softmax kernel's prologue
       capped_ = b.empty(scores.shape());
-      b.soft_cap_forward(scores, softcap_, capped_);
+      b.soft_cap_forward(scores, softcap_, true, capped_);
       scores = capped_;
     }
     probs_ = b.empty(scores.shape());
@@ -266,7 +266,7 @@ class SelfAttention final : public Layer {
       mask_ = dropout_mask(ctx.stream(Site::attention_dropout_mask), dropout_);
       kept = b.empty(probs_.shape());
       b.dropout(probs_, mask_, kept);
-      ctx.round(kept, softmax_point(p), std::nullopt, Site::attention_probs);
+      ctx.round(kept, softmax_point(p), std::nullopt, Site::attention_probs_dropped);
     }
     probs_operand_ = operand(ctx, kept, p.activations, softmax_point(p), Site::attention_probs_operand);
     Tensor y = b.empty({shape_.rows(), shape_.width()});
@@ -284,8 +284,13 @@ class SelfAttention final : public Layer {
       Tensor dprobs = b.empty(probs_.shape());
       dqkv = b.empty(qkv_.shape());
       b.attention_values_backward(probs_operand_, qkv_, dout, shape_, dprobs, dqkv);
-      if (dropping_) b.dropout(dprobs, mask_, dprobs);
+      // The product's output rounds, then (with dropout) the masked gradient of the probabilities, as
+      // autocast rounds dkept and then dkept * mask * scale.
       ctx.round(dprobs, p.activation_grads, std::nullopt, Site::attention_probs_grad);
+      if (dropping_) {
+        b.dropout(dprobs, mask_, dprobs);
+        ctx.round(dprobs, p.activation_grads, std::nullopt, Site::attention_probs_dropped_grad);
+      }
       Tensor dscores = b.empty(probs_.shape());
       b.softmax_backward(probs_, dprobs, dscores, internals(p));
       if (softcap_ > 0.0f) b.soft_cap_backward(capped_, dscores, softcap_, dscores);
@@ -413,7 +418,7 @@ class SoftCap final : public Layer {
   }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     capped_ = ctx.backend.empty(x.shape());
-    ctx.backend.soft_cap_forward(x, cap_, capped_);
+    ctx.backend.soft_cap_forward(x, cap_, false, capped_);
     return capped_;
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {

@@ -35,7 +35,7 @@ constexpr std::array<std::string_view, site_count> site_names{
     "fprop_activation_blocks", "fprop_weight_blocks", "dgrad_gradient_blocks", "dgrad_weight_blocks",
     "wgrad_gradient_blocks", "wgrad_activation_blocks", "wgrad_hadamard", "attention_scores", "attention_probs",
     "attention_probs_operand", "attention_probs_grad", "attention_scores_grad", "dropout_mask",
-    "attention_dropout_mask"};
+    "attention_dropout_mask", "attention_probs_dropped", "attention_probs_dropped_grad"};
 }  // namespace
 
 std::string_view to_string(Site site) { return site_names.at(static_cast<std::size_t>(site)); }

@@ -623,9 +623,9 @@ class CudaBackend final : public core::Backend {
     const Input v = in(x);
     kernels::dropout(v, mask, x.numel(), out(y), stream());
   }
-  void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) override {
+  void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) override {
     const Input v = in(x);
-    kernels::soft_cap_forward(v, cap, x.numel(), out(y), stream());
+    kernels::soft_cap_forward(v, cap, keep_mask, x.numel(), out(y), stream());
   }
   void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
     const Input v = in(y), g = in(dy);

@@ -79,7 +79,7 @@ void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows
 void rotary(const float* qkv, const float* table, const core::AttentionShape& s, bool inverse, float* y,
             cudaStream_t stream);
 void dropout(const float* x, const core::DropoutMask& mask, std::int64_t n, float* y, cudaStream_t stream);
-void soft_cap_forward(const float* x, float cap, std::int64_t n, float* y, cudaStream_t stream);
+void soft_cap_forward(const float* x, float cap, bool keep_mask, std::int64_t n, float* y, cudaStream_t stream);
 void soft_cap_backward(const float* y, const float* dy, float cap, std::int64_t n, float* dx, cudaStream_t stream);
 void sequence_mean_forward(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width, float* y,
                            cudaStream_t stream);

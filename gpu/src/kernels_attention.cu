@@ -118,8 +118,8 @@ __global__ void dropout_kernel(const float* x, core::DropoutMask mask, std::int6
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::dropout_value(x[i], mask, i);
 }
 
-__global__ void soft_cap_kernel(const float* x, float cap, std::int64_t n, float* y) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap);
+__global__ void soft_cap_kernel(const float* x, float cap, bool keep_mask, std::int64_t n, float* y) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap, keep_mask);
 }
 __global__ void soft_cap_backward_kernel(const float* y, const float* dy, float cap, std::int64_t n, float* dx) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = core::soft_cap_grad(y[i], dy[i], cap);
@@ -238,9 +238,9 @@ void dropout(const float* x, const core::DropoutMask& mask, std::int64_t n, floa
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
-void soft_cap_forward(const float* x, float cap, std::int64_t n, float* y, cudaStream_t stream) {
+void soft_cap_forward(const float* x, float cap, bool keep_mask, std::int64_t n, float* y, cudaStream_t stream) {
   if (n <= 0) return;
-  soft_cap_kernel<<<blocks(n), threads, 0, stream>>>(x, cap, n, y);
+  soft_cap_kernel<<<blocks(n), threads, 0, stream>>>(x, cap, keep_mask, n, y);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

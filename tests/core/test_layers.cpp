@@ -1501,10 +1501,12 @@ TEST_CASE("soft-capped causal attention keeps its mask: the first query attends 
       differ += y[static_cast<std::size_t>(b * tokens * width + c)] !=
                 x[static_cast<std::size_t>(b * tokens * 3 * width + 2 * width + c)];
   CHECK(differ == 0);
-  // Infinities pass the cap with a zero gradient (a capped -inf would be -cap: an unmasked key).
-  CHECK(soft_cap(-INFINITY, 0.5f) == -INFINITY);
-  CHECK(soft_cap(INFINITY, 0.5f) == INFINITY);
+  // The mask (-inf) passes the attention's cap with a zero gradient (capped, it would be -cap: an unmasked
+  // key); elsewhere an infinity becomes +-cap, as in PyTorch.
+  CHECK(soft_cap(-INFINITY, 0.5f, true) == -INFINITY);
   CHECK(soft_cap_grad(-INFINITY, 1.0f, 0.5f) == 0.0f);
+  CHECK(soft_cap(INFINITY, 0.5f, true) == 0.5f);
+  CHECK(soft_cap(-INFINITY, 0.5f, false) == -0.5f);
 }
 
 TEST_CASE("Dropout keeps 1 - p of the elements scaled by 1/(1 - p), reuses its mask backward, and is the identity "
@@ -1533,6 +1535,17 @@ TEST_CASE("Dropout keeps 1 - p of the elements scaled by 1/(1 - p), reuses its m
   CHECK(wrong_value == 0);
   CHECK(rule_broken == 0);
   CHECK(dx == y);  // the same mask and scale on dy = 1
+  // Dropped elements are multiplied by 0, as PyTorch's x * mask * scale: a NaN stays NaN (an overflowed
+  // gradient is still found), a negative value gives -0.
+  std::size_t dropped = 0, next = 1;
+  while (y[dropped] != 0.0f) ++dropped;
+  for (next = dropped + 1; y[next] != 0.0f;) ++next;
+  FVec probe(n, -1.0f);
+  probe[dropped] = std::numeric_limits<float>::quiet_NaN();
+  const FVec out = f.host(layer->forward(f.ctx, f.tensor(probe, {static_cast<Index>(n)})));
+  CHECK(std::isnan(out[dropped]));
+  CHECK(out[next] == 0.0f);
+  CHECK(std::signbit(out[next]));
   // Another step draws another mask: agreement near p^2 + (1 - p)^2 = 0.625, not 1.
   f.ctx.step = 8;
   const FVec y8 = f.host(layer->forward(f.ctx, x));

@@ -850,8 +850,8 @@ TEST_CASE("logit soft-capping matches the CPU within tanhf's bound", "[gpu][back
   const float cap = 30.0f;
   const auto x = b.upload(normal_values(static_cast<std::size_t>(n), 960, 40.0f), {n});
   auto y = b.empty({n});
-  b.cpu->soft_cap_forward(x.cpu, cap, y.cpu);
-  b.gpu->soft_cap_forward(x.gpu, cap, y.gpu);
+  b.cpu->soft_cap_forward(x.cpu, cap, false, y.cpu);
+  b.gpu->soft_cap_forward(x.gpu, cap, false, y.gpu);
   // tanhf: CUDA within 2 ulps, glibc within 2: y = cap * t differs by at most 4 ulps of t, then one rounding each.
   const FVec yc = b.cpu_values(y.cpu);
   check_close("soft cap", yc, b.gpu_values(y.gpu), [&](std::size_t i) { return 6 * ulp_of(yc[i]); });

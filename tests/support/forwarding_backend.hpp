@@ -135,8 +135,8 @@ class ForwardingBackend : public core::Backend {
   void dropout_impl(const core::Tensor& x, const core::DropoutMask& mask, core::Tensor& y) override {
     inner_->dropout(x, mask, y);
   }
-  void soft_cap_forward_impl(const core::Tensor& x, float cap, core::Tensor& y) override {
-    inner_->soft_cap_forward(x, cap, y);
+  void soft_cap_forward_impl(const core::Tensor& x, float cap, bool keep_mask, core::Tensor& y) override {
+    inner_->soft_cap_forward(x, cap, keep_mask, y);
   }
   void soft_cap_backward_impl(const core::Tensor& y, const core::Tensor& dy, float cap, core::Tensor& dx) override {
     inner_->soft_cap_backward(y, dy, cap, dx);

@@ -162,8 +162,8 @@ def rotate_half(x, cos, sin):
 
 
 def soft_cap(x, cap):
-    """Gemma 2's soft-capping, cap * tanh(x / cap); 0: off. Infinities (the causal mask) pass."""
-    return x if cap <= 0 else torch.where(torch.isinf(x), x, cap * torch.tanh(x / cap))
+    """Gemma 2's soft-capping, cap * tanh(x / cap); 0: off."""
+    return x if cap <= 0 else cap * torch.tanh(x / cap)
 
 
 def make_norm(kind, width):
@@ -197,11 +197,10 @@ class Block(nn.Module):
             q, k = self.qk_norm(q, k)
         if self.rotary is not None:
             q, k = rotate_half(q, *self.rotary), rotate_half(k, *self.rotary)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(dim)
+        scores = soft_cap(q @ k.transpose(-1, -2) / math.sqrt(dim), self.attention_softcap)  # Gemma 2: cap, then mask
         if self.causal:
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
-        scores = soft_cap(scores, self.attention_softcap)
         attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, w)
         x = x + self.proj(attended)
         h = self.fc1(self.ln2(x))

@@ -259,8 +259,8 @@ class Backend {
   // y_i = x_i / (1 - p) where element i keeps, else 0; the backward is the same call on dy.
   void dropout(const Tensor& x, const DropoutMask& mask, Tensor& y);
   // Logit soft-capping, element by element (numerics_attention.hpp's soft_cap):
-  // y = cap tanh(x / cap), and dx = dy (1 - (y / cap)^2) from the capped y.
-  void soft_cap_forward(const Tensor& x, float cap, Tensor& y);
+  // y = cap tanh(x / cap) (-inf kept with keep_mask), and dx = dy (1 - (y / cap)^2) from the capped y.
+  void soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tensor& y);
   void soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx);
   // The mean over each sample's tokens: x [batch * tokens, width] -> y [batch, width].
   void sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y);
@@ -373,7 +373,7 @@ class Backend {
   virtual void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse,
                            Tensor& y) = 0;
   virtual void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) = 0;
-  virtual void soft_cap_forward_impl(const Tensor& x, float cap, Tensor& y) = 0;
+  virtual void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) = 0;
   virtual void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
   virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;

@@ -52,10 +52,11 @@ enum class Site : std::uint8_t {
   // Self-attention's inner tensors: the logits, the probabilities (and their
   // copy as the second GEMM's operand), and the gradients of both.
   attention_scores, attention_probs, attention_probs_operand, attention_probs_grad, attention_scores_grad,
-  // Dropout's masks: a dropout layer's, and self-attention's on its probabilities.
-  dropout_mask, attention_dropout_mask,
+  // Dropout's masks: a dropout layer's, and self-attention's on its probabilities;
+  // the dropped probabilities and their gradient.
+  dropout_mask, attention_dropout_mask, attention_probs_dropped, attention_probs_dropped_grad,
 };
-inline constexpr int site_count = 32;
+inline constexpr int site_count = 34;
 // The sites' names, for messages and logs ("" for the unused value).
 std::string_view to_string(Site site);
 

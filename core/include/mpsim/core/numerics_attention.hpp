@@ -193,16 +193,16 @@ MPSIM_HOST_DEVICE inline float rotary_value(const float* x, const AttentionShape
 // y = cap * tanh(x / cap): logits keep their order but never pass +-cap;
 // the backward reads the capped value, dx = dy * (1 - (y / cap)^2). Binary32
 // throughout; tanhf is glibc's on the host and CUDA's on the device (at most
-// 2 ulps apart), which tests/gpu bounds. Infinities pass unchanged, with a
-// zero gradient: the causal mask's -inf must stay a mask (Gemma 2 caps before
-// masking), so an overflowed logit stays an overflow here too.
-MPSIM_HOST_DEVICE inline bool is_infinite(float x) {
-  return (std::bit_cast<std::uint32_t>(x) & 0x7fffffffu) == 0x7f800000u;
+// 2 ulps apart), which tests/gpu bounds. An infinity becomes +-cap, as in
+// PyTorch (an overflowed logit is rescued), except -inf with keep_mask: the
+// attention's causal mask, which Gemma 2 applies after the cap, stays -inf
+// with a zero gradient.
+MPSIM_HOST_DEVICE inline float soft_cap(float x, float cap, bool keep_mask) {
+  return keep_mask && x == -INFINITY ? x : cap * tanhf(x / cap);
 }
-MPSIM_HOST_DEVICE inline float soft_cap(float x, float cap) { return is_infinite(x) ? x : cap * tanhf(x / cap); }
 MPSIM_HOST_DEVICE inline float soft_cap_grad(float y, float dy, float cap) {
   const float t = y / cap;
-  return is_infinite(y) ? 0.0f : dy * (1.0f - t * t);
+  return y == -INFINITY ? 0.0f : dy * (1.0f - t * t);
 }
 
 // --- QK-LayerNorm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"; Wortsman et al.

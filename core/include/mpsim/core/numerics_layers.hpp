@@ -75,7 +75,9 @@ struct InternalRounding {
 // Element i keeps its value when its 32-bit draw random_draw(key,
 // first_index + i) is at least threshold = floor(p 2^32), so it keeps with
 // probability 1 - p to within 2^-32, and is then scaled by 1 / (1 - p) in
-// binary32 (inverted dropout, as PyTorch's); the rest become +0. The backward
+// binary32 (inverted dropout, as PyTorch's); the rest are multiplied by 0, as
+// PyTorch's x * mask * scale: a dropped NaN or infinity stays NaN (so an
+// overflowed gradient is still found) and a dropped negative value gives -0. The backward
 // applies the same mask to dy: the draws are recomputed from the counter, so
 // no mask is stored and both backends draw the same one (random_draw.hpp).
 struct DropoutMask {
@@ -85,7 +87,7 @@ struct DropoutMask {
   float scale = 1.0f;
 };
 MPSIM_HOST_DEVICE inline float dropout_value(float x, const DropoutMask& m, std::int64_t i) {
-  return random_draw(m.key, m.first_index + static_cast<std::uint64_t>(i)) >= m.threshold ? x * m.scale : 0.0f;
+  return x * (random_draw(m.key, m.first_index + static_cast<std::uint64_t>(i)) >= m.threshold ? m.scale : 0.0f);
 }
 
 // --- Activations ----------------------------------------------------------------------------------------------------
