@@ -433,8 +433,8 @@ void Backend::soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tenso
   require_tensor(x, "soft_cap_forward", "x");
   require_tensor(y, "soft_cap_forward", "y");
   require_shape(same_size({&x, &y}), "soft_cap_forward", "x and y differ in size");
-  if (!(cap > 0.0f && std::isfinite(cap)))
-    throw std::invalid_argument("soft_cap_forward: the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
+  require_shape(cap > 0.0f && std::isfinite(cap), "soft_cap_forward",
+                "the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
   soft_cap_forward_impl(x, cap, keep_mask, y);
 }
 void Backend::soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) {
@@ -443,8 +443,8 @@ void Backend::soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Te
   require_tensor(dy, "soft_cap_backward", "dy");
   require_tensor(dx, "soft_cap_backward", "dx");
   require_shape(same_size({&y, &dy, &dx}), "soft_cap_backward", "y, dy and dx differ in size");
-  if (!(cap > 0.0f && std::isfinite(cap)))
-    throw std::invalid_argument("soft_cap_backward: the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
+  require_shape(cap > 0.0f && std::isfinite(cap), "soft_cap_backward",
+                "the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
   soft_cap_backward_impl(y, dy, cap, dx);
 }
 

@@ -151,8 +151,12 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
     layers.push_back(make_linear("fc" + std::to_string(i), width, in.classes));
   } else if (spec.kind == ModelKind::vit || spec.kind == ModelKind::gpt) {
     const std::int64_t d = spec.width;
-    // Pre-LayerNorm blocks (Xiong et al. 2020; GPT-2): x + attn(ln1(x)), then x + mlp(ln2(x)).
+    // The residual stream from the embedded tokens: learned positions (or rotary ones inside attention), the
+    // embedding dropout, then pre-LayerNorm blocks (Xiong et al. 2020; GPT-2): x + attn(ln1(x)), then
+    // x + mlp(ln2(x)).
     const auto blocks = [&](std::int64_t tokens, bool causal) {
+      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
+      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       for (std::int64_t l = 1; l <= spec.depth; ++l) {
         const std::string b = "block" + std::to_string(l) + ".";
         ResidualLayers attention = make_residual(b + "skip1", b + "add1");
@@ -186,12 +190,9 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       const std::int64_t tokens = (in.height / spec.patch) * (in.width / spec.patch);
       layers.push_back(make_conv2d("patch", in.channels, d, spec.patch, spec.patch, 0));
       layers.push_back(make_tokens("tokens"));
-      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
-      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       blocks(tokens, false);
       layers.push_back(make_sequence_mean("mean", tokens));
       layers.push_back(make_linear("head", d, in.classes));
-      if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     } else {
       // A decoder-only language model (Radford et al. 2018, GPT): token and
       // learned position embeddings, causal blocks, a head (tied to the token table with tie_embeddings) giving
@@ -200,12 +201,10 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       const std::int64_t tokens = in.height * in.width;
       auto tie = spec.tie_embeddings ? std::make_shared<TiedTable>() : nullptr;
       layers.push_back(make_embedding("embed", in.classes, d, tie));
-      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
-      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
       blocks(tokens, true);
       layers.push_back(tie ? make_tied_linear("head", d, in.classes, tie) : make_linear("head", d, in.classes));
-      if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
     }
+    if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
   } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));

@@ -127,8 +127,10 @@ MPSIM_HOST_DEVICE inline void softmax_row(const float* x, std::int64_t cols, flo
     // Masked entries (-inf) stay out of the format: probability 0, nothing added (a format without
     // infinities would otherwise turn the mask into a finite logit).
     double max = -INFINITY;
-    for (std::int64_t j = 0; j < cols; ++j)
-      if (x[j] != -INFINITY && low(x[j]) > max) max = low(x[j]);
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const double v = x[j] == -INFINITY ? -INFINITY : low(x[j]);
+      if (v > max) max = v;
+    }
     double sum = 0.0;
     for (std::int64_t j = 0; j < cols; ++j) {
       const double e = x[j] == -INFINITY ? 0.0 : low(exp(low.sub(low(x[j]), max)));

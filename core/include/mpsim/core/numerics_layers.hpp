@@ -252,9 +252,10 @@ MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row
                                                                 const InternalRounding& low = {}) {
   if (low.enabled) {
     const double count = low(static_cast<double>(cols));
+    const double m = low(mean), r = low(rstd);
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (std::int64_t j = 0; j < cols; ++j) {
-      const double xhat = low.mul(low.sub(low(row[j]), low(mean)), low(rstd));
+      const double xhat = low.mul(low.sub(low(row[j]), m), r);
       const double dxhat = low.mul(low(dy_row[j]), low(gamma[j]));
       sum_dxhat = low.add(sum_dxhat, dxhat);
       sum_dxhat_xhat = low.add(sum_dxhat_xhat, low.mul(dxhat, xhat));
