@@ -25,6 +25,9 @@
 #               (MPSIM_BLOCK_EPOCHS, default 2), and deepseek-fp8 on cuda (smoke; on a
 #               device that is not compute capability 9.x it must be refused, exit 2,
 #               before any work)
+#   attention   the attention_overflow study at full size on cuda alone
+#               (MPSIM_ATTENTION_SEEDS, default [1])
+#   transformer-full  charlm.toml and vit.toml at full size on cuda alone
 #   transformer the ViT and the character-level GPT (issue 20) at smoke size on the
 #               emulator and the cuda backend side by side (kernels_attention.cu)
 # All stages of one call share MPSIM_GPU_BUDGET_S seconds (default 540, under
@@ -45,7 +48,7 @@ deadline=$((start + budget))
 usage() { sed -n 3,32p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
-  case $s in check|tests|bench|experiment|block|transformer) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
+  case $s in check|tests|bench|experiment|block|transformer|attention|transformer-full) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
 done
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu_session.XXXXXX)
@@ -321,6 +324,39 @@ stage_transformer() {
   else
     add_row "  charlm_vs_gpu_smoke" "" "" "not run: no text in $text"; rc=1
   fi
+  run_stage=
+  return "$rc"
+}
+
+# --- attention -------------------------------------------------------------
+# The attention_overflow study (issue 20 section 5) at full size on the cuda
+# backend alone: 300 steps of the GPT at lr 0.3, fp32 and fp16-mixed, each
+# plain and with QK-LayerNorm. Its CPU log is compared with this one here.
+stage_attention() {
+  run_stage=attention
+  mkdir -p "$work/gpu-attention"
+  local rc=0 text=${MPSIM_TEXT_DIR:-$bundle/data/fortunes}
+  [ -d "$text" ] || { add_row "  attention_overflow_cuda" "" "" "not run: no text in $text"; return 1; }
+  data=$text
+  mpsim_run attention_overflow_cuda experiments/configs/attention_overflow.toml 'backends=["cuda"]' \
+    "seeds=${MPSIM_ATTENTION_SEEDS:-[1]}" --jobs 4 || rc=$?
+  run_stage=
+  return "$rc"
+}
+
+# --- transformer-full ------------------------------------------------------
+# The GPT (charlm.toml, 400 steps) and the ViT (vit.toml, 3 epochs) at full
+# size on the cuda backend alone, every arm at once; their CPU logs are here.
+stage_transformer-full() {
+  run_stage=transformer-full
+  mkdir -p "$work/gpu-transformer-full"
+  local rc=0 fashion=${MPSIM_DATA_DIR:-$bundle/data/fashion-mnist} text=${MPSIM_TEXT_DIR:-$bundle/data/fortunes}
+  data=$text
+  # shellcheck disable=SC2086 # MPSIM_CHARLM_ARGS: more overrides, e.g. train.max_steps=3000
+  mpsim_run charlm_cuda experiments/configs/charlm.toml 'backends=["cuda"]' ${MPSIM_CHARLM_ARGS:-} --jobs 4 || rc=$?
+  [ -n "${MPSIM_CHARLM_ONLY:-}" ] && { run_stage=; return "$rc"; }
+  data=$fashion
+  mpsim_run vit_cuda experiments/configs/vit.toml 'backends=["cuda"]' --jobs 4 || rc=$?
   run_stage=
   return "$rc"
 }
