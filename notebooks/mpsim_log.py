@@ -27,11 +27,12 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 # Version 3 lacks stats/logit_max: everything but `logit_max` reads it. Version 4 lacks the policy
-# points softmax_internals and norm_statistics (policy() returns the points the log has).
+# points softmax_internals and norm_statistics, version 5 loss_internals (policy() returns the
+# points the log has).
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000

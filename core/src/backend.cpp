@@ -520,9 +520,9 @@ void Backend::round_delayed(Tensor& t, const RoundingPoint& point, Tensor& histo
 
 // --- The training step --------------------------------------------------------------------------------------------
 
-void Backend::start_steps(const LossScaling& scaling, const LossDefinition& loss) {
+void Backend::start_steps(const LossScaling& scaling, const LossDefinition& loss, const InternalRounding& loss_low) {
   require_support(Op::training_step, "start_steps");
-  start_steps_impl(scaling, loss);
+  start_steps_impl(scaling, loss, loss_low);
 }
 
 void Backend::step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits) {

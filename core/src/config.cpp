@@ -606,6 +606,7 @@ Policy read_policy(const std::string& name, const toml::table* table) {
     check_block_points(p);
     internal_rounding(p, &Policy::softmax_internals, "softmax");
     internal_rounding(p, &Policy::norm_statistics, "layer_norm");
+    internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy");
   } catch (const std::invalid_argument& e) {
     throw ConfigError("policies." + name + ": " + e.what());
   }

@@ -668,13 +668,13 @@ class CpuBackend final : public Backend {
   // d_logits = (softmax - onehot) * factor, row by row (numerics_layers.hpp);
   // the rows' losses added in binary64 in row order, as the CUDA step does.
   static LossResult softmax_rows(const Tensor& logits, const Tensor& labels, float factor, Tensor& d_logits,
-                                 float z_loss = 0.0f) {
+                                 float z_loss = 0.0f, const InternalRounding& low = {}) {
     const std::int64_t rows = logits.rows(), cols = logits.cols();
     const float *z = data(logits), *y = data(labels);
     float* dz = data(d_logits);
     LossResult result;
     for (std::int64_t r = 0; r < rows; ++r) {
-      const SoftmaxRow row = softmax_cross_entropy_row(z + r * cols, cols, y[r], factor, dz + r * cols, z_loss);
+      const SoftmaxRow row = softmax_cross_entropy_row(z + r * cols, cols, y[r], factor, dz + r * cols, z_loss, low);
       result.loss_sum += static_cast<double>(row.loss);
       result.correct += row.correct;
     }
@@ -737,9 +737,11 @@ class CpuBackend final : public Backend {
   }
 
   // --- The training step: its scalars live on the host here ---------------------------------------------------
-  void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss) override {
+  void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss,
+                        const InternalRounding& loss_low) override {
     scaling_ = scaling;
     loss_ = loss;
+    loss_low_ = loss_low;
     scaler_ = initial_loss_scale(scaling);
     current_ = {};
     steps_.clear();
@@ -749,7 +751,7 @@ class CpuBackend final : public Backend {
   void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const LossResult r =
         softmax_rows(logits, labels, loss_gradient_factor(scaler_.scale, loss_, logits.rows()), d_logits,
-                     static_cast<float>(loss_.z_loss));
+                     static_cast<float>(loss_.z_loss), loss_low_);
     current_.loss_sum += r.loss_sum;
     current_.correct += r.correct;
   }
@@ -824,6 +826,7 @@ class CpuBackend final : public Backend {
   // The training step's state (start_steps .. take_steps).
   LossScaling scaling_;
   LossDefinition loss_;
+  InternalRounding loss_low_;
   LossScaleState scaler_;
   StepScalars current_;
   std::vector<StepScalars> steps_;

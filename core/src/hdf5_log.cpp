@@ -35,8 +35,9 @@ namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 5;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
-                                            // 5: the policy points softmax_internals and norm_statistics
+constexpr std::int32_t schema_version = 6;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
+                                            // 5: the policy points softmax_internals and norm_statistics;
+                                            // 6: the policy point loss_internals
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;
@@ -903,7 +904,7 @@ std::vector<std::array<std::string, 3>> attribute_rows(const std::array<Attribut
 std::string root_attributes_markdown() {
   auto rows = attribute_rows(experiment_attribute_fields);
   rows.push_back({"`schema_version`", "int32",
-                  "`" + std::to_string(schema_version) + "`: this page (version 4 lacked the policy points `softmax_internals` and `norm_statistics`; version 3 also "
+                  "`" + std::to_string(schema_version) + "`: this page (version 5 lacked the policy point `loss_internals`; version 4 also `softmax_internals` and `norm_statistics`; version 3 also "
                   "`stats/logit_max`; version 2 also `cpu` and the arms' `threads` "
                   "and `gemm`; version 1 also `/arms/<arm>/policy/`)"});
   return markdown_table<3>({"attribute", "type", "meaning"}, rows);

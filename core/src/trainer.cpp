@@ -112,7 +112,8 @@ class Arm {
     std::int64_t total = t.epochs * per_epoch;
     if (t.max_steps > 0) total = std::min(total, t.max_steps);
     const auto layer_count = model_.layers().size() + 1;  // + loss
-    backend_.start_steps(policy_.loss_scaling, t.loss);
+    backend_.start_steps(policy_.loss_scaling, t.loss,
+                         internal_rounding(policy_, &Policy::loss_internals, "softmax_cross_entropy"));
 
     ArmResult result;
     std::vector<float> images, labels;

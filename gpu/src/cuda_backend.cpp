@@ -777,12 +777,13 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- The training step: its scalars stay on the device (kernels_step.cu) -----------------------------------------
-  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
+  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss,
+                        const core::InternalRounding& loss_low) override {
     scaling_ = scaling;
     pending_ = 0;
     taken_.clear();
     steps_started_ = 0;
-    kernels::step_start(step_.data(), scaling, loss, stream());
+    kernels::step_start(step_.data(), scaling, loss, loss_low, stream());
   }
   void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     const auto scratch = queue_softmax("step_loss", logits, labels, 0.0f, step_.data(), d_logits);

@@ -149,6 +149,7 @@ struct StepRecord {
 struct StepState {
   core::LossScaleState scaler;
   core::LossDefinition loss;  // what the backward pass differentiates
+  core::InternalRounding loss_low;  // its softmax cross-entropy's format (policy.loss_internals)
   double loss_sum, grad_sum_squares;  // of the step under way
   unsigned long long correct;
   // The step just decided (step_end): the optimiser kernels' gate.
@@ -161,7 +162,7 @@ struct StepState {
   double last_sum_squares, last_scale;
 };
 void step_start(StepState* state, const core::LossScaling& scaling, const core::LossDefinition& loss,
-                cudaStream_t stream);
+                const core::InternalRounding& loss_low, cudaStream_t stream);
 // Adds the rows' losses (binary64, in row order, as the CPU) and correct counts.
 void step_add_loss(const float* row_results, std::int64_t rows, StepState* state, cudaStream_t stream);
 // Adds *value (a sum_squares result) to the step's gradient sum of squares.

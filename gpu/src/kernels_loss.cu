@@ -12,9 +12,10 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const float* l
                                              const StepState* scale_from) {
   if (scale_from) factor = core::loss_gradient_factor(scale_from->scaler.scale, scale_from->loss, rows);
   const float z_loss = scale_from ? static_cast<float>(scale_from->loss.z_loss) : 0.0f;  // a training step's only
+  const core::InternalRounding low = scale_from ? scale_from->loss_low : core::InternalRounding{};  // likewise
   for (std::int64_t r = thread_index(); r < rows; r += thread_count()) {
     const core::SoftmaxRow row = core::softmax_cross_entropy_row(logits + r * cols, cols, labels[r], factor,
-                                                                 d_logits + r * cols, z_loss);
+                                                                 d_logits + r * cols, z_loss, low);
     row_results[r] = row.loss;
     row_results[rows + r] = row.correct ? 1.0f : 0.0f;
   }

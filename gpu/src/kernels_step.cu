@@ -8,10 +8,12 @@
 namespace mpsim::gpu::kernels {
 namespace {
 
-__global__ void start_kernel(StepState* state, core::LossScaling scaling, core::LossDefinition loss) {
+__global__ void start_kernel(StepState* state, core::LossScaling scaling, core::LossDefinition loss,
+                             core::InternalRounding loss_low) {
   StepState s{};
   s.scaler = core::initial_loss_scale(scaling);
   s.loss = loss;
+  s.loss_low = loss_low;
   s.inverse_scale = 1.0f;
   *state = s;
 }
@@ -67,8 +69,8 @@ __global__ void push_amax_kernel(float* ring, int length, const unsigned int* am
 }  // namespace
 
 void step_start(StepState* state, const core::LossScaling& scaling, const core::LossDefinition& loss,
-                cudaStream_t stream) {
-  start_kernel<<<1, 1, 0, stream>>>(state, scaling, loss);
+                const core::InternalRounding& loss_low, cudaStream_t stream) {
+  start_kernel<<<1, 1, 0, stream>>>(state, scaling, loss, loss_low);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

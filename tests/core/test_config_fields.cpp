@@ -55,7 +55,8 @@ std::string other_value(const ConfigKey& k) {
     return std::to_string(v == 0 ? 0.5 : v * 0.75);
   }
   // An op's internal arithmetic takes no stochastic rounding (policy.hpp's internal_rounding).
-  if (k.key.ends_with("softmax_internals") || k.key.ends_with("norm_statistics")) return "\"bfloat16/toward-zero\"";
+  if (k.key.ends_with("softmax_internals") || k.key.ends_with("norm_statistics") || k.key.ends_with("loss_internals"))
+    return "\"bfloat16/toward-zero\"";
   if (k.type == "rounding point") return "\"bfloat16/stochastic\"";
   if (k.type == "block point") return "\"mxfp8-e4m3/stochastic\"";
   if (k.type == "array of integers") return "[3, 7]";

@@ -354,8 +354,9 @@ void check_policy(hid_t arm_group, int arm) {
   CHECK(text("name") == (arm == 0 ? "fp32" : "amp_fp16"));
   const std::vector<std::string> points{"weights",           "activations",      "accumulation",
                                         "gemm_output",       "elementwise",      "softmax_internals",
-                                        "norm_statistics",   "gradient_operands", "activation_grads",
-                                        "weight_grads",      "weight_storage",   "optimizer_state"};
+                                        "norm_statistics",   "loss_internals",   "gradient_operands",
+                                        "activation_grads",  "weight_grads",     "weight_storage",
+                                        "optimizer_state"};
   CHECK(string_array_attribute(g, "points") == points);
   struct Point {
     std::string format = "binary32";
@@ -554,7 +555,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 5);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 6);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval

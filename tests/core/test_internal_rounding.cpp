@@ -1,5 +1,5 @@
-// The softmax and the norm statistics computed in a narrow format
-// (policy.softmax_internals, policy.norm_statistics; numerics_layers.hpp's
+// The softmax, the norm statistics and the loss computed in a narrow format
+// (policy.softmax_internals, policy.norm_statistics, policy.loss_internals; numerics_layers.hpp's
 // InternalRounding) against a reference built from the MPFR oracle's
 // correctly rounded format operations (tests/support/mpfr_oracle.hpp, which
 // shares no code with the emulator): bit for bit, in every deterministic
@@ -10,6 +10,7 @@
 // quotients and roots rounded once), not through the oracle.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -114,6 +115,75 @@ TEST_CASE("internal rounding: softmax in a narrow format, against the MPFR oracl
   CHECK(rows_checked == 4 * 6 * 6);
 }
 
+TEST_CASE("internal rounding: the loss's softmax cross-entropy in a narrow format, against the MPFR oracle",
+          "[core][transformer][internal]") {
+  std::mt19937_64 rng(20261128);
+  std::normal_distribution<float> logit(0.0f, 4.0f);
+  constexpr std::int64_t cols = 33;
+  int rows_checked = 0;
+  for (const Format& f : formats_under_test)
+    for (const RoundingMode m : oracle::kDeterministicModes) {
+      Policy p = *preset_policy("fp32");
+      p.loss_internals = RoundingPoint{f, Rounding{m}};
+      const InternalRounding low = internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy");
+      REQUIRE(low.enabled);
+      const Reference ref{f, m};
+      for (int row = 0; row < 6; ++row) {
+        INFO(oracle::format_name(f) << " " << oracle::mode_name(m) << " row " << row);
+        std::vector<float> x(cols), d(cols);
+        for (auto& v : x) v = logit(rng);
+        const auto label = static_cast<std::size_t>(row * 5);
+        // Rows 0-2 plain, 3-5 with PaLM's z-loss; the factor is a loss scale over a batch of 32.
+        const float z_loss = row < 3 ? 0.0f : 1e-2f, factor = 2048.0f / 32.0f * static_cast<float>(row + 1);
+        const SoftmaxRow got =
+            softmax_cross_entropy_row(x.data(), cols, static_cast<float>(label), factor, d.data(), z_loss, low);
+
+        double max = ref.in(x[0]);
+        for (float v : x) max = std::fmax(max, ref.in(v));
+        std::vector<double> e(cols);
+        double sum = 0.0;
+        for (std::size_t j = 0; j < e.size(); ++j) {
+          e[j] = ref.in(std::exp(ref.sub(ref.in(x[j]), max)));
+          sum = ref.add(sum, e[j]);
+        }
+        const double log_sum = ref.in(std::log(sum));
+        CHECK(same(ref.sub(log_sum, ref.sub(ref.in(x[label]), max)), got.loss));
+        const double z_factor =
+            ref.add(1.0, ref.mul(ref.in(2.0 * static_cast<double>(z_loss)), ref.add(max, log_sum)));
+        int differ = 0;
+        for (std::size_t j = 0; j < e.size(); ++j) {
+          double g = ref.div(e[j], sum);
+          if (z_loss != 0.0f) g = ref.mul(g, z_factor);
+          differ += !same(ref.mul(ref.sub(g, j == label ? 1.0 : 0.0), ref.in(factor)), d[j]);
+        }
+        CHECK(differ == 0);
+        // The prediction is read from the binary32 logits.
+        CHECK(got.correct == (std::max_element(x.begin(), x.end()) - x.begin() == static_cast<std::ptrdiff_t>(label)));
+        ++rows_checked;
+      }
+    }
+  CHECK(rows_checked == 4 * 6 * 6);
+}
+
+TEST_CASE("internal rounding: a bfloat16 loss swallows the small probabilities' share of the sum",
+          "[core][transformer][internal]") {
+  // 255 logits at -3 and one at +3: exp(-6) = 0.00248 each, their sum 0.63 beside the
+  // label's 1, which comes first. bfloat16's sum never grows: from 1 (ulp 2^-7) each term is
+  // below half an ulp (0.00248 < 2^-8), so the sum stays 1 and the loss of the right answer
+  // comes out exactly 0 instead of log(1.63) = 0.49.
+  Policy p = *preset_policy("fp32");
+  p.loss_internals = RoundingPoint{formats::bfloat16};
+  const InternalRounding low = internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy");
+  std::vector<float> x(256, -3.0f), d(256);
+  x[0] = 3.0f;
+  const SoftmaxRow wide = softmax_cross_entropy_row(x.data(), 256, 0.0f, 1.0f, d.data());
+  const SoftmaxRow narrow = softmax_cross_entropy_row(x.data(), 256, 0.0f, 1.0f, d.data(), 0.0f, low);
+  CHECK(wide.loss == Approx(std::log(1.0 + 255.0 * std::exp(-6.0))).epsilon(1e-4));  // binary32 sum of 256 terms
+  CHECK(narrow.loss == 0.0f);
+  CHECK(wide.correct);
+  CHECK(narrow.correct);
+}
+
 TEST_CASE("internal rounding: LayerNorm and RMSNorm statistics in a narrow format, against the MPFR oracle",
           "[core][transformer][internal]") {
   std::mt19937_64 rng(7);
@@ -180,6 +250,11 @@ TEST_CASE("internal rounding: off by default, off for fp32_ops, refused when sca
   Policy p = *preset_policy("bf16-mixed");
   CHECK_FALSE(internal_rounding(p, &Policy::softmax_internals, "softmax").enabled);
   CHECK_FALSE(internal_rounding(p, &Policy::norm_statistics, "layer_norm").enabled);
+  CHECK_FALSE(internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy").enabled);
+  p.loss_internals = RoundingPoint{formats::bfloat16};
+  CHECK_FALSE(internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy").enabled);  // bf16-mixed's fp32_ops
+  p.fp32_ops.clear();
+  CHECK(internal_rounding(p, &Policy::loss_internals, "softmax_cross_entropy").enabled);
   p.softmax_internals = RoundingPoint{formats::bfloat16};
   p.norm_statistics = RoundingPoint{formats::bfloat16};
   p.fp32_ops = {"softmax"};

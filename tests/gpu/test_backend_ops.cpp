@@ -900,7 +900,7 @@ TEST_CASE("rotary embeddings match the CPU bit for bit", "[gpu][backend][transfo
   }
 }
 
-TEST_CASE("softmax and norm statistics in a narrow format (policy internals) match the CPU bit for bit",
+TEST_CASE("softmax, norm statistics and the loss in a narrow format (policy internals) match the CPU bit for bit",
           "[gpu][backend][transformer]") {
   // Binary64 sums rounded to odd, exact products, IEEE binary64 quotients and roots (numerics_layers.hpp's
   // InternalRounding): the same bits on both. The softmax's exp is binary64's (CUDA's within 1 ulp of glibc's):
@@ -943,6 +943,27 @@ TEST_CASE("softmax and norm statistics in a narrow format (policy internals) mat
     b.cpu->rms_norm_forward(x.cpu, gamma.cpu, 1e-5f, ry.cpu, rrstd.cpu, stats);
     b.gpu->rms_norm_forward(x.gpu, gamma.gpu, 1e-5f, ry.gpu, rrstd.gpu, stats);
     check_same("narrow rms norm", b, ry);
+    // The training loss (policy.loss_internals), with PaLM's z-loss: the gradient and the loss bit for bit.
+    policy.loss_internals = core::RoundingPoint{f};
+    policy.fp32_ops.clear();
+    const core::InternalRounding loss_low =
+        core::internal_rounding(policy, &core::Policy::loss_internals, "softmax_cross_entropy");
+    core::LossDefinition loss;
+    loss.z_loss = 1e-2;
+    b.cpu->start_steps({}, loss, loss_low);
+    b.gpu->start_steps({}, loss, loss_low);
+    const auto labels = b.upload(small_integers(rows, 954, 0, cols - 1), {rows});
+    auto d_logits = b.empty({rows, cols});
+    b.cpu->step_loss(x.cpu, labels.cpu, d_logits.cpu);
+    b.gpu->step_loss(x.gpu, labels.gpu, d_logits.gpu);
+    check_same("narrow loss gradient", b, d_logits);
+    b.cpu->end_step();
+    b.gpu->end_step();
+    const auto cpu_steps = b.cpu->take_steps(), gpu_steps = b.gpu->take_steps();
+    REQUIRE(cpu_steps.size() == 1);
+    REQUIRE(gpu_steps.size() == 1);
+    CHECK(std::bit_cast<std::uint64_t>(cpu_steps[0].loss_sum) == std::bit_cast<std::uint64_t>(gpu_steps[0].loss_sum));
+    CHECK(cpu_steps[0].correct == gpu_steps[0].correct);
   }
 }
 

@@ -174,8 +174,9 @@ class ForwardingBackend : public core::Backend {
                      bool record, StochasticStream stream, core::TensorStats* stats) override {
     inner_->round_delayed(t, point, history, margin, record, stream, stats);
   }
-  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss) override {
-    inner_->start_steps(scaling, loss);
+  void start_steps_impl(const core::LossScaling& scaling, const core::LossDefinition& loss,
+                        const core::InternalRounding& loss_low) override {
+    inner_->start_steps(scaling, loss, loss_low);
   }
   void step_loss_impl(const core::Tensor& logits, const core::Tensor& labels, core::Tensor& d_logits) override {
     inner_->step_loss(logits, labels, d_logits);

@@ -291,8 +291,10 @@ class Backend {
   // gradient, end_step, then per parameter optimizer_step and round_state.
 
   // Starts the loss scaler afresh; forgets steps not taken and the
-  // optimiser's step count. `loss` says what the backward pass differentiates.
-  void start_steps(const LossScaling& scaling, const LossDefinition& loss);
+  // optimiser's step count. `loss` says what the backward pass differentiates;
+  // `loss_low`, enabled, computes its softmax cross-entropy in a narrow format
+  // (policy.loss_internals; numerics_layers.hpp).
+  void start_steps(const LossScaling& scaling, const LossDefinition& loss, const InternalRounding& loss_low = {});
   // softmax_cross_entropy, but with d_logits' factor loss_gradient_factor(the
   // scaler's current scale, loss, rows); the step keeps the loss and the count.
   void step_loss(const Tensor& logits, const Tensor& labels, Tensor& d_logits);
@@ -383,7 +385,8 @@ class Backend {
                                                 Tensor& d_logits) = 0;
   virtual void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
                                   StochasticStream stream, TensorStats* stats) = 0;
-  virtual void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss) = 0;
+  virtual void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss,
+                                const InternalRounding& loss_low) = 0;
   virtual void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
   virtual void step_check_gradient_impl(const Tensor& grad) = 0;
   virtual void end_step_impl() = 0;

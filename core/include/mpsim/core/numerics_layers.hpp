@@ -297,18 +297,49 @@ MPSIM_HOST_DEVICE inline float rms_norm_output(float x, float rstd, float gamma)
 // softmax's normaliser, near 0): log Z = max + log_sum in binary32, and
 // d[j] = (softmax_j (1 + 2 c log Z) - [j == label]) * factor. The returned
 // loss stays the cross-entropy alone; c = 0 changes no bit.
+// With `low` enabled (policy.loss_internals), the same rule computed in that
+// format: the logits as read, the max, each z_j - max and exponential, the
+// running sum (in increasing j), log of the sum, each quotient e_j / sum,
+// log Z and the z-loss factor, each difference with the one-hot term and the
+// product with the factor (itself rounded once) are each rounded by `low`;
+// the loss is log_sum - (z_label - max) in the format. Whether the prediction
+// is correct is read from the binary32 logits either way: it measures the
+// model, not the loss's arithmetic.
 struct SoftmaxRow {
   float loss;
   bool correct;
 };
 MPSIM_HOST_DEVICE inline SoftmaxRow softmax_cross_entropy_row(const float* row, std::int64_t cols, float label_value,
-                                                              float factor, float* d, float z_loss = 0.0f) {
+                                                              float factor, float* d, float z_loss = 0.0f,
+                                                              const InternalRounding& low = {}) {
   const bool valid = label_value >= 0.0f && label_value < static_cast<float>(cols);
   const std::int64_t label = valid ? static_cast<std::int64_t>(label_value) : -1;
   std::int64_t argmax = 0;
   float max = row[0];
   for (std::int64_t j = 1; j < cols; ++j)
     if (row[j] > max) max = row[j], argmax = j;
+  const float nan = std::bit_cast<float>(0x7fc00000u);
+  if (low.enabled) {
+    double top = low(row[0]);
+    for (std::int64_t j = 1; j < cols; ++j) top = fmax(top, low(row[j]));
+    double sum = 0.0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const double e = low(exp(low.sub(low(row[j]), top)));
+      d[j] = static_cast<float>(e);
+      sum = low.add(sum, e);
+    }
+    const double log_sum = low(log(sum));
+    const double z_factor =
+        z_loss != 0.0f ? low.add(1.0, low.mul(low(2.0 * z_loss), low.add(top, log_sum))) : 1.0;
+    const double scaled_by = low(factor);
+    for (std::int64_t j = 0; j < cols; ++j) {
+      double g = low.div(d[j], sum);
+      if (z_loss != 0.0f) g = low.mul(g, z_factor);
+      d[j] = static_cast<float>(low.mul(low.sub(g, j == label ? 1.0 : 0.0), scaled_by));
+    }
+    return {valid ? static_cast<float>(low.sub(log_sum, low.sub(low(row[label]), top))) : nan,
+            valid && argmax == label};
+  }
   float sum = 0.0f;
   for (std::int64_t j = 0; j < cols; ++j) sum += expf(row[j] - max);
   const float log_sum = logf(sum);
@@ -317,7 +348,6 @@ MPSIM_HOST_DEVICE inline SoftmaxRow softmax_cross_entropy_row(const float* row, 
     const float p = expf(row[j] - max - log_sum);
     d[j] = (z_loss != 0.0f ? p * z_factor - (j == label ? 1.0f : 0.0f) : p - (j == label ? 1.0f : 0.0f)) * factor;
   }
-  const float nan = std::bit_cast<float>(0x7fc00000u);
   return {valid ? log_sum - (row[label] - max) : nan, valid && argmax == label};
 }
 

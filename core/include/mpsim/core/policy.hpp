@@ -93,6 +93,11 @@ struct Policy {
   // fp32_ops lists ("softmax", "layer_norm") ignores its point.
   RoundingPoint softmax_internals;
   RoundingPoint norm_statistics;
+  // The loss's softmax cross-entropy (its max, exponentials, sum, log, the
+  // gradient softmax - one-hot and its factor) in that format unless fp32_ops
+  // lists "softmax_cross_entropy"; binary32 by default. The training step's
+  // loss and gradient only: evaluation measures the loss in binary32.
+  RoundingPoint loss_internals;
   // Backward.
   RoundingPoint gradient_operands;  // output gradient as a GEMM operand (FP8: e5m2, scaled)
   RoundingPoint activation_grads;   // every gradient with respect to an activation
@@ -129,7 +134,7 @@ struct NamedPoint {
   RoundingPoint Policy::*point;
   std::string_view doc;  // what rounds there (docs/configs.md)
 };
-inline constexpr std::array<NamedPoint, 12> rounding_points{{
+inline constexpr std::array<NamedPoint, 13> rounding_points{{
     {"weights", &Policy::weights, "working copy of the weights, rounded from the master copy once per step"},
     {"activations", &Policy::activations, "activation operand of Linear/Conv GEMMs"},
     {"accumulation", &Policy::accumulation, "binary32: FP32 accumulation; else every GEMM addition rounds to this"},
@@ -139,6 +144,8 @@ inline constexpr std::array<NamedPoint, 12> rounding_points{{
      "attention softmax's max, exponentials, sum and quotients (binary32: binary64 sum; not scaled or stochastic)"},
     {"norm_statistics", &Policy::norm_statistics,
      "LayerNorm/RMSNorm's mean, variance, 1/sqrt and backward row means (binary32: binary64 sums)"},
+    {"loss_internals", &Policy::loss_internals,
+     "the training loss's softmax cross-entropy and its gradient (binary32 when fp32_ops lists softmax_cross_entropy)"},
     {"gradient_operands", &Policy::gradient_operands, "output gradient as a GEMM operand (FP8: e5m2, scaled)"},
     {"activation_grads", &Policy::activation_grads, "every gradient with respect to an activation"},
     {"weight_grads", &Policy::weight_grads, "gradients with respect to parameters"},
