@@ -33,7 +33,7 @@ import mpsim_log as ml  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 # The ops autocast keeps in binary32 that an arm may lower (core's fp32_op_names for transformers).
-LOWERABLE = ("softmax", "layer_norm", "residual")
+LOWERABLE = ("softmax", "layer_norm", "residual", "softmax_cross_entropy")
 # Layer groups whose activations the figures count: the residual stream's sums and the norms' outputs.
 GROUPS = {"residual": lambda name: name == "pos" or ".add" in name,
           "layer_norm": lambda name: name == "ln" or ".ln" in name}
@@ -86,6 +86,11 @@ def findings(f) -> dict:
         raise ValueError("no binary32 arm to compare with: not a log of experiments/configs/transformer_precision.toml")
     for a in arms:
         a["loss_vs_fp32"] = a["final_test_loss"] - reference["final_test_loss"]
+        # Against its preset: the arm of the same format and loss scaling that lowers nothing.
+        preset = next((b for b in arms if b["mixed"] and not b["lowered"] and b["format"] == a["format"]
+                       and b["loss_scaling"] == a["loss_scaling"]), None)
+        a["preset_arm"] = preset["arm"] if preset and a["lowered"] else None
+        a["loss_vs_preset"] = a["final_test_loss"] - preset["final_test_loss"] if a["preset_arm"] else math.nan
     return {"arms": arms, "reference_arm": reference["arm"], "seed": int(ml.info(f)["seed"])}
 
 
@@ -102,14 +107,17 @@ def verdict(found: dict) -> str:
              f"{next(a for a in found['arms'] if a['arm'] == found['reference_arm'])['final_test_loss']:.4f} nats/char"]
     for a in found["arms"]:
         if a["mixed"]:
-            lines.append(f"{a['arm']:<18} {label(a):<34} {a['final_test_loss']:.4f} ({a['loss_vs_fp32']:+.4f} vs fp32), "
+            vs_preset = f", {a['loss_vs_preset']:+.4f} vs {a['preset_arm']}" if a["preset_arm"] else ""
+            lines.append(f"{a['arm']:<18} {label(a):<34} {a['final_test_loss']:.4f} ({a['loss_vs_fp32']:+.4f} vs fp32"
+                         f"{vs_preset}), "
                          f"{a['skipped_steps']} skipped, residual inexact {a['residual_inexact']:.1%}, "
                          f"norm inexact {a['layer_norm_inexact']:.1%}")
-    lowered = [a for a in found["arms"] if a["lowered"] and a["loss_scaling"] != "none"]
+    lowered = [a for a in found["arms"] if a["lowered"]]  # each lowers one op (fp16-no-scaling lowers none)
     if lowered:
         worst = max(lowered, key=lambda a: a["loss_vs_fp32"])
         lines.append(f"Costliest single lowering: {worst['arm']} ({label(worst)}), {worst['loss_vs_fp32']:+.4f} nats/char "
-                     "against fp32 (one seed: a single run, not a tested difference)")
+                     f"against fp32, {worst['loss_vs_preset']:+.4f} against {worst['preset_arm']} (one seed: a single "
+                     "run, not a tested difference)")
     return "\n".join(lines)
 
 
