@@ -21,8 +21,9 @@ Figures:
                           FP16 and BF16 ranges (Micikevicius et al. 2018, Figure 3)
   activation_grads_LAYER  the same for one layer (default: the input gradient of the output
                           layer, that is, the gradient of the last hidden layer's output)
-  underflow               fraction of nonzero activation gradients flushed to zero, and
-                          below 2^-24 (FP16's smallest subnormal), per arm (log axis)
+  underflow               fraction of nonzero activation gradients rounded to zero (flushed)
+                          by the arm's rounding, and below 2^-24 before rounding (FP16's
+                          smallest subnormal: outside its range), per arm (log axis)
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 # 2^e <= |x| < 2^(e+1), so a line at y = e separates the bins below 2^e.
 FP16_MAX_LOG2 = math.log2(65504.0)  # 15.9998: FP16's largest finite value
 FP16_NORMAL_MIN_LOG2 = -14          # smallest normal
-FP16_SUBNORMAL_MIN_LOG2 = -24       # smallest subnormal; smaller magnitudes flush to zero
+FP16_SUBNORMAL_MIN_LOG2 = -24       # smallest subnormal; smaller magnitudes are outside FP16's range: under
+                                    # round-to-nearest-even those below 2^-25 become zero, those between round
+                                    # up to 2^-24
 BF16_NORMAL_MIN_LOG2 = -126
 BF16_SUBNORMAL_MIN_LOG2 = -133
 
@@ -307,9 +310,11 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
     lines = [
         (FP16_MAX_LOG2, FP16_COLOR, "-", "FP16 max 65504 ($\\approx 2^{16}$); above: overflow to inf"),
         (FP16_NORMAL_MIN_LOG2, FP16_COLOR, "--", "FP16 normal min $2^{-14}$; below: subnormal, fewer bits"),
-        (FP16_SUBNORMAL_MIN_LOG2, FP16_COLOR, "-", "FP16 subnormal min $2^{-24}$; below: flushed to zero"),
+        (FP16_SUBNORMAL_MIN_LOG2, FP16_COLOR, "-",
+         "FP16 subnormal min $2^{-24}$; below: outside FP16's range (zero under $2^{-25}$)"),
         (BF16_NORMAL_MIN_LOG2, BF16_COLOR, "--", "BF16 normal min $2^{-126}$ (BF16 max $\\approx 2^{128}$)"),
-        (BF16_SUBNORMAL_MIN_LOG2, BF16_COLOR, "-", "BF16 subnormal min $2^{-133}$; below: flushed to zero"),
+        (BF16_SUBNORMAL_MIN_LOG2, BF16_COLOR, "-",
+         "BF16 subnormal min $2^{-133}$; below: outside BF16's range (zero under $2^{-134}$)"),
     ]
     mesh = None
     for (ax, side), (lo, hi) in zip(rows, ranges):
@@ -335,7 +340,7 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
     side_lo = max(overall[nz].min() / 3, 1e-10) if nz.any() else 1e-8
     rows[0][1].set_xlim(side_lo, 1.5)
     for y, text in ((FP16_NORMAL_MIN_LOG2 + 1, "FP16\nnormal"), (FP16_SUBNORMAL_MIN_LOG2 + 0.5, "FP16\nsubnormal"),
-                    (FP16_SUBNORMAL_MIN_LOG2 - 1.5, "FP16 flushes;\nBF16 holds")):
+                    (FP16_SUBNORMAL_MIN_LOG2 - 1.5, "below FP16's range;\nBF16 holds")):
         if ranges[0][0] <= y <= ranges[0][1]:
             rows[0][1].text(0.97, y, text, transform=rows[0][1].get_yaxis_transform(), ha="right",
                             va="bottom" if y > FP16_SUBNORMAL_MIN_LOG2 else "top", fontsize=7.5, color="0.2",
@@ -361,7 +366,8 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
     total = max(ml.histogram_total(counts, bins, "all").sum(), 1)
     zeros = 100 * counts[:, bins.special("zero")].sum() / total
     nonfinite = 100 * counts[:, bins.special("infinity", "nan")].sum() / total
-    summary = (f"all steps: {share(exps < FP16_SUBNORMAL_MIN_LOG2):.3g}% below $2^{{-24}}$ (lost in FP16), "
+    summary = (f"all steps, of all values: {share(exps < FP16_SUBNORMAL_MIN_LOG2):.3g}% below $2^{{-24}}$ "
+               f"(outside FP16's range), "
                f"{share((exps >= FP16_SUBNORMAL_MIN_LOG2) & (exps < FP16_NORMAL_MIN_LOG2)):.3g}% FP16 subnormal, "
                f"{share(exps >= 16):.3g}% above FP16 max, {share(exps < BF16_SUBNORMAL_MIN_LOG2):.3g}% below BF16's min, "
                f"{zeros:.3g}% exact zeros (not drawn)" + (f", {nonfinite:.3g}% inf/NaN" if nonfinite else ""))
@@ -375,8 +381,10 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
 
 
 def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
-    """Per arm and instrumented step, summed over layers: flushed / nonzero (values that became zero
-    when rounded to the arm's format) and below_2^-24 / nonzero (values FP16 cannot hold, whatever the arm)."""
+    """Per arm and instrumented step, summed over layers: flushed / nonzero (nonzero values that the arm's
+    rounding made zero; 0 in an fp32 arm) and below_2^-24 / nonzero (values below FP16's smallest subnormal
+    before rounding, whatever the arm: outside FP16's range; under round-to-nearest-even those below 2^-25
+    become zero and those between round up to 2^-24)."""
     fig = Figure(figsize=(12, 4.4), layout="constrained")
     ax_f, ax_b = fig.subplots(1, 2, sharey=True)
     with _Log(path) as f:
@@ -397,8 +405,8 @@ def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     ax_f.set_ylabel(f"fraction of nonzero {kind}")
-    ax_f.set_title("Flushed to zero by the arm's rounding")
-    ax_b.set_title("Below $2^{-24}$ before rounding (what plain FP16 would flush)")
+    ax_f.set_title("Rounded to zero (flushed) by the arm's rounding")
+    ax_b.set_title("Below $2^{-24}$ before rounding (outside FP16's range)")
     fig.suptitle(f"Underflow of {kind}, summed over layers (steps with none are gaps on the log axis)", fontsize=11)
     return fig
 

@@ -3,8 +3,9 @@
 
 Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740), scale the loss by S so that
 every gradient of the backward pass is multiplied by S: the gradient histogram moves up by log2(S) binades
-("gradients range offset"), out of FP16's flush-to-zero region below 2^-24, and, when S is too large, past
-FP16's maximum 65504, where a scaler must skip the step. This module reads the log of
+("gradients range offset"), up out of the region below 2^-24 that lies outside FP16's range (under
+round-to-nearest-even those below 2^-25 become zero and those between round up to 2^-24), and, when S is too
+large, past FP16's maximum 65504, where a scaler must skip the step. This module reads the log of
 `mpsim run experiments/configs/loss_scale.toml` (fp16-mixed with static scales and a dynamic scaler, and an
 fp32 reference) and puts accuracy, underflow and overflow/skips against the scale, and the shifted
 histograms against FP16's window.
@@ -119,7 +120,7 @@ def arm_numbers(f, row: dict, ref_hist: dict | None) -> dict:
         n[kind] = {
             # `flushed`: nonzero values the arm's rounding made zero (0 in an fp32 arm, which rounds nothing).
             "flushed_of_nonzero": ml.fraction(counters, "flushed", "nonzero"),
-            # below 2^-24 before rounding, scale included: what FP16 cannot hold, whatever the arm's format.
+            # below 2^-24 before rounding, scale included: outside FP16's range, whatever the arm's format.
             # Of the values the counter `nonzero` counts, as `flushed_of_nonzero`.
             "below_2^-24_of_nonzero": ml.ratio(below, counters["nonzero"]),
             "overflow_values": counters["overflow"],
@@ -232,7 +233,7 @@ def summary_figure(found: dict) -> Figure:
     ax_uf.text(0.01, floor * 1.3, "zero (none flushed)", transform=ax_uf.get_yaxis_transform(), fontsize=7,
                color="0.4")
     ax_uf.set_ylabel("share of nonzero gradients flushed to zero")
-    ax_uf.set_title("Underflow: values below FP16's $2^{-24}$ after scaling")
+    ax_uf.set_title("Underflow: nonzero gradients rounded to zero (flushed)")
 
     draw(ax_of, [100 * a["skipped_steps"] / max(a["steps"], 1) for a in scaled], "C4", "steps skipped (overflow)")
     ax_of.set_ylabel("steps skipped for inf/NaN gradients (%)")
@@ -273,7 +274,8 @@ def range_offset_figure(f, found: dict, kind: str = "activation_grads") -> Figur
     fig = Figure(figsize=(12, 0.95 * len(arms) + 1.8), layout="constrained")
     ax = fig.subplots()
     lo, hi = -50, 24
-    ax.axvspan(lo, fg.FP16_SUBNORMAL_MIN_LOG2, color="0.5", alpha=0.18, lw=0, label="below $2^{-24}$: flushed to zero")
+    ax.axvspan(lo, fg.FP16_SUBNORMAL_MIN_LOG2, color="0.5", alpha=0.18, lw=0,
+               label="below $2^{-24}$: outside FP16's range")
     ax.axvspan(fg.FP16_SUBNORMAL_MIN_LOG2, fg.FP16_NORMAL_MIN_LOG2, color=fg.FP16_COLOR, alpha=0.22, lw=0,
                label="FP16 subnormal $[2^{-24}, 2^{-14})$")
     ax.axvspan(fg.FP16_NORMAL_MIN_LOG2, fg.FP16_MAX_LOG2, color=fg.FP16_COLOR, alpha=0.07, lw=0,
@@ -298,10 +300,10 @@ def range_offset_figure(f, found: dict, kind: str = "activation_grads") -> Figur
                           label="fp32 histogram moved up by $\\log_2 S$" if not labels else None)
                 labels.append(a["arm"])
         k = a[kind]
-        if a["mode"] == "none":  # an fp32 arm rounds nothing: say what FP16 would flush instead
-            note = f"{_pct(k['below_2^-24_of_nonzero'])} below $2^{{-24}}$ (FP16 would flush)"
+        if a["mode"] == "none":  # an fp32 arm rounds nothing: say what lies outside FP16's range instead
+            note = f"{_pct(k['below_2^-24_of_nonzero'])} of nonzero below $2^{{-24}}$ (outside FP16's range)"
         else:
-            note = (f"{_pct(k['flushed_of_nonzero'])} flushed, {k['overflow_values']} overflowed\n"
+            note = (f"{_pct(k['flushed_of_nonzero'])} of nonzero flushed, {k['overflow_values']} overflowed\n"
                     f"{a['skipped_steps']}/{a['steps']} steps skipped")
         ax.text(hi - 0.3, i + 0.45, note, ha="right", va="center", fontsize=7.5,
                 bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=0.8))

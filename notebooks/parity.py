@@ -13,6 +13,12 @@ is more sensitive than Welch's test on the two groups, which treats that
 shared variation as noise. How much it gains depends on how far rounding
 makes the trajectories of one seed drift apart: the verdict prints both
 spreads. Both tests are reported. Needs scipy (scipy.stats).
+
+Parity is an equivalence claim, so the verdict is TOST's (notebooks/equivalence.py): a policy is
+"equivalent" to FP32 when the 90% interval of its paired differences lies inside +-MARGIN_POINTS, a margin
+fixed before the runs (0.5 accuracy points, as block_formats uses); a difference test that does not reject
+is reported as "inconclusive", never as parity. Each row also gives TOST's power at the observed spread and
+the seeds that 80% power would need.
 """
 from __future__ import annotations
 
@@ -32,11 +38,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from scipy import stats  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures  # noqa: E402  (beside this file)
+import equivalence  # noqa: E402  (beside this file)
+import figures  # noqa: E402
 import mpsim_log as ml  # noqa: E402
 
 REFERENCE = "fp32"
 ALPHA = 0.05  # significance level of the tests
+# The equivalence margin, fixed before any run (issue 21): 0.5 accuracy points, as a fraction.
+MARGIN = 0.005
 PAPER_CSV = Path(__file__).resolve().parent.parent / "data" / "micikevicius2018_parity.csv"
 # Policies in the order the study lists them; others (if a log has them) follow.
 ORDER = ["fp32", "fp16-mixed", "bf16-mixed", "fp16-noscale", "fp16-naive", "fp8"]
@@ -120,6 +129,11 @@ def compare(table, reference=REFERENCE) -> dict[str, dict]:
             # 95% t interval of the mean paired difference: what "parity" can and cannot exclude with n seeds.
             half = float(stats.t.ppf(0.975, len(seeds) - 1)) * row["diff_std"] / math.sqrt(len(seeds))
             row["ci95_low"], row["ci95_high"] = row["diff_mean"] - half, row["diff_mean"] + half
+        if policy != reference:
+            tost = equivalence.paired_equivalence(diffs, MARGIN, ALPHA)
+            row |= {"ci90_low": tost["ci90"][0], "ci90_high": tost["ci90"][1], "p_tost": tost["p_tost"],
+                    "equivalent": tost["equivalent"], "tost_verdict": tost["verdict"], "power": tost["power"],
+                    "seeds_for_80_percent_power": tost["seeds_for_80_percent_power"]}
         if policy != reference and len(seeds) >= 2:
             if np.all(diffs == diffs[0]):
                 # Identical differences: the t statistic is undefined; the test has no variance to use.
@@ -143,13 +157,14 @@ def _std(x):
 
 
 def verdict_word(row) -> str:
+    """TOST's verdict against +-MARGIN (equivalent, lower, higher, inconclusive), or why there is none."""
     if row["n"] == 0:
         return "diverged"
-    if not np.isfinite(row["p_paired"]):
-        return "reference" if row["n_pairs"] and row["diff_mean"] == 0 else "untested"
-    if row["p_paired"] >= ALPHA:
-        return "parity"
-    return "better" if row["diff_mean"] > 0 else "worse"
+    if "tost_verdict" not in row:
+        return "reference"
+    if row["n_pairs"] < 2:
+        return "untested"
+    return row["tost_verdict"]
 
 
 # --- figures ---------------------------------------------------------------------
@@ -205,14 +220,16 @@ def plot_differences(table, comparison):
         if len(diffs) >= 2:
             half = stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / math.sqrt(len(diffs))
             ax.errorbar(i + 0.2, diffs.mean(), yerr=half, fmt="s", color="k", capsize=4, ms=5)
-        label = "diverged" if row["n"] == 0 else f"p={row['p_paired']:.2g}" if np.isfinite(row["p_paired"]) else ""
+        label = "diverged" if row["n"] == 0 else verdict_word(row).split(" ")[0]
         ax.annotate(label, (i, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -12),
                     textcoords="offset points", ha="center", fontsize=8)
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xticks(range(len(policies)), policies, rotation=20)
     ax.set_xlabel("precision policy")
     ax.set_ylabel("accuracy − fp32, same seed (percentage points)")
-    ax.set_title("Paired difference to FP32 (dots: seeds; squares: mean, 95% CI; paired t-test p)")
+    ax.axhspan(-100 * MARGIN, 100 * MARGIN, color="C2", alpha=0.12, lw=0)
+    ax.set_title(f"Paired difference to FP32 (dots: seeds; squares: mean, 95% CI; green: the ±{100 * MARGIN:g} point\n"
+                 "equivalence margin; label: TOST's verdict)", fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     return fig
@@ -254,7 +271,8 @@ def plot_paper(comparison, paper):
 def verdict(comparison, paper, setup) -> str:
     lines = [f"Accuracy parity on {setup['dataset']} ({setup['model']}, {setup['epochs']} epoch(s)"
              + (f", {setup['train_limit']} training samples" if setup["train_limit"] else "") + "); "
-             f"paired t-test of policy - fp32 over seeds, alpha = {ALPHA}:"]
+             f"policy - fp32 paired over seeds, TOST against ±{100 * MARGIN:g} points at alpha = {ALPHA} "
+             f"(equivalent: the 90% CI inside the margin), paired t-test and Welch's beside:"]
     for policy, row in comparison.items():
         if row["n"] == 0:
             lines.append(f"  {policy:<14} diverged in all {row['diverged']} seeds")
@@ -262,8 +280,11 @@ def verdict(comparison, paper, setup) -> str:
         text = f"  {policy:<14} {100 * row['mean']:6.2f} ± {100 * row['std']:.2f} % (n={row['n']})"
         if policy != REFERENCE:
             text += (f"  diff {100 * row['diff_mean']:+.2f} pp"
-                     f" (95% CI {100 * row['ci95_low']:+.2f} .. {100 * row['ci95_high']:+.2f})"
-                     f"  paired p={row['p_paired']:.3g}  Welch p={row['p_welch']:.3g}  -> {verdict_word(row)}")
+                     f" (95% CI {100 * row['ci95_low']:+.2f} .. {100 * row['ci95_high']:+.2f};"
+                     f" 90% CI {100 * row['ci90_low']:+.2f} .. {100 * row['ci90_high']:+.2f})"
+                     f"  paired p={row['p_paired']:.3g}  Welch p={row['p_welch']:.3g}  TOST p={row['p_tost']:.3g}"
+                     f"  power {row['power']:.2f} (80% at {row['seeds_for_80_percent_power']} seeds)"
+                     f"  -> {verdict_word(row)}")
         if row["diverged"]:
             text += f"  ({row['diverged']} diverged)"
         lines.append(text)
@@ -285,7 +306,9 @@ def findings(comparison, paper, setup) -> dict:
     def clean(v):
         return None if isinstance(v, float) and not math.isfinite(v) else v
 
-    return {"study": "parity", "reference": REFERENCE, "alpha": ALPHA, "test": "paired t-test over seeds",
+    return {"study": "parity", "reference": REFERENCE, "alpha": ALPHA, "margin_points": 100 * MARGIN,
+            "test": "TOST of the paired differences over seeds against the margin (verdict); paired t-test and "
+                    "Welch's test beside",
             "setup": setup,
             "ours": {p: {k: clean(v) for k, v in row.items()} | {"verdict": verdict_word(row)}
                      for p, row in comparison.items()},

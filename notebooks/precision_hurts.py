@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Study d of issue #6: a setting where FP16 precision really hurts.
+"""Study d of issue #6: FP16 without loss scaling failing once the gradients are pushed below its range.
 
 experiments/configs/precision_hurts.toml trains a 4-hidden-layer MLP on
 Fashion-MNIST in three arms, fp32, FP16 without loss scaling ("fp16-noscale":
@@ -7,9 +7,16 @@ fp16-mixed with loss_scale.mode = "none") and fp16-mixed (dynamic loss scaling),
 over five seeds, at five points of a sweep: the loss multiplied by w = 2^-k
 (`loss.weight`, k = 0, 8, 12, 14, 16) and SGD's learning rate by 2^k. Powers
 of two scale binary32 exactly, so the FP32 arm is the same run at every k; only
-the gradients move k binades down, out of FP16's window. FP16 without scaling
-flushes them; loss scaling (Micikevicius et al., "Mixed Precision Training",
-ICLR 2018, section 3.2) shifts them back.
+the gradients move k binades down, out of FP16's window. The weight is a static
+loss scale below one, so the unscaled arm's failures are built in: this is a
+demonstration of the mechanism (gradients pushed below FP16's range on
+purpose), not a failure that happens by itself. FP16 without scaling rounds
+the nonzero gradients below 2^-25 to zero (flushed) and those between 2^-25
+and 2^-24 up to 2^-24 (round-to-nearest-even); loss scaling (Micikevicius et
+al., "Mixed Precision Training", ICLR 2018, section 3.2) shifts them back up.
+The fp16-mixed arm's dynamic scaler chooses S without regard to k (it starts
+at 2^16 at every k), so it does not undo the weighting: its gradients sit at
+S * 2^-k times FP32's, and its run is not the same at every k.
 
     /usr/bin/python3 notebooks/precision_hurts.py runs/precision_hurts.h5 [--out docs/figures]
 
@@ -106,8 +113,9 @@ def final_accuracy(f, arm: str) -> float:
 
 def counter_fractions(f, arm: str, kind: str, layer=None) -> dict[str, float]:
     """Over all instrumented steps (and all layers, or one): the fraction of the
-    nonzero values that the arm's rounding flushed to zero, and the fraction that
-    lay below 2^-24 before rounding (what FP16 cannot hold)."""
+    nonzero values that the arm's rounding made zero (flushed), and the fraction
+    that lay below 2^-24 before rounding (outside FP16's range; under
+    round-to-nearest-even those below 2^-25 become zero, those between round up)."""
     c = ml.kind_counters(f, arm, kind, layer=layer)
     # "zero": exact zeros before this rounding, e.g. weight gradients whose
     # activation gradient was already flushed (or a ReLU that was off).
@@ -141,9 +149,10 @@ def status(f, arm: str) -> str:
 
 def _shade_fp16(ax):
     """FP16's window on a binade axis: normal from 2^-14, subnormal 2^-24..2^-14,
-    flushed to zero below 2^-24, overflow above 65504."""
+    outside its range below 2^-24 (round-to-nearest-even makes those below 2^-25
+    zero and rounds those between up to 2^-24), overflow above 65504."""
     ax.axvspan(-40, figures.FP16_SUBNORMAL_MIN_LOG2, color=figures.FP16_COLOR, alpha=0.12, lw=0,
-               label="FP16 flushes to zero ($<2^{-24}$)")
+               label="below FP16's range ($<2^{-24}$; zero under $2^{-25}$)")
     ax.axvspan(figures.FP16_SUBNORMAL_MIN_LOG2, figures.FP16_NORMAL_MIN_LOG2, color="orange", alpha=0.15, lw=0,
                label="FP16 subnormal ($2^{-24}..2^{-14}$)")
     ax.axvspan(figures.FP16_NORMAL_MIN_LOG2, figures.FP16_MAX_LOG2, color="green", alpha=0.06, lw=0,
@@ -152,8 +161,9 @@ def _shade_fp16(ax):
 
 def gradient_histograms(f, roles: dict[str, str]) -> Figure:
     """Activation and weight gradients by binade, all layers and steps, per arm,
-    against FP16's window. The no-scaling arm's mass left of 2^-24 is what FP16
-    flushes; the scaled arm shows the same values shifted up by log2(S)."""
+    against FP16's window. The no-scaling arm's mass left of 2^-24 is outside
+    FP16's range (what lies left of 2^-25 its rounding makes zero); the scaled
+    arm shows the same values shifted up by log2(S)."""
     fig = Figure(figsize=(12, 5.8), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     for ax, kind in zip(axes, GRAD_KINDS):
@@ -169,7 +179,7 @@ def gradient_histograms(f, roles: dict[str, str]) -> Figure:
             below = counter_fractions(f, arm, kind)["below_2^-24"]
             ax.step(exponents + 0.5, dist, where="mid", color=f"C{i}", lw=1.8,
                     ls="--" if role_name == "fp32" else "-",
-                    label=f"{ROLE_LABELS[role_name]}: {100 * below:.3g}% below $2^{{-24}}$")
+                    label=f"{ROLE_LABELS[role_name]}: {100 * below:.3g}% of nonzero below $2^{{-24}}$")
         ax.set_xlim(max(lo - 2, -40), min(hi + 3, 20))
         ax.set_yscale("log")
         ax.set_ylim(1e-6, 1)
@@ -179,7 +189,7 @@ def gradient_histograms(f, roles: dict[str, str]) -> Figure:
     axes[0].set_ylabel("fraction of the nonzero values")
     for ax in axes:  # below the axes: the curves fill the panel
         ax.legend(fontsize=7.5, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
-    fig.suptitle("Gradients against FP16's window: without scaling the left tail is flushed; "
+    fig.suptitle("Gradients against FP16's window: without scaling the tail below $2^{-24}$ is outside FP16's range; "
                  "the loss scale moves it into range", fontsize=11)
     return fig
 
@@ -216,8 +226,9 @@ def underflow_by_layer(f, roles: dict[str, str]) -> Figure:
 def accuracy_vs_weight(f, points, r: dict) -> Figure:
     """Left: test accuracy against k (w = 2^-k), every seed a dot, the mean a
     line, per arm. Right: the fraction of the nonzero activation and weight
-    gradients flushed to zero by FP16 (the FP32 arm: below 2^-24 before any
-    rounding), summed over the seeds' instrumented steps."""
+    gradients that FP16's rounding made zero (flushed; the FP32 arm, which
+    rounds nothing: the fraction below 2^-24 before rounding, outside FP16's
+    range), summed over the seeds' instrumented steps."""
     fig = Figure(figsize=(12, 4.6), layout="constrained")
     ax_acc, ax_flush = fig.subplots(1, 2)
     weights = list(points)
@@ -245,12 +256,13 @@ def accuracy_vs_weight(f, points, r: dict) -> Figure:
                           label=f"{ROLE_LABELS[role_name]}: {kind.replace('_', ' ')} {what}")
     ax_flush.set_xlabel("k: loss weight $w = 2^{-k}$")
     ax_flush.set_ylabel("% of the nonzero gradients")
-    ax_flush.set_title("What FP16 rounds to zero (fp32: what it would)")
+    ax_flush.set_title("Rounded to zero by FP16 (fp32: below $2^{-24}$, outside FP16's range)")
     ax_flush.set_xticks(ks)
     ax_flush.grid(True, alpha=0.3)
     ax_flush.legend(fontsize=7)
-    fig.suptitle("The loss weight moves every gradient k binades down: FP32 trains the same run at every k, "
-                 "FP16 without loss scaling loses what falls below $2^{-24}$", fontsize=11)
+    fig.suptitle("A demonstration: the loss weight (a static loss scale below one) pushes every gradient k binades "
+                 "down on purpose.\nFP32 trains the same run at every k; FP16 without loss scaling rounds what falls "
+                 "below $2^{-25}$ to zero", fontsize=11)
     return fig
 
 
@@ -362,7 +374,7 @@ def verdict(r: dict) -> str:
             f"{point_label(p['weight'])} ({len(p['seeds'])} seeds): fp32 {100 * np.mean(acc['fp32']):.2f}%; "
             f"no scaling {100 * np.mean(acc['noscale']):.2f}%, {_difference_text(d['noscale'])}; "
             f"fp16-mixed {100 * np.mean(acc['scaled']):.2f}%, {_difference_text(d['scaled'])}; "
-            f"activation / weight gradients flushed without scaling "
+            f"activation / weight gradients flushed (of nonzero) without scaling "
             f"{100 * fr['noscale']['activation_grads']['flushed']:.3g}% / "
             f"{100 * fr['noscale']['weight_grads']['flushed']:.3g}%, with it "
             f"{100 * fr['scaled']['activation_grads']['flushed']:.3g}% / "
@@ -385,8 +397,9 @@ def verdict(r: dict) -> str:
     hurting = [p for p in r["points"] if p["hurts"]]
     if r["hurts"] and r["restored"]:
         ks = ", ".join(f"2^-{p['k']:g}" for p in hurting)
-        lines.append(f"verdict: precision hurts at w = {ks} (FP16 without scaling loses a point or more on average, "
-                     "significant over the seeds) and loss scaling restores FP32 parity (within 1 point on average)")
+        lines.append(f"verdict (gradients pushed below FP16's range on purpose): precision hurts at w = {ks} "
+                     "(FP16 without scaling loses a point or more on average, significant over the seeds) and "
+                     "loss scaling restores FP32 parity (within 1 point on average)")
     elif hurting:
         lines.append("verdict: FP16 without scaling loses accuracy, but loss scaling does not restore parity")
     elif r["steps"] < 200:

@@ -2,9 +2,10 @@
 """Underflow study (issue #6, §1a): how much of an FP32 training run's gradients FP16 could hold.
 
 Micikevicius et al., "Mixed Precision Training", ICLR 2018 (arXiv:1710.03740), figures 2b and 3, histogram
-the gradients of FP32 training by binade: values below 2^-24 (FP16's smallest subnormal) become zero in FP16,
-values in [2^-24, 2^-14) are FP16 subnormals with fewer significant bits, and the top of FP16's range (65504)
-goes unused, which is the room a loss scale can shift the gradients into. This module reads the log of
+the gradients of FP32 training by binade: values below 2^-24 (FP16's smallest subnormal) lie outside FP16's
+range (under round-to-nearest-even those below 2^-25 become zero and those between round up to 2^-24), values
+in [2^-24, 2^-14) are FP16 subnormals with fewer significant bits, and the top of FP16's range (65504) goes
+unused, which is the room a loss scale can shift the gradients into. This module reads the log of
 `mpsim run experiments/configs/underflow.toml` (the fp32 arm of the MLP and of the CNN), computes per layer
 the fraction of activation and weight gradients that is zero, below 2^-24 and FP16-subnormal, and the
 loss-scale headroom, and draws them beside the paper's numbers.
@@ -175,8 +176,9 @@ def verdict(found: dict) -> str:
         a, w = m["activation_grads"], m["weight_grads"]
         aa, wa = a["all_layers"], w["all_layers"]
         lines.append(
-            f"{model} (FP32, {m['steps']} steps, test accuracy {_pct(m['test_accuracy'])}): "
-            f"activation gradients {_pct(aa['zero'])} zero (paper, SSD: 67%), {_pct(aa['below_2^-24'])} below 2^-24, "
+            f"{model} (FP32, {m['steps']} steps, test accuracy {_pct(m['test_accuracy'])}; shares of all values): "
+            f"activation gradients {_pct(aa['zero'])} zero (paper, SSD: 67%), {_pct(aa['below_2^-24'])} below 2^-24 "
+            f"(outside FP16's range), "
             f"{_pct(aa['fp16_subnormal'])} FP16-subnormal [2^-24, 2^-14); weight gradients {_pct(wa['zero'])} zero, "
             f"{_pct(wa['below_2^-24'])} below 2^-24 (paper, Mandarin speech: ~5%), "
             f"{_pct(wa['fp16_subnormal'])} FP16-subnormal.")
@@ -206,12 +208,12 @@ def histogram_figure(f, arm: str, kind: str, model: str) -> Figure:
 
 
 def per_layer_figure(f, arms: list[tuple[str, str]]) -> Figure:
-    """Per layer: share of values that is zero, below 2^-24 (flushed in FP16) and FP16-subnormal;
+    """Per layer: share of all values that is zero, below 2^-24 (outside FP16's range) and FP16-subnormal;
     one row per model, one column per tensor kind, the paper's reference figures as dashed lines."""
     fig = Figure(figsize=(13, 3.9 * len(arms)), layout="constrained")
     axes = fig.subplots(len(arms), 2, squeeze=False)
     bars = (("zero", "exactly zero", "0.45"),
-            ("below_2^-24", "below $2^{-24}$: flushed to zero in FP16", fg.FP16_COLOR),
+            ("below_2^-24", "below $2^{-24}$: outside FP16's range", fg.FP16_COLOR),
             ("fp16_subnormal", "in $[2^{-24}, 2^{-14})$: FP16 subnormal", "#ff9896"))
     floor = 1e-6  # a log axis cannot show 0; zero shares are drawn as a stub at the floor and labelled "0"
     for row, (arm, model) in zip(axes, arms):
@@ -280,10 +282,10 @@ def headroom_figure(f, arms: list[tuple[str, str]]) -> Figure:
                         f"  (loss scale up to $2^{{{h['headroom_binades']:.0f}}}$)", va="center", fontsize=8)
             bottom = min(fg.FP16_SUBNORMAL_MIN_LOG2 - 6, float(np.nanmin(low, initial=0)) - 2)
             ax.axhspan(bottom, fg.FP16_SUBNORMAL_MIN_LOG2, color="0.5", alpha=0.15, lw=0,
-                       label="below $2^{-24}$: flushed to zero in FP16")
+                       label="below $2^{-24}$: outside FP16's range")
             ax.set_ylim(bottom, 20)
-            ax.text(0.99, fg.FP16_SUBNORMAL_MIN_LOG2 - 0.5, "below: flushed to zero in FP16", ha="right", va="top",
-                    fontsize=8, color=fg.FP16_COLOR, transform=ax.get_yaxis_transform())
+            ax.text(0.99, fg.FP16_SUBNORMAL_MIN_LOG2 - 0.5, "below: outside FP16's range (zero under $2^{-25}$)",
+                    ha="right", va="top", fontsize=8, color=fg.FP16_COLOR, transform=ax.get_yaxis_transform())
             ax.set_title(f"{model}: {KIND_TITLE[kind]}, all layers (FP32 training)", fontsize=10)
             ax.set_xlabel("step")
             ax.grid(True, alpha=0.3)

@@ -23,6 +23,17 @@ cat "$work/figures.txt"
 require_pngs "$work/figures/parity_" accuracy difference paper
 "$py" -c "import json, sys; d = json.load(open(sys.argv[1])); assert len(d['ours']) == 6, d['ours'].keys()" \
   "$work/figures/parity_findings.json" || fail "parity_findings.json lacks the six policies"
+# Parity is TOST's verdict against the margin fixed in parity.py, never "not significant" (issue 21).
+"$py" -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d['margin_points'] == 0.5, d['margin_points']
+for policy, row in d['ours'].items():
+    if policy == d['reference'] or row['verdict'] == 'diverged':
+        continue
+    assert row['verdict'].split(' ')[0] in ('equivalent', 'lower', 'higher', 'inconclusive', 'untested'), row
+    assert 'ci90_low' in row and 'p_tost' in row and 'power' in row, row
+" "$work/figures/parity_findings.json" || fail "parity_findings.json lacks TOST's verdicts"
 
 echo "== parity.ipynb (nbconvert --execute)"
 MPSIM_PARITY_H5="$log" execute_notebook "$src/notebooks/parity.ipynb" parity.executed.ipynb 3
