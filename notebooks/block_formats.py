@@ -33,6 +33,7 @@ if __name__ == "__main__":
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import equivalence  # noqa: E402  (beside this file)
 import mpsim_log as ml  # noqa: E402
 
 from matplotlib.figure import Figure  # noqa: E402
@@ -40,14 +41,6 @@ from matplotlib.figure import Figure  # noqa: E402
 BASELINE = "bf16-mixed"
 OPERANDS = ("fprop_activations", "fprop_weights", "dgrad_gradients", "dgrad_weights", "wgrad_gradients",
             "wgrad_activations")
-# Two-sided 95% Student t quantiles by degrees of freedom (1..30); normal beyond.
-T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-       2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-       2.045, 2.042]
-# One-sided 95% Student t quantiles by degrees of freedom (1..30); normal beyond: TOST at alpha = 0.05.
-T90 = [6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771, 1.761,
-       1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706, 1.703, 1.701,
-       1.699, 1.697]
 # The equivalence margin, fixed before any run: a policy is "equivalent" to bf16-mixed when both one-sided
 # tests reject a difference of this many accuracy points or more (TOST; the 90% interval inside the margin).
 MARGIN_POINTS = 0.5
@@ -69,27 +62,17 @@ def final_accuracy(f, arm: str) -> float:
 
 def compare_paired(d: np.ndarray) -> dict:
     """Paired differences d (points): mean, 95% t-interval (the difference test) and 90% t-interval (TOST
-    against +-MARGIN_POINTS, the equivalence test), and the verdict they give."""
-    n = len(d)
-    mean = float(d.mean()) if n else math.nan
-    low = high = low90 = high90 = math.nan
-    equivalent = False
-    if n >= 2:
-        se = float(d.std(ddof=1)) / math.sqrt(n)
-        half = (T95[n - 2] if n - 1 <= len(T95) else 1.96) * se
-        half90 = (T90[n - 2] if n - 1 <= len(T90) else 1.645) * se
-        low, high, low90, high90 = mean - half, mean + half, mean - half90, mean + half90
-        equivalent = -MARGIN_POINTS < low90 and high90 < MARGIN_POINTS
-        different = "lower" if high < 0 else "higher" if low > 0 else ""
-        if equivalent:
-            verdict = f"equivalent within +-{MARGIN_POINTS} (TOST)" + (f", and {different}" if different else "")
-        else:
-            verdict = different or "inconclusive"
-    else:
+    against +-MARGIN_POINTS, the equivalence test; notebooks/equivalence.py), and the verdict they give."""
+    tost = equivalence.paired_equivalence(d, MARGIN_POINTS)
+    verdict = tost["verdict"]
+    if tost["equivalent"]:
+        verdict = f"equivalent within +-{MARGIN_POINTS} (TOST)" + verdict[len("equivalent"):].replace(" (and", ", and").rstrip(")")
+    elif tost["n"] < 2:
         verdict = "inconclusive (one seed: no interval)"
-    return {"differences_points": d.tolist(), "mean_points": mean, "ci95_points": [low, high],
-            "ci90_points": [low90, high90], "margin_points": MARGIN_POINTS, "equivalent": equivalent,
-            "verdict": verdict}
+    return {"differences_points": np.asarray(d, dtype=float).tolist(), "mean_points": tost["mean"],
+            "ci95_points": tost["ci95"], "ci90_points": tost["ci90"], "margin_points": MARGIN_POINTS,
+            "equivalent": tost["equivalent"], "p_tost": tost["p_tost"], "power": tost["power"],
+            "seeds_for_80_percent_power": tost["seeds_for_80_percent_power"], "verdict": verdict}
 
 
 def paired_difference(f, arms: dict[int, str], base: dict[int, str]) -> dict:

@@ -34,6 +34,27 @@ for policy, row in d['ours'].items():
     assert row['verdict'].split(' ')[0] in ('equivalent', 'lower', 'higher', 'inconclusive', 'untested'), row
     assert 'ci90_low' in row and 'p_tost' in row and 'power' in row, row
 " "$work/figures/parity_findings.json" || fail "parity_findings.json lacks TOST's verdicts"
+# TOST's power (notebooks/equivalence.py, by integration) against a simulation of the test itself: 40,000
+# draws of 5 normal differences with sd 0.00231 (parity's fp16-mixed), margin 0.005; standard error 0.0008.
+"$py" - "$src/notebooks" <<'PY' || fail "equivalence.tost_power disagrees with the simulated TOST"
+import sys
+import numpy as np
+from scipy import stats
+sys.path.insert(0, sys.argv[1])
+import equivalence
+rng = np.random.default_rng(21)
+n, sd, margin = 5, 0.00231, 0.005
+x = rng.normal(0.0, sd, (40000, n))
+inside = np.abs(x.mean(1)) + stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / np.sqrt(n) < margin
+power = equivalence.tost_power(sd, n, margin)
+assert abs(power - inside.mean()) < 0.005, (power, inside.mean())
+assert equivalence.seeds_for_power(sd, margin) == 4
+x = rng.normal(0.003, sd, (40000, n))  # a true difference of 0.3 points
+lo = x.mean(1) - stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
+hi = x.mean(1) + stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
+simulated = np.mean((lo > -margin) & (hi < margin))
+assert abs(equivalence.tost_power(sd, n, margin, true_difference=0.003) - simulated) < 0.01
+PY
 
 echo "== parity.ipynb (nbconvert --execute)"
 MPSIM_PARITY_H5="$log" execute_notebook "$src/notebooks/parity.ipynb" parity.executed.ipynb 3
