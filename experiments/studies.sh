@@ -18,7 +18,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mpsim=${MPSIM:-$root/build/default/experiments/mpsim}
 py=/usr/bin/python3
-all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu block_formats attention_logits attention_overflow transformer_precision transformer_blocks)
+all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu block_formats attention_logits attention_overflow transformer_precision transformer_blocks range_vs_precision)
 
 smoke=()
 runs=runs
@@ -76,3 +76,7 @@ echo "study            wall"
 printf '%s\n' "${summary[@]}"
 echo "total            $(( $(date +%s) - total_start )) s on $(nproc) cores, $(date -u +%Y-%m-%d)"
 echo "figures: $figures/   logs: $runs/"
+# The README's findings table comes from the findings files just drawn (docs/figures at full size).
+if [ "$figures" = "$root/docs/figures" ] || [ "$figures" = "docs/figures" ]; then
+  "$py" notebooks/findings_table.py --write README.md
+fi

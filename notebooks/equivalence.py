@@ -60,14 +60,20 @@ def paired_equivalence(differences, margin: float, alpha: float = ALPHA) -> dict
     """TOST and the difference test on paired differences (any unit; margin in the same unit)."""
     d = np.asarray([x for x in differences if np.isfinite(x)], dtype=float)
     n = len(d)
-    row = {"n": n, "margin": margin, "alpha": alpha, "mean": float(d.mean()) if n else math.nan,
-           "sd": float(d.std(ddof=1)) if n >= 2 else math.nan, "ci95": [math.nan, math.nan],
+    return summary_equivalence(float(d.mean()) if n else math.nan, float(d.std(ddof=1)) if n >= 2 else math.nan,
+                               n, margin, alpha)
+
+
+def summary_equivalence(mean: float, sd: float, n: int, margin: float, alpha: float = ALPHA) -> dict:
+    """paired_equivalence from the differences' mean, sample standard deviation and count alone (all a t-test
+    uses), for findings that stored those and not the differences."""
+    row = {"n": n, "margin": margin, "alpha": alpha, "mean": mean, "sd": sd if n >= 2 else math.nan,
+           "ci95": [math.nan, math.nan],
            "ci90": [math.nan, math.nan], "p_difference": math.nan, "p_tost": math.nan, "equivalent": False,
            "power": math.nan, "seeds_for_80_percent_power": None,
            "verdict": "inconclusive (fewer than 2 seeds: no interval)"}
     if n < 2:
         return row
-    mean, sd = row["mean"], row["sd"]
     se = sd / math.sqrt(n)
     df = n - 1
     half95 = float(stats.t.ppf(1 - alpha / 2, df)) * se

@@ -1,0 +1,200 @@
+#!/usr/bin/python3
+"""The README's table of findings beside Micikevicius et al. (2018), written from the studies' findings files.
+
+Every number in the "mpsim" column comes from docs/figures/STUDY_findings.json, which each study's module writes
+from its log (experiments/studies.sh); the paper's column and the provenance notes are the text below. The table
+sits in README.md between the two marker lines; nothing in it is typed by hand (issue #21, section 5).
+
+    /usr/bin/python3 notebooks/findings_table.py                 # print the table
+    /usr/bin/python3 notebooks/findings_table.py --write README.md
+    /usr/bin/python3 notebooks/findings_table.py --check README.md  # exit 1 when README's table is stale
+
+Run --write after studies.sh has redrawn the findings; CI runs --check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import equivalence  # noqa: E402  (beside this file)
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "docs" / "figures"
+BEGIN = "<!-- findings table: written by notebooks/findings_table.py from docs/figures/*_findings.json -->"
+END = "<!-- end of findings table -->"
+MARGIN_POINTS = 0.5  # parity's equivalence margin (parity.py's MARGIN, in points)
+
+
+def load(study: str, figures: Path = FIGURES) -> dict:
+    return json.loads((figures / f"{study}_findings.json").read_text())
+
+
+def pct(x: float, digits: int = 1) -> str:
+    return f"{100 * x:.{digits}f}%"
+
+
+def points(x: float, digits: int = 2) -> str:
+    value = 100 * x
+    return f"{value:+.{digits}f}".replace("+-", "−").replace("-", "−") if round(value, digits) != 0 else f"{0:.{digits}f}"
+
+
+def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
+    m = u["models"]
+    paper = u["paper"]
+    zero, below = paper["activation_grads_zero"], paper["weight_grads_below_2^-24"]
+    act = {k: m[k]["activation_grads"] for k in ("mlp", "cnn")}
+    wg = {k: m[k]["weight_grads"] for k in ("mlp", "cnn")}
+    head = sorted({int(m[k][kind]["headroom"]["headroom_binades"]) for k in m for kind in ("activation_grads",)})
+    whead = sorted({int(m[k]["weight_grads"]["headroom"]["headroom_binades"]) for k in m})
+
+    def span(values):
+        return f"{values[0]}" if len(values) == 1 else f"{values[0]} to {values[-1]}"
+
+    return [
+        ("activation gradients exactly zero (FP32; seed 1)",
+         f"MLP {pct(act['mlp']['all_layers']['zero'])}, CNN {pct(act['cnn']['all_layers']['zero'])} of all values "
+         "(ReLU's and pooling's input gradients included, as separate tensors)",
+         f"{zero['text']} for {zero['model']} (figure {zero['figure']}, as quoted in issue #6)"),
+        ("weight gradients below 2^-24 (FP32; seed 1)",
+         f"MLP {pct(wg['mlp']['all_layers']['below_2^-24_of_nonzero'])}, CNN "
+         f"{pct(wg['cnn']['all_layers']['below_2^-24_of_nonzero'])} of the nonzero values (of all values: "
+         f"{pct(wg['mlp']['all_layers']['below_2^-24'])}, {pct(wg['cnn']['all_layers']['below_2^-24'])})",
+         f"about {below['text'].lstrip('~')} for the {below['model']} (figure {below['figure']}, as quoted in issue #6; "
+         "its histogram leaves zeros out)"),
+        ("headroom: binades between the largest gradient and FP16's max (seed 1)",
+         f"activation {span(head)}, weight {span(whead)}",
+         "the argument for loss scaling: the top of FP16's range goes unused, so shifting gradients up costs nothing"),
+    ]
+
+
+def parity_cell(found: dict, model: str) -> str:
+    parts = []
+    seeds = set()
+    for policy, row in found["ours"].items():
+        if policy == found["reference"]:
+            continue
+        if not row.get("n_pairs"):
+            parts.append(f"{policy} diverged")
+            continue
+        tost = equivalence.summary_equivalence(row["diff_mean"], row["diff_std"], row["n_pairs"],
+                                               MARGIN_POINTS / 100)
+        seeds.add(row["n_pairs"])
+        word = "equivalent" if tost["equivalent"] else tost["verdict"]
+        parts.append(f"{policy} {points(row['diff_mean'])} ({word})")
+    n = "/".join(str(s) for s in sorted(seeds))
+    return f"{model} ({n} seeds): " + ", ".join(parts)
+
+
+def parity_row(mlp: dict, cnn: dict) -> tuple[str, str, str]:
+    rows = [r for r in mlp["paper"]["rows"] if r["fp32"] is not None and r["mixed"] is not None]
+    diffs = [r["mixed"] - r["fp32"] for r in rows]
+    paper = (f"{min(diffs):+.2f} to {max(diffs):+.2f} points on {len(rows)} ILSVRC12 CNNs, one run each "
+             "(`data/micikevicius2018_parity.csv`, whose header says where the numbers come from)").replace("-", "−")
+    return ("mixed precision − FP32 test accuracy, points (TOST within ±0.5)",
+            parity_cell(mlp, "MLP") + "; " + parity_cell(cnn, "CNN"), paper)
+
+
+def precision_hurts_row(p: dict) -> tuple[str, str, str]:
+    parts = []
+    scaled = []
+    for point in p["points"]:
+        k = int(point["k"])
+        d = point["difference_to_fp32"]
+        scaled.append(abs(d["scaled"]["mean"]))
+        status = point["status"]["noscale"]
+        stopped = sum(not s.startswith("completed") for s in status)
+        if stopped:
+            accs = [a for a, s in zip(point["test_accuracy"]["noscale"], status) if s.startswith("completed")]
+            at_chance = sum(a <= 0.11 for a in accs)
+            parts.append(f"2^-{k}: {stopped} of {len(status)} stopped with a non-finite loss, {at_chance} at chance")
+        else:
+            parts.append(f"2^-{k}: {points(d['noscale']['mean'], 2)} points (paired t-test p = "
+                         f"{d['noscale']['paired_p']:.2g})")
+    seeds = len(p["points"][0]["seeds"])
+    return ("FP16 without loss scaling, against FP32",
+            f"with the loss weighted by 2^-k (a demonstration: a static loss scale below one), {seeds} seeds: "
+            + "; ".join(parts).replace("2^-0:", "unweighted:")
+            + f"; dynamic loss scaling within {100 * max(scaled):.2f} point of FP32 at every k",
+            "some networks need loss scaling to match FP32, others do not (Table 1's CNNs did not)")
+
+
+def master_weights_row(mw: dict) -> tuple[str, str, str]:
+    per_lr = sorted(mw["per_lr"], key=lambda r: r["lr"])
+    big = [r for r in per_lr if r["accuracy_cost"] > 0.005]
+    small = [r for r in per_lr if r["accuracy_cost"] <= 0.005]
+    text = ", ".join(f"{points(-r['accuracy_cost'], 1)} points at lr {r['lr']:g}" for r in big)
+    if small:
+        text += (f", {100 * max(r['accuracy_cost'] for r in small):.2f} or less at {min(r['lr'] for r in small):g} "
+                 "and above")
+    return ("FP16 weights without an FP32 master copy (seed 1)", text,
+            "the reasons for the master copy: updates too small for FP16, and updates below 2^-11 of their weight "
+            "(half an FP16 ulp) that vanish in the addition")
+
+
+def emulator_row(e: dict) -> tuple[str, str, str]:
+    agreement = e.get("agreement", {})
+    if not agreement:
+        return ("emulator against the GPU", "not run on a GPU in the log drawn", "(not in the paper)")
+    rel = [a["max_loss_relative_difference"] for a in agreement.values()]
+    acc = [abs(a["test_accuracy_difference"]) for a in agreement.values()]
+    return ("emulator against the GPU (seed 1; docs/gpu.md)",
+            f"{len(agreement)} policies on `cuda` beside the emulator: the trajectories decorrelate as any two "
+            f"summation orders do (largest relative loss difference {min(rel):.2f} to {max(rel):.2f}); test "
+            f"accuracy within {100 * max(acc):.2f} points",
+            "(not in the paper)")
+
+
+def rows(figures: Path = FIGURES) -> list[tuple[str, str, str]]:
+    def get(study):
+        return load(study, figures)
+
+    return (underflow_rows(get("underflow"))
+            + [parity_row(get("parity"), get("parity_cnn")), precision_hurts_row(get("precision_hurts")),
+               master_weights_row(get("master_weights")), emulator_row(get("emulator_vs_gpu"))])
+
+
+def table(figures: Path = FIGURES) -> str:
+    lines = [BEGIN, "| question | mpsim on Fashion-MNIST | Micikevicius et al. 2018 |", "|---|---|---|"]
+    lines += [f"| {q} | {ours} | {paper} |" for q, ours, paper in rows(figures)]
+    lines.append(END)
+    return "\n".join(lines) + "\n"
+
+
+def replace_in(text: str, new: str) -> str:
+    start, end = text.find(BEGIN), text.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the markers are missing: put\n{BEGIN}\n{END}\nwhere the table goes")
+    return text[:start] + new + text[end + len(END) + 1:]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", metavar="README", type=Path, help="rewrite the table in this file")
+    group.add_argument("--check", metavar="README", type=Path, help="exit 1 when this file's table differs")
+    parser.add_argument("--figures", type=Path, default=FIGURES, help="the findings files' folder (docs/figures)")
+    args = parser.parse_args(argv)
+    new = table(args.figures)
+    if args.write:
+        args.write.write_text(replace_in(args.write.read_text(), new))
+        print(f"{args.write}: findings table written")
+    elif args.check:
+        text = args.check.read_text()
+        if replace_in(text, new) != text:
+            print(f"{args.check}: the findings table differs from docs/figures/*_findings.json; run "
+                  f"/usr/bin/python3 notebooks/findings_table.py --write {args.check}", file=sys.stderr)
+            return 1
+        print(f"{args.check}: findings table up to date")
+    else:
+        sys.stdout.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
