@@ -30,8 +30,10 @@ assert widths == [(5, 7), (5, 10), (8, 7), (8, 10), (8, 23)], widths
 for s in found["policies"]:
     assert s["runs"] == 2 and s["seeds"] == [1, 2], s
     assert 0 <= s["failed"] <= s["runs"], s
-for key, value in found["effects"].items():
-    assert value["runs"] == 4, (key, value)
+effects = found["effects"]
+for key in ("exponent_bits_5", "exponent_bits_8", "mantissa_bits_7", "mantissa_bits_10"):
+    assert effects[key]["runs"] == 4, (key, effects[key])
+assert 0 <= effects["exponent_fisher_p"] <= 1 and 0 <= effects["mantissa_fisher_p"] <= 1, effects
 assert len(found["arms"]) == 10 and all(a["status"] == "completed" for a in found["arms"])
 PYEOF
 grep -q "Fisher" "$work/figures.txt" || fail "range_vs_precision.py printed no verdict"
