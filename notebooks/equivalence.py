@@ -97,3 +97,9 @@ def summary_equivalence(mean: float, sd: float, n: int, margin: float, alpha: fl
     else:
         row["verdict"] = different or "inconclusive"
     return row
+
+
+def describe(row: dict, scale: float = 100.0, unit: str = "points") -> str:
+    """One line for a paired_equivalence result: mean difference, 90% interval and verdict, values times scale."""
+    return (f"difference {scale * row['mean']:+.2f} {unit} (90% CI {scale * row['ci90'][0]:+.2f} .. "
+            f"{scale * row['ci90'][1]:+.2f}) -> {row['verdict']}")

@@ -23,7 +23,8 @@ if __name__ == "__main__":
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures as fg  # noqa: E402  (beside this file)
+import equivalence  # noqa: E402  (beside this file)
+import figures as fg  # noqa: E402
 import loss_scaler_dynamics as lsd  # noqa: E402  (per-arm records and the accuracy test, shared)
 import mpsim_log as ml  # noqa: E402
 
@@ -44,9 +45,7 @@ def verdict(found: dict) -> str:
         text = (f"  {p['policy']:<16} accumulation {p['accumulation']:<9} gemm {p['gemm']:<5} accuracy "
                 f"{', '.join(f'{100 * a:.2f}%' for a in p['test_accuracy'])}; skipped steps {p['skipped_steps']}")
         if "equivalence" in p:
-            e = p["equivalence"]
-            text += (f"; difference {100 * e['mean']:+.2f} points (90% CI {100 * e['ci90'][0]:+.2f} .. "
-                     f"{100 * e['ci90'][1]:+.2f}) -> {e['verdict']}")
+            text += "; " + equivalence.describe(p["equivalence"])
         lines.append(text)
     lines.append("Single runs per seed; the verdicts are TOST's, not 'no significant difference'.")
     return "\n".join(lines)

@@ -83,9 +83,7 @@ def verdict(found: dict) -> str:
                 f"scale {p['scale_range'][0]:g}..{p['scale_range'][1]:g}, "
                 f"accuracy {100 * np.mean(p['test_accuracy']):.2f}%")
         if "equivalence" in p:
-            e = p["equivalence"]
-            text += (f", difference {100 * e['mean']:+.2f} points (90% CI {100 * e['ci90'][0]:+.2f} .. "
-                     f"{100 * e['ci90'][1]:+.2f}) -> {e['verdict']}")
+            text += ", " + equivalence.describe(p["equivalence"])
         lines.append(text)
     first = [(a["arm"], a["first_backoff"], a["last_backoff"]) for a in found["arms"] if a["backoffs"]]
     if first:

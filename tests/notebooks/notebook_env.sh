@@ -2,6 +2,7 @@
 # notebooks need (else exit 77, Skipped), a scratch folder $work (removed on
 # success, kept and named on failure), fail(), and Jupyter state inside $work
 # with a kernel "python3" that runs /usr/bin/python3.
+# require_scipy: exit 77 (Skipped) when the studies' statistics (scipy) are missing.
 # execute_notebook NOTEBOOK OUT_NAME MIN_IMAGES: runs it headless, checks that
 # no cell failed, that it drew MIN_IMAGES figures, and that the committed
 # notebook carries no outputs.
@@ -34,6 +35,14 @@ if [ -n "$missing" ]; then
        "python3-matplotlib python3-nbconvert python3-nbclient python3-ipykernel)"
   exit $skip
 fi
+
+require_scipy() {
+  if ! "$py" -c "import scipy.stats, scipy.integrate" 2>/dev/null; then
+    echo "SKIP: $py lacks scipy (Debian: apt install python3-scipy)"
+    status=0
+    exit $skip
+  fi
+}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/mpsim-notebooks.XXXXXX") || exit 1
 status=1

@@ -11,11 +11,7 @@ set -uo pipefail
 mpsim=${1:?usage: run_loss_scaler_dynamics.sh MPSIM SOURCE_DIR}
 src=${2:?usage: run_loss_scaler_dynamics.sh MPSIM SOURCE_DIR}
 source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
-if ! "$py" -c "import scipy.stats" 2>/dev/null; then
-  echo "SKIP: $py lacks scipy (Debian: apt install python3-scipy)"
-  status=0
-  exit $skip
-fi
+require_scipy
 
 smoke_run loss_scaler_dynamics
 study_module loss_scaler_dynamics
