@@ -66,7 +66,8 @@ def compare_paired(d: np.ndarray) -> dict:
     tost = equivalence.paired_equivalence(d, MARGIN_POINTS)
     verdict = tost["verdict"]
     if tost["equivalent"]:
-        verdict = f"equivalent within +-{MARGIN_POINTS} (TOST)" + verdict[len("equivalent"):].replace(" (and", ", and").rstrip(")")
+        also = f", and {tost['direction']}" if tost["direction"] else ""
+        verdict = f"equivalent within +-{MARGIN_POINTS} (TOST){also}"
     elif tost["n"] < 2:
         verdict = "inconclusive (one seed: no interval)"
     return {"differences_points": np.asarray(d, dtype=float).tolist(), "mean_points": tost["mean"],

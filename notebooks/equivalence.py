@@ -70,7 +70,7 @@ def summary_equivalence(mean: float, sd: float, n: int, margin: float, alpha: fl
     row = {"n": n, "margin": margin, "alpha": alpha, "mean": mean, "sd": sd if n >= 2 else math.nan,
            "ci95": [math.nan, math.nan],
            "ci90": [math.nan, math.nan], "p_difference": math.nan, "p_tost": math.nan, "equivalent": False,
-           "power": math.nan, "seeds_for_80_percent_power": None,
+           "power": math.nan, "seeds_for_80_percent_power": None, "direction": "",
            "verdict": "inconclusive (fewer than 2 seeds: no interval)"}
     if n < 2:
         return row
@@ -91,7 +91,8 @@ def summary_equivalence(mean: float, sd: float, n: int, margin: float, alpha: fl
     row["equivalent"] = bool(row["ci90"][0] > -margin and row["ci90"][1] < margin)
     row["power"] = tost_power(sd, n, margin, alpha)
     row["seeds_for_80_percent_power"] = seeds_for_power(sd, margin, 0.8, alpha)
-    different = "lower" if row["ci95"][1] < 0 else "higher" if row["ci95"][0] > 0 else ""
+    # The difference test's outcome: the 95% interval below or above 0, or "" when it holds 0.
+    different = row["direction"] = "lower" if row["ci95"][1] < 0 else "higher" if row["ci95"][0] > 0 else ""
     if row["equivalent"]:
         row["verdict"] = "equivalent" + (f" (and {different})" if different else "")
     else:

@@ -41,7 +41,9 @@ def pct(x: float, digits: int = 1) -> str:
 
 def points(x: float, digits: int = 2) -> str:
     value = 100 * x
-    return f"{value:+.{digits}f}".replace("+-", "−").replace("-", "−") if round(value, digits) != 0 else f"{0:.{digits}f}"
+    if round(value, digits) == 0:
+        return f"{0:.{digits}f}"
+    return f"{value:+.{digits}f}".replace("-", "−")
 
 
 def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
@@ -50,10 +52,9 @@ def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
     zero, below = paper["activation_grads_zero"], paper["weight_grads_below_2^-24"]
     act = {k: m[k]["activation_grads"] for k in ("mlp", "cnn")}
     wg = {k: m[k]["weight_grads"] for k in ("mlp", "cnn")}
-    head = sorted({int(m[k][kind]["headroom"]["headroom_binades"]) for k in m for kind in ("activation_grads",)})
-    whead = sorted({int(m[k]["weight_grads"]["headroom"]["headroom_binades"]) for k in m})
 
-    def span(values):
+    def span(kind):  # the headroom over the models, in binades
+        values = sorted({int(m[k][kind]["headroom"]["headroom_binades"]) for k in m})
         return f"{values[0]}" if len(values) == 1 else f"{values[0]} to {values[-1]}"
 
     return [
@@ -65,10 +66,11 @@ def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
          f"MLP {pct(wg['mlp']['all_layers']['below_2^-24_of_nonzero'])}, CNN "
          f"{pct(wg['cnn']['all_layers']['below_2^-24_of_nonzero'])} of the nonzero values (of all values: "
          f"{pct(wg['mlp']['all_layers']['below_2^-24'])}, {pct(wg['cnn']['all_layers']['below_2^-24'])})",
-         f"about {below['text'].lstrip('~')} for the {below['model']} (figure {below['figure']}, as quoted in issue #6; "
+         f"about {below['text'].lstrip('~')} for the {below['model']} (figure {below['figure']}, "
+         "as quoted in issue #6; "
          "its histogram leaves zeros out)"),
         ("headroom: binades between the largest gradient and FP16's max (seed 1)",
-         f"activation {span(head)}, weight {span(whead)}",
+         f"activation {span('activation_grads')}, weight {span('weight_grads')}",
          "the argument for loss scaling: the top of FP16's range goes unused, so shifting gradients up costs nothing"),
     ]
 

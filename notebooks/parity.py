@@ -125,13 +125,12 @@ def compare(table, reference=REFERENCE) -> dict[str, dict]:
                "diff_mean": _mean(diffs), "diff_std": _std(diffs),
                "ci95_low": math.nan, "ci95_high": math.nan,
                "t_paired": math.nan, "p_paired": math.nan, "p_welch": math.nan}
-        if policy != reference and len(seeds) >= 2:
-            # 95% t interval of the mean paired difference: what "parity" can and cannot exclude with n seeds.
-            half = float(stats.t.ppf(0.975, len(seeds) - 1)) * row["diff_std"] / math.sqrt(len(seeds))
-            row["ci95_low"], row["ci95_high"] = row["diff_mean"] - half, row["diff_mean"] + half
         if policy != reference:
             tost = equivalence.paired_equivalence(diffs, MARGIN, ALPHA)
-            row |= {"ci90_low": tost["ci90"][0], "ci90_high": tost["ci90"][1], "p_tost": tost["p_tost"],
+            # The 95% t interval of the mean paired difference (what the difference test can exclude with n
+            # seeds) and the 90% one (TOST's), from the one computation in equivalence.py.
+            row |= {"ci95_low": tost["ci95"][0], "ci95_high": tost["ci95"][1],
+                    "ci90_low": tost["ci90"][0], "ci90_high": tost["ci90"][1], "p_tost": tost["p_tost"],
                     "equivalent": tost["equivalent"], "tost_verdict": tost["verdict"], "power": tost["power"],
                     "seeds_for_80_percent_power": tost["seeds_for_80_percent_power"]}
         if policy != reference and len(seeds) >= 2:
@@ -217,9 +216,9 @@ def plot_differences(table, comparison):
         seeds = [s for s in table[policy] if s in ref and np.isfinite(table[policy][s]) and np.isfinite(ref[s])]
         diffs = 100 * np.array([table[policy][s] - ref[s] for s in seeds])
         ax.plot(np.full(len(diffs), i), diffs, "o", ms=4, alpha=0.6, color=f"C{i + 1}")
-        if len(diffs) >= 2:
-            half = stats.t.ppf(0.975, len(diffs) - 1) * np.std(diffs, ddof=1) / math.sqrt(len(diffs))
-            ax.errorbar(i + 0.2, diffs.mean(), yerr=half, fmt="s", color="k", capsize=4, ms=5)
+        if np.isfinite(row["ci95_low"]):
+            ax.errorbar(i + 0.2, 100 * row["diff_mean"], yerr=100 * (row["ci95_high"] - row["diff_mean"]), fmt="s",
+                        color="k", capsize=4, ms=5)
         label = "diverged" if row["n"] == 0 else verdict_word(row).split(" ")[0]
         ax.annotate(label, (i, 1.0), xycoords=("data", "axes fraction"), xytext=(0, -12),
                     textcoords="offset points", ha="center", fontsize=8)

@@ -80,7 +80,8 @@ def findings(f) -> dict:
 
 
 def verdict(found: dict) -> str:
-    lines = ["Runs failed (non-finite training loss) / runs, per format, and the validation loss of those that trained:"]
+    lines = ["Runs failed (non-finite training loss) / runs, per format, and the validation loss of those that "
+             "trained:"]
     for s in found["policies"]:
         loss = (f"validation loss {s['trained_test_loss_mean']:.4f} (mean of {len(s['trained_test_loss'])})"
                 if s["trained_test_loss"] else "no run trained")
