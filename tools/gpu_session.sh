@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2317  # the stage_* functions are called by name
-# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment | block | transformer
+# tools/gpu_session.sh STAGE...   STAGE: check | tests | bench | experiment | block | transformer | attention | transformer-full | study
 #
 # Runs on a lent GPU machine, from the repository root, with the bundle of
 # tools/gpu_bundle.sh carried (".gpu"); nothing is built there. Every stage
@@ -28,6 +28,7 @@
 #   attention   the attention_overflow study at full size on cuda alone
 #               (MPSIM_ATTENTION_SEEDS, default [1])
 #   transformer-full  charlm.toml and vit.toml at full size on cuda alone
+#   study       MPSIM_STUDY's config on cuda alone (MPSIM_STUDY_ARGS: overrides)
 #   transformer the ViT and the character-level GPT (issue 20) at smoke size on the
 #               emulator and the cuda backend side by side (kernels_attention.cu)
 # All stages of one call share MPSIM_GPU_BUDGET_S seconds (default 540, under
@@ -45,10 +46,10 @@ budget=${MPSIM_GPU_BUDGET_S:-540}
 start=$(date +%s)
 deadline=$((start + budget))
 
-usage() { sed -n 3,32p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n 3,33p "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [ $# -ge 1 ] || usage
 for s in "$@"; do
-  case $s in check|tests|bench|experiment|block|transformer|attention|transformer-full) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
+  case $s in check|tests|bench|experiment|block|transformer|attention|transformer-full|study) ;; -h|--help) usage ;; *) echo "unknown stage '$s'" >&2; usage ;; esac
 done
 mkdir -p "$out"
 work=$(mktemp -d /tmp/gpu_session.XXXXXX)
@@ -357,6 +358,25 @@ stage_transformer-full() {
   [ -n "${MPSIM_CHARLM_ONLY:-}" ] && { run_stage=; return "$rc"; }
   data=$fashion
   mpsim_run vit_cuda experiments/configs/vit.toml 'backends=["cuda"]' --jobs 4 || rc=$?
+  run_stage=
+  return "$rc"
+}
+
+# --- study ------------------------------------------------------------------
+# Any study config on the cuda backend alone: MPSIM_STUDY (a config name under
+# experiments/configs, e.g. transformer_precision), MPSIM_STUDY_ARGS (more
+# overrides, e.g. seeds=[1,2,3]); fortunes for a GPT, Fashion-MNIST otherwise.
+stage_study() {
+  run_stage=study
+  mkdir -p "$work/gpu-study"
+  local rc=0 name=${MPSIM_STUDY:-} config
+  config=experiments/configs/$name.toml
+  [ -n "$name" ] || { add_row "  study" "" "" "not run: MPSIM_STUDY names no config"; run_stage=; return 1; }
+  [ -f "$config" ] || { add_row "  $name" "" "" "not run: no $config"; run_stage=; return 1; }
+  if grep -q 'dataset = "fortunes"' "$config"; then data=${MPSIM_TEXT_DIR:-$bundle/data/fortunes}
+  else data=${MPSIM_DATA_DIR:-$bundle/data/fashion-mnist}; fi
+  # shellcheck disable=SC2086 # MPSIM_STUDY_ARGS is a list of overrides
+  mpsim_run "${name}_cuda" "$config" 'backends=["cuda"]' ${MPSIM_STUDY_ARGS:-} --jobs 4 || rc=$?
   run_stage=
   return "$rc"
 }

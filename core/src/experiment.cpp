@@ -25,6 +25,7 @@
 #include "mpsim/core/block_scaled_gemm.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/run_log.hpp"
+#include "mpsim_revision.h"  // generated at build time (cmake/WriteRevision.cmake)
 
 extern char** environ;
 

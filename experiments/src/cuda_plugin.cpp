@@ -12,6 +12,8 @@
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "mpsim_revision.h"  // generated at build time (cmake/WriteRevision.cmake)
 #endif
 
 #include "mpsim/core/backend.hpp"
@@ -22,6 +24,9 @@ namespace mpsim::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// The version and revision this program was built at; the plugin must say the same.
+constexpr std::string_view kBuild = MPSIM_VERSION " " MPSIM_GIT_REVISION;
 
 // Where the plugin may be, in order: $MPSIM_CUDA_PLUGIN; beside an installed
 // program (<prefix>/bin/mpsim -> <prefix>/lib/mpsim/libmpsim_cuda.so); in a
@@ -61,9 +66,9 @@ MakeBackend plugin_factory() {
       } else {
         const auto build = reinterpret_cast<PluginBuild>(dlsym(handle, "mpsim_plugin_build"));
         const auto make = reinterpret_cast<MakeBackend>(dlsym(handle, "mpsim_make_cuda_backend"));
-        if (build && make && std::string_view(build()) == MPSIM_PLUGIN_BUILD) return make;
+        if (build && make && std::string_view(build()) == kBuild) return make;
         tried += fmt::format("\n  {}: {}", path.string(),
-                             build ? fmt::format("built at {}, this program at {}", build(), MPSIM_PLUGIN_BUILD)
+                             build ? fmt::format("built at {}, this program at {}", build(), kBuild)
                                    : std::string("not an mpsim CUDA plugin"));
         dlclose(handle);
       }
