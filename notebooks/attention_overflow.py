@@ -52,7 +52,8 @@ def describe(f, arm: str) -> dict:
 def findings(f) -> dict:
     arms = []
     for arm in ml.arms(f):
-        entry = {"arm": arm, "status": ml.arm_info(f, arm)["status"], **describe(f, arm)}
+        info = ml.arm_info(f, arm)
+        entry = {"arm": arm, "seed": int(info["seed"]), "status": info["status"], **describe(f, arm)}
         logits = attention_logit_max(f, arm)
         entry["max_attention_logit"] = float(np.nanmax(logits["max"])) if len(logits["max"]) else math.nan
         above = np.flatnonzero(logits["max"] > FP16_MAX)
@@ -68,7 +69,28 @@ def findings(f) -> dict:
         evals = ml.evals(f, arm)
         entry["final_test_loss"] = float(evals["test_loss"][-1]) if len(evals["test_loss"]) else math.nan
         arms.append(entry)
-    return {"arms": arms, "seed": int(ml.info(f)["seed"]), "fp16_max": FP16_MAX}
+    # Per setting (format, QK-LayerNorm) over the seeds: how many runs overflowed and how many failed.
+    settings = []
+    for fmt, qk in sorted({(a["format"], a["qk_norm"]) for a in arms}, key=lambda k: (k[0] != "binary32", k[1])):
+        runs = sorted((a for a in arms if a["format"] == fmt and a["qk_norm"] == qk), key=lambda a: a["seed"])
+        settings.append({"label": label(runs[0]), "format": fmt, "qk_norm": qk, "seeds": [a["seed"] for a in runs],
+                         "runs": len(runs),
+                         "above_fp16_max": sum(a["first_stats_step_above_fp16_max"] is not None for a in runs),
+                         "nonfinite_loss": sum(a["first_nonfinite_loss_step"] is not None for a in runs),
+                         "final_test_loss": [a["final_test_loss"] for a in runs]})
+    # Does QK-LayerNorm change how often fp16-mixed fails? Fisher's exact test (two-sided) on the 2 x 2 table of
+    # failed (loss not finite) and trained runs, plain against QK-LayerNorm; None with fewer than 2 seeds each.
+    plain = next((x for x in settings if x["format"] == "binary16" and not x["qk_norm"]), None)
+    normed = next((x for x in settings if x["format"] == "binary16" and x["qk_norm"]), None)
+    test = None
+    if plain and normed and plain["runs"] >= 2 and normed["runs"] >= 2:
+        from scipy import stats  # only the several-seed test needs scipy
+
+        table = [[plain["nonfinite_loss"], plain["runs"] - plain["nonfinite_loss"]],
+                 [normed["nonfinite_loss"], normed["runs"] - normed["nonfinite_loss"]]]
+        test = {"table": table, "fisher_p": float(stats.fisher_exact(table)[1])}
+    return {"arms": arms, "settings": settings, "qk_norm_test": test,
+            "seeds": sorted({a["seed"] for a in arms}), "seed": min(a["seed"] for a in arms), "fp16_max": FP16_MAX}
 
 
 def label(a: dict) -> str:
@@ -87,16 +109,24 @@ def verdict(found: dict) -> str:
             text += f", loss not finite from step {a['first_nonfinite_loss_step']}"
         text += f"; validation loss {a['final_test_loss']:.4f}"
         lines.append(text)
-    lines.append("Each line is a single run (its seed in the arm's name), not a tested finding.")
+    for x in found["settings"]:
+        lines.append(f"{x['label']:<26} over seeds {x['seeds']}: largest logit above 65504 in {x['above_fp16_max']} "
+                     f"of {x['runs']} runs, loss not finite in {x['nonfinite_loss']} of {x['runs']}")
+    test = found["qk_norm_test"]
+    if test:
+        lines.append(f"fp16-mixed's failures, plain against QK-LayerNorm: {test['table']} (failed, trained); "
+                     f"Fisher's exact test, two-sided, p = {test['fisher_p']:.2g}")
+    else:
+        lines.append("Each line is a single run (its seed in the arm's name), not a tested finding.")
     return "\n".join(lines)
 
 
 def logits_figure(f, found: dict) -> Figure:
-    """The largest attention logit over training per arm (log scale), binary16's largest value dashed (left);
+    """The largest attention logit over training per arm of the first seed (log scale), binary16's largest value dashed (left);
     the fp16 arms' cumulative skipped steps (right)."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     logit_ax, skip_ax = fig.subplots(1, 2)
-    for a in found["arms"]:
+    for a in (a for a in found["arms"] if a["seed"] == found["seed"]):
         logits = attention_logit_max(f, a["arm"])
         logit_ax.plot(logits["step"], logits["max"], label=label(a),
                       linestyle="-" if a["format"] == "binary16" else "--")
@@ -125,7 +155,8 @@ def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path],
     with ml.open_log(path) as f:
         found = findings(f)
         figs = [("attention_overflow_logits", logits_figure(f, found)),
-                ("attention_overflow_training", fg.loss_accuracy(f, arms=[a["arm"] for a in found["arms"]]))]
+                ("attention_overflow_training",
+                 fg.loss_accuracy(f, arms=[a["arm"] for a in found["arms"] if a["seed"] == found["seed"]]))]
     found["log"] = str(path)
     return fg.save_study(out_dir, figs, found, "attention_overflow_findings.json", dpi), found
 

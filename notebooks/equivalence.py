@@ -100,7 +100,7 @@ def summary_equivalence(mean: float, sd: float, n: int, margin: float, alpha: fl
     return row
 
 
-def describe(row: dict, scale: float = 100.0, unit: str = "points") -> str:
+def describe(row: dict, scale: float = 100.0, unit: str = "points", digits: int = 2) -> str:
     """One line for a paired_equivalence result: mean difference, 90% interval and verdict, values times scale."""
-    return (f"difference {scale * row['mean']:+.2f} {unit} (90% CI {scale * row['ci90'][0]:+.2f} .. "
-            f"{scale * row['ci90'][1]:+.2f}) -> {row['verdict']}")
+    return (f"difference {scale * row['mean']:+.{digits}f} {unit} (90% CI {scale * row['ci90'][0]:+.{digits}f} .. "
+            f"{scale * row['ci90'][1]:+.{digits}f}) -> {row['verdict']}")

@@ -94,9 +94,26 @@ def config(path: PathOrFile) -> str:
 
 
 def info(path: PathOrFile) -> dict:
-    """The file's root attributes (config, mpsim_version, git_revision, start_time, host, cpu, seed, schema_version)."""
+    """The file's root attributes (config, mpsim_version, git_revision, start_time, host, cpu, seed, schema_version;
+    a log written by notebooks/merge_logs.py adds `seeds` and `merged_from`, lists)."""
     with _log(path) as f:
-        return {k: (_text(v) if isinstance(v, (str, bytes)) else v.item()) for k, v in f.attrs.items()}
+        return {k: (_text(v) if isinstance(v, (str, bytes)) else
+                    [x.item() if isinstance(x, np.generic) else _text(x) for x in v] if isinstance(v, np.ndarray)
+                    else v.item()) for k, v in f.attrs.items()}
+
+
+def config_order(path: PathOrFile, policies) -> list[str]:
+    """The distinct names in `policies` in the order of the config's `arms` list (names it lacks last, in the
+    order given): study modules list policies as the config does, whatever the seeds and sweeps."""
+    import tomllib  # Python 3.11's; only this function needs it
+
+    distinct = list(dict.fromkeys(policies))
+    try:
+        listed = [str(a) for a in tomllib.loads(config(path)).get("arms", [])]
+    except tomllib.TOMLDecodeError:
+        listed = []
+    rank = {name: i for i, name in enumerate(listed)}
+    return sorted(distinct, key=lambda name: (rank.get(name, len(rank)), distinct.index(name)))
 
 
 def arms(path: PathOrFile) -> list[str]:

@@ -26,10 +26,14 @@ if __name__ == "__main__":
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures as fg  # noqa: E402  (beside this file)
+import equivalence  # noqa: E402  (beside this file)
+import figures as fg  # noqa: E402
 import mpsim_log as ml  # noqa: E402
 
 from matplotlib.figure import Figure  # noqa: E402
+
+# The equivalence margin for a validation-loss difference, as in transformer_precision.py: 0.02 nats/char.
+MARGIN = 0.02
 
 OPERANDS = ("fprop_activations", "fprop_weights", "dgrad_gradients", "dgrad_weights", "wgrad_gradients",
             "wgrad_activations")
@@ -55,7 +59,8 @@ def findings(f) -> dict:
     arms = []
     for arm in ml.arms(f):
         evals = ml.evals(f, arm)
-        entry = {"arm": arm, "status": ml.arm_info(f, arm)["status"],
+        info = ml.arm_info(f, arm)
+        entry = {"arm": arm, "policy": info["policy"], "seed": int(info["seed"]), "status": info["status"],
                  "final_test_loss": float(evals["test_loss"][-1]) if len(evals["test_loss"]) else math.nan,
                  "block_scaled": ml.has_block_stats(f, arm), "operands": {}}
         if entry["block_scaled"]:
@@ -68,31 +73,54 @@ def findings(f) -> dict:
         entry["glu_top_binade_first"] = float(top["top_binade"][0]) if len(top["top_binade"]) else math.nan
         entry["glu_top_binade_max"] = float(np.nanmax(top["top_binade"])) if len(top["top_binade"]) else math.nan
         arms.append(entry)
-    reference = next((a for a in arms if not a["block_scaled"]), None)
-    if reference is None:
+    # The reference: the config's first policy without block points (bf16-mixed in transformer_blocks.toml).
+    plain = [a["policy"] for a in arms if not a["block_scaled"]]
+    if not plain:
         raise ValueError("no arm without block points to compare with: not a log of transformer_blocks.toml")
-    for a in arms:
-        a["loss_vs_reference"] = a["final_test_loss"] - reference["final_test_loss"]
-    return {"arms": arms, "reference_arm": reference["arm"], "seed": int(ml.info(f)["seed"])}
+    reference_policy = ml.config_order(f, plain)[0]
+    references = {a["seed"]: a for a in arms if a["policy"] == reference_policy}
+    for a in arms:  # against the reference of the same seed
+        a["loss_vs_reference"] = (a["final_test_loss"] - references[a["seed"]]["final_test_loss"]
+                                  if a["seed"] in references else math.nan)
+    first = min(references)
+    policies = []
+    for name in ml.config_order(f, [a["policy"] for a in arms]):
+        runs = sorted((a for a in arms if a["policy"] == name), key=lambda a: a["seed"])
+        row = {"policy": name, "seeds": [a["seed"] for a in runs],
+               "final_test_loss": [a["final_test_loss"] for a in runs],
+               "loss_vs_reference": [a["loss_vs_reference"] for a in runs]}
+        if name != references[first]["policy"]:
+            row["equivalence"] = equivalence.paired_equivalence(row["loss_vs_reference"], MARGIN)
+        policies.append(row)
+    return {"arms": arms, "policies": policies, "reference_arm": references[first]["arm"],
+            "reference_policy": references[first]["policy"], "seeds": sorted(references), "seed": first,
+            "margin_nats": MARGIN}
 
 
 def verdict(found: dict) -> str:
     lines = []
     for a in found["arms"]:
-        text = f"{a['arm']:<12} validation loss {a['final_test_loss']:.4f} ({a['loss_vs_reference']:+.4f} vs " \
-               f"{found['reference_arm']}); SwiGLU outputs' top binade 2^{a['glu_top_binade_first']:.0f} at the " \
+        text = f"{a['arm']:<18} validation loss {a['final_test_loss']:.4f} ({a['loss_vs_reference']:+.4f} vs " \
+               f"{found['reference_policy']}); SwiGLU outputs' top binade 2^{a['glu_top_binade_first']:.0f} at the " \
                f"first stats step, 2^{a['glu_top_binade_max']:.0f} at most"
         if a["block_scaled"]:
             worst = max(a["operands"].items(), key=lambda kv: kv[1]["flushed"] if math.isfinite(kv[1]["flushed"]) else -1)
-            text += f"; most flushed operand {worst[0]} ({worst[1]['flushed']:.1%} of its nonzero elements)"
+            text += f"; most rounded to zero: operand {worst[0]} ({worst[1]['flushed']:.1%} of its nonzero elements)"
         lines.append(text)
-    lines.append("One seed: differences are single runs, not tested findings.")
+    if len(found["seeds"]) < 2:
+        lines.append("One seed: differences are single runs, not tested findings.")
+    else:
+        lines.append(f"Against {found['reference_policy']}, paired by seed over seeds {found['seeds']} (TOST within "
+                     f"±{found['margin_nats']:g} nats/char):")
+        for p in found["policies"]:
+            if "equivalence" in p:
+                lines.append(f"  {p['policy']:<12} " + equivalence.describe(p["equivalence"], 1.0, "nats/char", 4))
     return "\n".join(lines)
 
 
 def operands_figure(found: dict) -> Figure:
     """Flushed (of nonzero) and saturated (of all) shares per GEMM operand, one group of bars per arm."""
-    arms = [a for a in found["arms"] if a["block_scaled"]]
+    arms = [a for a in found["arms"] if a["block_scaled"] and a["seed"] == found["seed"]]  # the first seed's
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     y = np.arange(len(OPERANDS))
@@ -114,12 +142,14 @@ def outliers_figure(f, found: dict) -> Figure:
     """Validation loss against the reference (left) and the SwiGLU outputs' top binade over training (right)."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     loss_ax, glu_ax = fig.subplots(1, 2)
-    arms = found["arms"]
-    loss_ax.barh(np.arange(len(arms)), [a["loss_vs_reference"] for a in arms], color="tab:gray")
-    loss_ax.set_yticks(np.arange(len(arms)), [a["arm"] for a in arms])
+    policies = found["policies"]
+    for i, p in enumerate(policies):  # each seed a dot
+        loss_ax.plot(p["loss_vs_reference"], [i] * len(p["loss_vs_reference"]), "o", color="tab:gray")
+    loss_ax.set_yticks(np.arange(len(policies)), [p["policy"] for p in policies])
     loss_ax.invert_yaxis()
+    arms = [a for a in found["arms"] if a["seed"] == found["seed"]]  # outlier curves: the first seed's
     loss_ax.axvline(0.0, color="black", linewidth=1)
-    loss_ax.set_xlabel(f"final validation loss minus {found['reference_arm']}'s (nats/char)")
+    loss_ax.set_xlabel(f"final validation loss minus {found['reference_policy']}'s, same seed (nats/char)")
     for a in arms:
         top = glu_top_binade(f, a["arm"])
         glu_ax.plot(top["step"], top["top_binade"], label=a["arm"])
