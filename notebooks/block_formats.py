@@ -10,7 +10,7 @@ bf16-mixed, the FP8 recipes, MXFP8/6/4 and NVFP4 with parts of its recipe taken 
   (TOST, margin 0.5 point fixed in advance: the 90% t-interval inside +-0.5). A difference whose 95%
   interval holds 0 is inconclusive unless the equivalence test passes; it is never called parity;
 - the per-block statistics that explain a gap: per GEMM operand, the share of nonzero elements
-  flushed to zero inside their block and the share saturated, and the median per-block quantization
+  rounded to zero inside their block and the share saturated, and the median per-block quantization
   error in units of the element format's epsilon, summed over the instrumented steps and layers;
 - the block scales of the weight-gradient GEMM's gradient operand, by binade.
 
@@ -84,7 +84,7 @@ def paired_difference(f, arms: dict[int, str], base: dict[int, str]) -> dict:
 
 
 def block_summary(f, arm: str) -> dict:
-    """Per operand: flushed and saturated shares of nonzero elements, median per-block error (x epsilon)."""
+    """Per operand: rounded-to-zero and saturated shares of nonzero elements, median per-block error (x epsilon)."""
     if not ml.has_block_stats(f, arm):
         return {}
     out = {}
@@ -103,7 +103,7 @@ def block_summary(f, arm: str) -> dict:
             # The bin's geometric centre, or 0 for the exact blocks.
             median = 0.0 if i == 0 else float(2.0 ** (b["error_log2"][i - 1] + 0.125))
         out[operand] = {"elements": b["elements"], "nonzero": b["nonzero"], "blocks": b["blocks"],
-                        "flushed_share": ml.ratio(b["flushed"], b["nonzero"]),
+                        "rounded_to_zero_share": ml.ratio(b["rounded_to_zero"], b["nonzero"]),
                         "saturated_share": ml.ratio(b["saturated"], b["nonzero"]),
                         "scale_clamped_share": ml.ratio(b["scale_clamped"], b["blocks"]),
                         "median_block_error_eps": median}
@@ -173,7 +173,7 @@ def block_figure(found: dict) -> Figure:
     fig = Figure(figsize=(11, 4.5))
     axes = fig.subplots(1, 2)
     width = 0.8 / max(1, len(names))
-    for measure, ax, title in (("flushed_share", axes[0], "flushed to zero inside their block"),
+    for measure, ax, title in (("rounded_to_zero_share", axes[0], "rounded to zero inside their block"),
                                ("saturated_share", axes[1], "saturated (clipped)")):
         for i, name in enumerate(names):
             blocks = found["policies"][name]["blocks"]
@@ -222,11 +222,11 @@ def verdict(found: dict) -> str:
         low90, high90 = v["ci90_points"]
         lines.append(f"  {name:<14} {v['mean_points']:+.2f} [{low:+.2f}, {high:+.2f}] [{low90:+.2f}, {high90:+.2f}] "
                      f"over seeds {v['seeds']}: {v['verdict']}")
-    lines.append("Inside the blocks (first seed; share of nonzero elements flushed / saturated, median block error "
+    lines.append("Inside the blocks (first seed; share of nonzero elements rounded to zero / saturated, median block error "
                  "in element epsilons):")
     for name, e in found["policies"].items():
         for operand, b in e["blocks"].items():
-            lines.append(f"  {name:<14} {operand:<18} flushed {b['flushed_share']:.3g}  saturated "
+            lines.append(f"  {name:<14} {operand:<18} to zero {b['rounded_to_zero_share']:.3g}  saturated "
                          f"{b['saturated_share']:.3g}  median error {b['median_block_error_eps']:.3g}")
     return "\n".join(lines)
 

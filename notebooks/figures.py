@@ -21,7 +21,7 @@ Figures:
                           FP16 and BF16 ranges (Micikevicius et al. 2018, Figure 3)
   activation_grads_LAYER  the same for one layer (default: the input gradient of the output
                           layer, that is, the gradient of the last hidden layer's output)
-  underflow               fraction of nonzero activation gradients rounded to zero (flushed)
+  underflow               fraction of nonzero activation gradients rounded to zero
                           by the arm's rounding, and below 2^-24 before rounding (FP16's
                           smallest subnormal: outside its range), per arm (log axis)
 """
@@ -381,7 +381,7 @@ def activation_grad_heatmap(path, arm: str | None = None, layer: str | None = No
 
 
 def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
-    """Per arm and instrumented step, summed over layers: flushed / nonzero (nonzero values that the arm's
+    """Per arm and instrumented step, summed over layers: rounded_to_zero / nonzero (nonzero values that the arm's
     rounding made zero; 0 in an fp32 arm) and below_2^-24 / nonzero (values below FP16's smallest subnormal
     before rounding, whatever the arm: outside FP16's range; under round-to-nearest-even those below 2^-25
     become zero and those between round up to 2^-24)."""
@@ -393,7 +393,7 @@ def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
             per_step = ml.kind_counters(f, arm, kind, per_step=True)
             totals = ml.kind_counters(f, arm, kind)
             steps = per_step["step"]
-            for ax, counter in zip((ax_f, ax_b), ("flushed", "below_2^-24")):
+            for ax, counter in zip((ax_f, ax_b), ("rounded_to_zero", "below_2^-24")):
                 rate = ml.fraction(per_step, counter, "nonzero")
                 overall = ml.fraction(totals, counter, "nonzero", empty=0.0)
                 shown = np.where(rate > 0, rate, np.nan)
@@ -405,7 +405,7 @@ def underflow(path, arms=None, kind: str = "activation_grads") -> Figure:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     ax_f.set_ylabel(f"fraction of nonzero {kind}")
-    ax_f.set_title("Rounded to zero (flushed) by the arm's rounding")
+    ax_f.set_title("Rounded to zero by the arm's rounding")
     ax_b.set_title("Below $2^{-24}$ before rounding (outside FP16's range)")
     fig.suptitle(f"Underflow of {kind}, summed over layers (steps with none are gaps on the log axis)", fontsize=11)
     return fig

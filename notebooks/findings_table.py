@@ -50,26 +50,31 @@ def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
     m = u["models"]
     paper = u["paper"]
     zero, below = paper["activation_grads_zero"], paper["weight_grads_below_2^-24"]
-    act = {k: m[k]["activation_grads"] for k in ("mlp", "cnn")}
-    wg = {k: m[k]["weight_grads"] for k in ("mlp", "cnn")}
+    seeds = m["mlp"]["over_seeds"]["seeds"]
+    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}, mean"
 
-    def span(kind):  # the headroom over the models, in binades
-        values = sorted({int(m[k][kind]["headroom"]["headroom_binades"]) for k in m})
+    def mean(model, key):
+        return pct(sum(m[model]["over_seeds"][key]) / len(m[model]["over_seeds"][key]))
+
+    def span(kind):  # the headroom over the models and seeds, in binades
+        values = sorted({int(v) for k in m for v in m[k]["over_seeds"][f"{kind}_headroom_binades"]})
         return f"{values[0]}" if len(values) == 1 else f"{values[0]} to {values[-1]}"
 
     return [
-        ("activation gradients exactly zero (FP32; seed 1)",
-         f"MLP {pct(act['mlp']['all_layers']['zero'])}, CNN {pct(act['cnn']['all_layers']['zero'])} of all values "
-         "(ReLU's and pooling's input gradients included, as separate tensors)",
+        (f"activation gradients exactly zero (FP32; {which})",
+         f"MLP {mean('mlp', 'activation_grads_zero')}, CNN {mean('cnn', 'activation_grads_zero')} of all values, "
+         "each tensor counted once where the policy rounds it; ReLU zeroes the gradient where its output is zero "
+         f"(MLP {mean('mlp', 'relu_output_zero')}, CNN {mean('cnn', 'relu_output_zero')} of its values), "
+         "selecting values already counted",
          f"{zero['text']} for {zero['model']} (figure {zero['figure']}, as quoted in issue #6)"),
-        ("weight gradients below 2^-24 (FP32; seed 1)",
-         f"MLP {pct(wg['mlp']['all_layers']['below_2^-24_of_nonzero'])}, CNN "
-         f"{pct(wg['cnn']['all_layers']['below_2^-24_of_nonzero'])} of the nonzero values (of all values: "
-         f"{pct(wg['mlp']['all_layers']['below_2^-24'])}, {pct(wg['cnn']['all_layers']['below_2^-24'])})",
+        (f"weight gradients below 2^-24 (FP32; {which})",
+         f"MLP {mean('mlp', 'weight_grads_below_2^-24_of_nonzero')}, CNN "
+         f"{mean('cnn', 'weight_grads_below_2^-24_of_nonzero')} of the nonzero values (of all values: "
+         f"{mean('mlp', 'weight_grads_below_2^-24')}, {mean('cnn', 'weight_grads_below_2^-24')})",
          f"about {below['text'].lstrip('~')} for the {below['model']} (figure {below['figure']}, "
          "as quoted in issue #6; "
          "its histogram leaves zeros out)"),
-        ("headroom: binades between the largest gradient and FP16's max (seed 1)",
+        (f"headroom: binades between the largest gradient and FP16's max ({which.removesuffix(', mean')})",
          f"activation {span('activation_grads')}, weight {span('weight_grads')}",
          "the argument for loss scaling: the top of FP16's range goes unused, so shifting gradients up costs nothing"),
     ]
@@ -134,7 +139,9 @@ def master_weights_row(mw: dict) -> tuple[str, str, str]:
     if small:
         text += (f", {100 * max(r['accuracy_cost'] for r in small):.2f} or less at {min(r['lr'] for r in small):g} "
                  "and above")
-    return ("FP16 weights without an FP32 master copy (seed 1)", text,
+    seeds = per_lr[0].get("seeds", [1])
+    which = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}, mean"
+    return (f"FP16 weights without an FP32 master copy ({which})", text,
             "the reasons for the master copy: updates too small for FP16, and updates below 2^-11 of their weight "
             "(half an FP16 ulp) that vanish in the addition")
 

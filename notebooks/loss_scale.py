@@ -30,15 +30,16 @@ if __name__ == "__main__":
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures as fg  # noqa: E402  (beside this file: FP16 constants, loss and loss-scale figures)
+import equivalence  # noqa: E402  (beside this file)
+import figures as fg  # noqa: E402  (FP16 constants, loss and loss-scale figures)
 import mpsim_log as ml  # noqa: E402
 
 from matplotlib.figure import Figure  # noqa: E402
 
 KINDS = ("activation_grads", "weight_grads")
 KIND_TITLE = {"activation_grads": "activation gradients", "weight_grads": "weight gradients"}
-# A run "keeps parity" when its final test accuracy is within this many points of the fp32 arm's:
-# about the spread of one seed's final accuracy on Fashion-MNIST; a judgement, not a statistical test.
+# The parity margin, in points of test accuracy: with several seeds, TOST's equivalence margin (as parity.py's);
+# with one seed, a judgement (about the spread of one seed's final accuracy on Fashion-MNIST), not a test.
 PARITY_POINTS = 0.5
 
 PAPER = {
@@ -66,13 +67,15 @@ def arm_table(f) -> list[dict]:
             label = "dynamic"
         else:
             label = info.get("policy", arm)
-        if arm.split("@")[0] not in (label, info.get("policy")):
-            label = f"{label} ({arm})"
+        seed = int(info.get("seed", 0))
+        base = arm.split("@")[0].removesuffix(f".seed{seed}")  # a run of several seeds names them
+        if base not in (label, info.get("policy")):
+            label = f"{label} ({base})"
         rows.append({"arm": arm, "label": label, "mode": mode, "initial_scale": initial,
                      "log2_initial_scale": math.log2(initial), "policy": info.get("policy", ""),
-                     "status": info.get("status", "")})
+                     "seed": seed, "status": info.get("status", "")})
     order = {"none": 0, "static": 1, "dynamic": 2}
-    return sorted(rows, key=lambda r: (order.get(r["mode"], 3), r["initial_scale"], r["arm"]))
+    return sorted(rows, key=lambda r: (r["seed"], order.get(r["mode"], 3), r["initial_scale"], r["arm"]))
 
 
 def reference_arm(rows: list[dict]) -> str | None:
@@ -118,10 +121,10 @@ def arm_numbers(f, row: dict, ref_hist: dict | None) -> dict:
         hist = kind_histogram(f, arm, kind)
         below = hist[bins.select(hi=fg.FP16_SUBNORMAL_MIN_LOG2)].sum()
         n[kind] = {
-            # `flushed`: nonzero values the arm's rounding made zero (0 in an fp32 arm, which rounds nothing).
-            "flushed_of_nonzero": ml.fraction(counters, "flushed", "nonzero"),
+            # `rounded_to_zero`: nonzero values the arm's rounding made zero (0 in an fp32 arm, which rounds nothing).
+            "rounded_to_zero_of_nonzero": ml.fraction(counters, "rounded_to_zero", "nonzero"),
             # below 2^-24 before rounding, scale included: outside FP16's range, whatever the arm's format.
-            # Of the values the counter `nonzero` counts, as `flushed_of_nonzero`.
+            # Of the values the counter `nonzero` counts, as `rounded_to_zero_of_nonzero`.
             "below_2^-24_of_nonzero": ml.ratio(below, counters["nonzero"]),
             "overflow_values": counters["overflow"],
             "median_binade": median_binade(hist, bins),
@@ -133,18 +136,43 @@ def arm_numbers(f, row: dict, ref_hist: dict | None) -> dict:
 
 
 def findings(f) -> dict:
-    """Every arm's numbers, the fp32 reference and the scales that keep parity, for the README's table."""
+    """Every arm's numbers, the fp32 reference and the scales that keep parity, for the README's table. With
+    several seeds, `arms` are the first seed's (the figures and the per-arm lines) and `over_seeds` has each
+    scale's numbers per seed with its accuracy tested against fp32 of the same seed (TOST within
+    PARITY_POINTS, notebooks/equivalence.py); parity is then TOST's verdict, not a judgement."""
     rows = arm_table(f)
-    ref = reference_arm(rows)
-    ref_hist = {k: kind_histogram(f, ref, k) for k in KINDS} if ref else None
-    arms = [arm_numbers(f, r, ref_hist) for r in rows]
-    ref_acc = next((a["test_accuracy"] for a in arms if a["arm"] == ref), float("nan"))
+    seeds = sorted({r["seed"] for r in rows})
+    every = []
+    for seed in seeds:
+        mine = [r for r in rows if r["seed"] == seed]
+        ref = reference_arm(mine)
+        ref_hist = {k: kind_histogram(f, ref, k) for k in KINDS} if ref else None
+        arms = [arm_numbers(f, r, ref_hist) for r in mine]
+        ref_acc = next((a["test_accuracy"] for a in arms if a["arm"] == ref), float("nan"))
+        for a in arms:
+            a["accuracy_minus_fp32_points"] = 100 * (a["test_accuracy"] - ref_acc)
+        every.append((seed, ref, ref_acc, arms))
+    _, ref, ref_acc, arms = every[0]
+    over_seeds = []
     for a in arms:
-        a["accuracy_minus_fp32_points"] = 100 * (a["test_accuracy"] - ref_acc)
+        runs = [next(b for b in arms_s if b["label"] == a["label"]) for _, _, _, arms_s in every]
+        row = {"label": a["label"], "mode": a["mode"], "seeds": seeds,
+               "test_accuracy": [b["test_accuracy"] for b in runs],
+               "accuracy_minus_fp32_points": [b["accuracy_minus_fp32_points"] for b in runs],
+               "skipped_steps": [b["skipped_steps"] for b in runs],
+               **{f"{kind}_rounded_to_zero_of_nonzero": [b[kind]["rounded_to_zero_of_nonzero"] for b in runs] for kind in KINDS}}
+        if a["mode"] != "none" and len(seeds) >= 2:
+            row["equivalence"] = equivalence.paired_equivalence(
+                [d / 100 for d in row["accuracy_minus_fp32_points"]], PARITY_POINTS / 100)
+        over_seeds.append(row)
     scaled = [a for a in arms if a["mode"] != "none"]
-    parity = [a["label"] for a in scaled if abs(a["accuracy_minus_fp32_points"]) <= PARITY_POINTS]
+    if len(seeds) >= 2:
+        parity = [r["label"] for r in over_seeds if r.get("equivalence", {}).get("equivalent")]
+    else:
+        parity = [a["label"] for a in scaled if abs(a["accuracy_minus_fp32_points"]) <= PARITY_POINTS]
     return {"study": "loss_scale", "paper": PAPER, "reference_arm": ref, "fp32_test_accuracy": ref_acc,
-            "parity_points": PARITY_POINTS, "scales_at_parity": parity, "arms": arms}
+            "parity_points": PARITY_POINTS, "scales_at_parity": parity, "arms": arms, "seeds": seeds,
+            "over_seeds": over_seeds}
 
 
 def _pct(x: float) -> str:
@@ -164,19 +192,31 @@ def verdict(found: dict) -> str:
             scale = f"; scale stayed 2^{end:g}" if lo == end else f"; scale fell to 2^{lo:g}, ended at 2^{end:g}"
         lines.append(
             f"{a['label']:<10} acc {_pct(a['test_accuracy']):>7} ({a['accuracy_minus_fp32_points']:+.2f} pt vs fp32); "
-            f"flushed to zero: act. grads {_pct(act['flushed_of_nonzero'])}, weight grads "
-            f"{_pct(wg['flushed_of_nonzero'])} of nonzero; overflowed values {act['overflow_values'] + wg['overflow_values']}; "
+            f"rounded to zero: act. grads {_pct(act['rounded_to_zero_of_nonzero'])}, weight grads "
+            f"{_pct(wg['rounded_to_zero_of_nonzero'])} of nonzero; overflowed values {act['overflow_values'] + wg['overflow_values']}; "
             f"skipped {a['skipped_steps']}/{a['steps']} steps; act.-grad histogram shifted "
             f"{act['median_shift_vs_fp32']:+.0f} binades vs fp32 (log2 S = {a['log2_initial_scale']:g}){scale}")
     parity = found["scales_at_parity"]
-    lines.append(f"Within {found['parity_points']} points of fp32: {', '.join(parity) if parity else 'none'}.")
+    if len(found["seeds"]) >= 2:
+        lines.append(f"Over seeds {found['seeds']}, test accuracy against fp32 of the same seed (TOST within "
+                     f"±{found['parity_points']} points), and the activation gradients rounded to zero per seed:")
+        for r in found["over_seeds"]:
+            if "equivalence" in r:
+                lines.append(f"  {r['label']:<10} " + equivalence.describe(r["equivalence"]) + "; act. grads rounded to zero "
+                             + ", ".join(_pct(x) for x in r["activation_grads_rounded_to_zero_of_nonzero"])
+                             + f"; skipped {r['skipped_steps']}")
+        lines.append(f"Equivalent to fp32 within {found['parity_points']} points (TOST): "
+                     f"{', '.join(parity) if parity else 'none'}.")
+    else:
+        lines.append(f"Within {found['parity_points']} points of fp32 (one seed: a judgement, not a test): "
+                     f"{', '.join(parity) if parity else 'none'}.")
     statics = [a for a in found["arms"] if a["mode"] == "static"]
     clean = [a for a in statics if a["skipped_steps"] == 0]
     if len(clean) >= 2:
         lo, hi = clean[0], clean[-1]
         lines.append(f"Without overflow, raising S from {lo['label'][2:]} to {hi['label'][2:]} cuts the activation "
-                     f"gradients flushed to zero from {_pct(lo['activation_grads']['flushed_of_nonzero'])} to "
-                     f"{_pct(hi['activation_grads']['flushed_of_nonzero'])} of nonzero values.")
+                     f"gradients rounded to zero from {_pct(lo['activation_grads']['rounded_to_zero_of_nonzero'])} to "
+                     f"{_pct(hi['activation_grads']['rounded_to_zero_of_nonzero'])} of nonzero values.")
     for a in statics:
         if a["skipped_steps"]:
             frozen = a["skipped_steps"] == a["steps"]
@@ -201,7 +241,7 @@ def _x_positions(arms: list[dict]) -> tuple[list[dict], list[float], float]:
 
 
 def summary_figure(found: dict) -> Figure:
-    """Three panels against the loss scale: final test accuracy, share of nonzero gradients flushed to
+    """Three panels against the loss scale: final test accuracy, share of nonzero gradients rounded to
     zero, and steps skipped for overflow. Static scales on a log2 axis; the dynamic scaler on the right."""
     scaled, xs, dyn_x = _x_positions(found["arms"])
     fig = Figure(figsize=(15, 4.4), layout="constrained")
@@ -225,15 +265,15 @@ def summary_figure(found: dict) -> Figure:
 
     floor = 1e-7  # a log axis cannot show 0: zero shares are drawn at the floor
     for kind, color in (("activation_grads", "C3"), ("weight_grads", "C1")):
-        shares = [a[kind]["flushed_of_nonzero"] for a in scaled]
+        shares = [a[kind]["rounded_to_zero_of_nonzero"] for a in scaled]
         draw(ax_uf, [max(s, floor) for s in shares], color, KIND_TITLE[kind])
     ax_uf.set_yscale("log")
     ax_uf.set_ylim(floor / 2, 1)
     ax_uf.axhline(floor, color="0.6", lw=0.8, ls=":")
-    ax_uf.text(0.01, floor * 1.3, "zero (none flushed)", transform=ax_uf.get_yaxis_transform(), fontsize=7,
+    ax_uf.text(0.01, floor * 1.3, "zero (none rounded to zero)", transform=ax_uf.get_yaxis_transform(), fontsize=7,
                color="0.4")
-    ax_uf.set_ylabel("share of nonzero gradients flushed to zero")
-    ax_uf.set_title("Underflow: nonzero gradients rounded to zero (flushed)")
+    ax_uf.set_ylabel("share of nonzero gradients rounded to zero")
+    ax_uf.set_title("Underflow: nonzero gradients rounded to zero")
 
     draw(ax_of, [100 * a["skipped_steps"] / max(a["steps"], 1) for a in scaled], "C4", "steps skipped (overflow)")
     ax_of.set_ylabel("steps skipped for inf/NaN gradients (%)")
@@ -303,7 +343,7 @@ def range_offset_figure(f, found: dict, kind: str = "activation_grads") -> Figur
         if a["mode"] == "none":  # an fp32 arm rounds nothing: say what lies outside FP16's range instead
             note = f"{_pct(k['below_2^-24_of_nonzero'])} of nonzero below $2^{{-24}}$ (outside FP16's range)"
         else:
-            note = (f"{_pct(k['flushed_of_nonzero'])} of nonzero flushed, {k['overflow_values']} overflowed\n"
+            note = (f"{_pct(k['rounded_to_zero_of_nonzero'])} of nonzero rounded to zero, {k['overflow_values']} overflowed\n"
                     f"{a['skipped_steps']}/{a['steps']} steps skipped")
         ax.text(hi - 0.3, i + 0.45, note, ha="right", va="center", fontsize=7.5,
                 bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=0.8))

@@ -30,7 +30,8 @@ if __name__ == "__main__":
 import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import figures  # noqa: E402  (beside this file)
+import equivalence  # noqa: E402  (beside this file)
+import figures  # noqa: E402
 import mpsim_log as ml  # noqa: E402
 
 MASTER, NO_MASTER = "fp16-master", "fp16-nomaster"
@@ -95,6 +96,10 @@ def total(record) -> dict:
     return record["totals"]
 
 
+# The margin of "no cost" in the per-seed test of the accuracy cost: 0.5 points, as the parity study's.
+COST_MARGIN = 0.005
+
+
 def policies(records) -> list[str]:
     found = sorted({r["policy"] for r in records})
     return [p for p in (MASTER, NO_MASTER) if p in found] + [p for p in found if p not in (MASTER, NO_MASTER)]
@@ -128,6 +133,16 @@ def table(records) -> list[dict]:
             }
         if MASTER in row and NO_MASTER in row:
             row["accuracy_cost"] = row[MASTER]["accuracy"] - row[NO_MASTER]["accuracy"]
+            # Per seed, the two policies paired (same initial weights and batches), with its 95% interval.
+            by_seed = {p: {r["seed"]: r["accuracy"] for r in records if r["policy"] == p and r["lr"] == lr}
+                       for p in (MASTER, NO_MASTER)}
+            seeds = sorted(set(by_seed[MASTER]) & set(by_seed[NO_MASTER]))
+            row["seeds"] = seeds
+            row["accuracy_cost_per_seed"] = [by_seed[MASTER][s] - by_seed[NO_MASTER][s] for s in seeds]
+            if len(seeds) >= 2:
+                test = equivalence.paired_equivalence(row["accuracy_cost_per_seed"], COST_MARGIN)
+                row["accuracy_cost_ci95"] = test["ci95"]
+                row["accuracy_cost_verdict"] = test["verdict"]
         rows.append(row)
     return rows
 
@@ -166,7 +181,11 @@ def plot_accuracy(records):
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     rows = [r for r in table(records) if "accuracy_cost" in r]
-    ax_cost.semilogx([r["lr"] for r in rows], [100 * r["accuracy_cost"] for r in rows], marker="s", color="k")
+    ax_cost.semilogx([r["lr"] for r in rows], [100 * r["accuracy_cost"] for r in rows], marker="s", color="k",
+                     label="mean over seeds")
+    for r in rows:  # each seed's paired cost
+        ax_cost.plot([r["lr"]] * len(r["accuracy_cost_per_seed"]), [100 * c for c in r["accuracy_cost_per_seed"]],
+                     "o", color="0.5", ms=4, alpha=0.7)
     ax_cost.axhline(0, color="0.5", lw=0.8)
     ax_cost.set_xlabel("learning rate (SGD, constant)")
     ax_cost.set_ylabel("accuracy: master − no master (pp)")
@@ -205,8 +224,11 @@ def verdict(records) -> str:
         m, n = r.get(MASTER), r.get(NO_MASTER)
         if not (m and n):
             continue
+        ci = (f"  (95% CI {100 * r['accuracy_cost_ci95'][0]:+.2f} .. {100 * r['accuracy_cost_ci95'][1]:+.2f} over "
+              f"seeds {r['seeds']}: {r['accuracy_cost_verdict']})" if "accuracy_cost_ci95" in r else "")
         lines.append(f"  {r['lr']:>8g}  {100 * m['swallowed']:>21.2f}%  {100 * n['swallowed']:>22.2f}%"
-                     f"  {100 * m['accuracy']:>9.2f}%  {100 * n['accuracy']:>7.2f}%  {100 * r['accuracy_cost']:>+9.2f}")
+                     f"  {100 * m['accuracy']:>9.2f}%  {100 * n['accuracy']:>7.2f}%  {100 * r['accuracy_cost']:>+9.2f}"
+                     + ci)
     full = [r for r in rows if "accuracy_cost" in r and np.isfinite(r["accuracy_cost"])]
     if full:
         worst = max(full, key=lambda r: r["accuracy_cost"])

@@ -27,12 +27,13 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 # Version 3 lacks stats/logit_max: everything but `logit_max` reads it. Version 4 lacks the policy
 # points softmax_internals and norm_statistics, version 5 loss_internals (policy() returns the
-# points the log has).
+# points the log has). Version 6 and earlier also count ReLU's and max pooling's input gradients as tensors of their
+# own: their activation_grads aggregates over layers count those values twice (docs/hdf5-schema.md).
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000
@@ -70,6 +71,15 @@ def _text(value) -> str:
 
 def _names(dataset: h5py.Dataset) -> list[str]:
     return [_text(v).rstrip("\0") for v in dataset[()]]
+
+
+# Counter names of older logs, by today's: schema 6 and earlier called rounded_to_zero "flushed".
+LEGACY_COUNTER_NAMES = {"flushed": "rounded_to_zero"}
+
+
+def _counter_names(dataset: h5py.Dataset) -> list[str]:
+    """A "counter" coordinate's names, older logs' names mapped to today's (LEGACY_COUNTER_NAMES)."""
+    return [LEGACY_COUNTER_NAMES.get(name, name) for name in _names(dataset)]
 
 
 def _arm(f: h5py.File, arm: str) -> h5py.Group:
@@ -198,7 +208,7 @@ def kinds(path: PathOrFile, arm: str) -> list[str]:
 def counter_names(path: PathOrFile, arm: str) -> list[str]:
     """The counters kept per layer and kind, in the log's order (core's Counter table)."""
     with _log(path) as f:
-        return _names(_arm(f, arm)["counter"])
+        return _counter_names(_arm(f, arm)["counter"])
 
 
 def layers(path: PathOrFile, arm: str) -> list[str]:
@@ -247,7 +257,7 @@ def counters(path: PathOrFile, arm: str, layer, kind) -> dict[str, np.ndarray]:
         ki = _index(_names(g["kind"]), kind, "kind")
         values = g["stats/counters"][:, li, ki, :]
         result = {"step": g["stats/step"][()]}
-        for i, name in enumerate(_names(g["counter"])):
+        for i, name in enumerate(_counter_names(g["counter"])):
             result[name] = values[:, i]
         return result
 
@@ -263,12 +273,12 @@ def block_stats(path: PathOrFile, arm: str, operand=None, layer=None, per_step: 
     """What block quantization did to the arm's GEMM operands, in one line:
 
         b = ml.block_stats("run.h5", "nvfp4", operand="wgrad_gradients")
-        b["flushed"] / b["nonzero"], b["scale_binades"], b["error"]
+        b["rounded_to_zero"] / b["nonzero"], b["scale_binades"], b["error"]
 
     Summed over the instrumented steps, the layers (or one layer, by name or index) and the operands
     (or one, by name or index: fprop_activations, fprop_weights, dgrad_gradients, dgrad_weights,
     wgrad_gradients, wgrad_activations). per_step keeps the step axis (first), per_layer the layer axis.
-    Returns the counters (elements, nonzero, saturated, flushed, nan, blocks, scale_clamped) as ints or
+    Returns the counters (elements, nonzero, saturated, rounded_to_zero, nan, blocks, scale_clamped) as ints or
     int64 arrays, "scale_binades" (bins as `bins`), "scale_codes" (256: E8M0 code = exponent + 127, or
     the UE4M3 encoding), "error" (blocks by relative error in units of the element's epsilon, by quarter
     binade; each bin's lower edge as log2 in "error_log2", then the exact and the NaN blocks), and "step"
@@ -293,7 +303,7 @@ def block_stats(path: PathOrFile, arm: str, operand=None, layer=None, per_step: 
 
         counters = read("counters")
         result = {"step": b["step"][()]} if per_step else {}
-        for i, name in enumerate(_names(b["counter"])):
+        for i, name in enumerate(_counter_names(b["counter"])):
             v = counters[..., i]
             result[name] = int(v) if v.ndim == 0 else v
         for name in ("scale_binades", "scale_codes", "error"):
@@ -433,7 +443,7 @@ def kind_counters(path: PathOrFile, arm: str, kind, layer=None, per_step: bool =
     arrays (step axis first, then layers) with per_step or per_layer. per_step adds "step"."""
     values = _stats(path, arm, "stats/counters", kind, layer, per_step, per_layer)
     with _log(path) as f:
-        names = _names(_arm(f, arm)["counter"])
+        names = _counter_names(_arm(f, arm)["counter"])
     result = {"step": stats_steps(path, arm)} if per_step else {}
     for i, name in enumerate(names):
         v = values[..., i]
@@ -539,7 +549,7 @@ def to_xarray(path: PathOrFile, arm: str):
             "kind": _names(g["kind"]),
             "binade": g["binade"][()],
             "bin_label": ("binade", _names(g["bin_label"])),
-            "counter": _names(g["counter"]),
+            "counter": _counter_names(g["counter"]),
         }
         variables = {name: ("step", s[name][()]) for name in s if name != "step"}
         for flag in ("found_inf", "skipped"):

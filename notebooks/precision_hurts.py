@@ -11,7 +11,7 @@ the gradients move k binades down, out of FP16's window. The weight is a static
 loss scale below one, so the unscaled arm's failures are built in: this is a
 demonstration of the mechanism (gradients pushed below FP16's range on
 purpose), not a failure that happens by itself. FP16 without scaling rounds
-the nonzero gradients below 2^-25 to zero (flushed) and those between 2^-25
+the nonzero gradients below 2^-25 to zero and those between 2^-25
 and 2^-24 up to 2^-24 (round-to-nearest-even); loss scaling (Micikevicius et
 al., "Mixed Precision Training", ICLR 2018, section 3.2) shifts them back up.
 The fp16-mixed arm's dynamic scaler chooses S without regard to k (it starts
@@ -113,13 +113,13 @@ def final_accuracy(f, arm: str) -> float:
 
 def counter_fractions(f, arm: str, kind: str, layer=None) -> dict[str, float]:
     """Over all instrumented steps (and all layers, or one): the fraction of the
-    nonzero values that the arm's rounding made zero (flushed), and the fraction
+    nonzero values that the arm's rounding made zero (rounded_to_zero), and the fraction
     that lay below 2^-24 before rounding (outside FP16's range; under
     round-to-nearest-even those below 2^-25 become zero, those between round up)."""
     c = ml.kind_counters(f, arm, kind, layer=layer)
     # "zero": exact zeros before this rounding, e.g. weight gradients whose
-    # activation gradient was already flushed (or a ReLU that was off).
-    return {"flushed": ml.fraction(c, "flushed", "nonzero", empty=0.0),
+    # activation gradient was already rounded to zero (or a ReLU that was off).
+    return {"rounded_to_zero": ml.fraction(c, "rounded_to_zero", "nonzero", empty=0.0),
             "below_2^-24": ml.fraction(c, "below_2^-24", "nonzero", empty=0.0),
             "nonzero": float(c["nonzero"]), "zero": 1.0 - ml.fraction(c, "nonzero", "all", empty=0.0)}
 
@@ -195,15 +195,15 @@ def gradient_histograms(f, roles: dict[str, str]) -> Figure:
 
 
 def underflow_by_layer(f, roles: dict[str, str]) -> Figure:
-    """Per layer: the fraction of nonzero gradients flushed to zero, in the
+    """Per layer: the fraction of nonzero gradients rounded to zero, in the
     no-scaling arm and the scaled arm (the deepest layers, farthest from the
     loss, lose the most)."""
     fig = Figure(figsize=(12, 4.2), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
     for ax, kind in zip(axes, GRAD_KINDS):
         # A layer whose gradient passes through unrounded (ReLU: already FP16) never
-        # flushes anything; leaving it out keeps the bars readable.
-        flushed = {role: {name: 100 * counter_fractions(f, roles[role], kind, name)["flushed"]
+        # rounds anything to zero; leaving it out keeps the bars readable.
+        flushed = {role: {name: 100 * counter_fractions(f, roles[role], kind, name)["rounded_to_zero"]
                           for name in ml.layers(f, roles[role])} for role in ("noscale", "scaled")}
         layers = [name for name in ml.layers(f, roles["noscale"])
                   if flushed["noscale"].get(name, 0) > 0 or flushed["scaled"].get(name, 0) > 0]
@@ -214,7 +214,7 @@ def underflow_by_layer(f, roles: dict[str, str]) -> Figure:
                    color=f"C{i + 1}", label=label)
         ax.set_xticks(x, layers, rotation=45)
         ax.set_xlabel("layer, input to output")
-        ax.set_title(f"{kind}: flushed to zero by FP16 rounding")
+        ax.set_title(f"{kind}: rounded to zero by FP16 rounding")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     axes[0].set_ylabel("% of the nonzero values, all instrumented steps")
@@ -226,7 +226,7 @@ def underflow_by_layer(f, roles: dict[str, str]) -> Figure:
 def accuracy_vs_weight(f, points, r: dict) -> Figure:
     """Left: test accuracy against k (w = 2^-k), every seed a dot, the mean a
     line, per arm. Right: the fraction of the nonzero activation and weight
-    gradients that FP16's rounding made zero (flushed; the FP32 arm, which
+    gradients that FP16's rounding made zero (the FP32 arm, which
     rounds nothing: the fraction below 2^-24 before rounding, outside FP16's
     range), summed over the seeds' instrumented steps."""
     fig = Figure(figsize=(12, 4.6), layout="constrained")
@@ -249,9 +249,9 @@ def accuracy_vs_weight(f, points, r: dict) -> Figure:
     ax_acc.legend(fontsize=8)
     for kind, marker in zip(GRAD_KINDS, ("o", "s")):
         for i, role_name in enumerate(ROLES):
-            key = "below_2^-24" if role_name == "fp32" else "flushed"
+            key = "below_2^-24" if role_name == "fp32" else "rounded_to_zero"
             values = [100 * p["fractions"][role_name][kind][key] for p in r["points"]]
-            what = "below $2^{-24}$" if role_name == "fp32" else "flushed"
+            what = "below $2^{-24}$" if role_name == "fp32" else "rounded to zero"
             ax_flush.plot(ks, values, marker=marker, color=f"C{i}", ls="--" if kind == "weight_grads" else "-",
                           label=f"{ROLE_LABELS[role_name]}: {kind.replace('_', ' ')} {what}")
     ax_flush.set_xlabel("k: loss weight $w = 2^{-k}$")
@@ -300,14 +300,14 @@ def point_findings(f, by_seed: dict[int, dict[str, str]]) -> dict:
     for name in ROLES:
         result["fractions"][name] = {}
         for kind in GRAD_KINDS:
-            totals = {"flushed": 0.0, "below_2^-24": 0.0, "nonzero": 0.0}
+            totals = {"rounded_to_zero": 0.0, "below_2^-24": 0.0, "nonzero": 0.0}
             for roles in by_seed.values():
                 c = counter_fractions(f, roles[name], kind)
-                for key in ("flushed", "below_2^-24"):
+                for key in ("rounded_to_zero", "below_2^-24"):
                     totals[key] += c[key] * c["nonzero"]
                 totals["nonzero"] += c["nonzero"]
             n = max(totals["nonzero"], 1.0)
-            result["fractions"][name][kind] = {"flushed": totals["flushed"] / n,
+            result["fractions"][name][kind] = {"rounded_to_zero": totals["rounded_to_zero"] / n,
                                                "below_2^-24": totals["below_2^-24"] / n}
     noscale, scaled = result["difference_to_fp32"]["noscale"], result["difference_to_fp32"]["scaled"]
     # "Hurts": FP16 without scaling loses a point or more on average AND the
@@ -374,11 +374,11 @@ def verdict(r: dict) -> str:
             f"{point_label(p['weight'])} ({len(p['seeds'])} seeds): fp32 {100 * np.mean(acc['fp32']):.2f}%; "
             f"no scaling {100 * np.mean(acc['noscale']):.2f}%, {_difference_text(d['noscale'])}; "
             f"fp16-mixed {100 * np.mean(acc['scaled']):.2f}%, {_difference_text(d['scaled'])}; "
-            f"activation / weight gradients flushed (of nonzero) without scaling "
-            f"{100 * fr['noscale']['activation_grads']['flushed']:.3g}% / "
-            f"{100 * fr['noscale']['weight_grads']['flushed']:.3g}%, with it "
-            f"{100 * fr['scaled']['activation_grads']['flushed']:.3g}% / "
-            f"{100 * fr['scaled']['weight_grads']['flushed']:.3g}%")
+            f"activation / weight gradients rounded to zero (of nonzero) without scaling "
+            f"{100 * fr['noscale']['activation_grads']['rounded_to_zero']:.3g}% / "
+            f"{100 * fr['noscale']['weight_grads']['rounded_to_zero']:.3g}%, with it "
+            f"{100 * fr['scaled']['activation_grads']['rounded_to_zero']:.3g}% / "
+            f"{100 * fr['scaled']['weight_grads']['rounded_to_zero']:.3g}%")
     spread = r["fp32_accuracy_spread_across_weights"]
     same = r["fp32_same_losses_across_weights"] and spread == 0
     lines.append("the fp32 arm is the same run at every k: " +

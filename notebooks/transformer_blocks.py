@@ -4,7 +4,7 @@
 The recipes of issue #19 (docs/policies.md) on a character-level GPT with LLaMA's SwiGLU MLPs and RMSNorm. This
 module reads the log of `mpsim run experiments/configs/transformer_blocks.toml` and puts side by side: each arm's
 validation loss against bf16-mixed's; per layer and GEMM operand, the share of nonzero elements the block
-quantization flushed to zero and the share it saturated; and the SwiGLU outputs' largest magnitude over training
+quantization rounded to zero and the share it saturated; and the SwiGLU outputs' largest magnitude over training
 (the top binade of their histogram), the activation outliers Fishman et al. (2024, "Scaling FP8 training to
 trillion-token LLMs") trace FP8's late failures to.
 
@@ -66,7 +66,7 @@ def findings(f) -> dict:
         if entry["block_scaled"]:
             for operand in OPERANDS:
                 b = ml.block_stats(f, arm, operand=operand)
-                entry["operands"][operand] = {"flushed": ml.ratio(b["flushed"], b["nonzero"]),
+                entry["operands"][operand] = {"rounded_to_zero": ml.ratio(b["rounded_to_zero"], b["nonzero"]),
                                               "saturated": ml.ratio(b["saturated"], b["elements"]),
                                               "elements": int(b["elements"])}
         top = glu_top_binade(f, arm)
@@ -104,8 +104,8 @@ def verdict(found: dict) -> str:
                f"{found['reference_policy']}); SwiGLU outputs' top binade 2^{a['glu_top_binade_first']:.0f} at the " \
                f"first stats step, 2^{a['glu_top_binade_max']:.0f} at most"
         if a["block_scaled"]:
-            worst = max(a["operands"].items(), key=lambda kv: kv[1]["flushed"] if math.isfinite(kv[1]["flushed"]) else -1)
-            text += f"; most rounded to zero: operand {worst[0]} ({worst[1]['flushed']:.1%} of its nonzero elements)"
+            worst = max(a["operands"].items(), key=lambda kv: kv[1]["rounded_to_zero"] if math.isfinite(kv[1]["rounded_to_zero"]) else -1)
+            text += f"; most rounded to zero: operand {worst[0]} ({worst[1]['rounded_to_zero']:.1%} of its nonzero elements)"
         lines.append(text)
     if len(found["seeds"]) < 2:
         lines.append("One seed: differences are single runs, not tested findings.")
@@ -126,10 +126,10 @@ def operands_figure(found: dict) -> Figure:
     y = np.arange(len(OPERANDS))
     height = 0.8 / max(1, len(arms))
     for k, a in enumerate(arms):
-        for ax, key in zip(axes, ("flushed", "saturated")):
+        for ax, key in zip(axes, ("rounded_to_zero", "saturated")):
             values = [100 * a["operands"][o][key] if math.isfinite(a["operands"][o][key]) else 0.0 for o in OPERANDS]
             ax.barh(y + k * height, values, height=height, label=a["arm"])
-    for ax, title in zip(axes, ("flushed to zero (% of nonzero elements)", "saturated (% of elements)")):
+    for ax, title in zip(axes, ("rounded to zero (% of nonzero elements)", "saturated (% of elements)")):
         ax.set_title(title, fontsize=10)
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(y + 0.4 - height / 2, OPERANDS)

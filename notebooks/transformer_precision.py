@@ -5,7 +5,7 @@ Autocast keeps a transformer's softmax, its norms and its residual stream in FP3
 FP16. This module reads the log of `mpsim run experiments/configs/transformer_precision.toml` (a character-level
 GPT under fp32, bf16-mixed, fp16-mixed, each mixed preset with one of those ops lowered to its format, and
 fp16-mixed without loss scaling) and asks which lowering costs validation loss first, and what the per-layer
-counters show: how many of the residual stream's and the norms' values each rounding changed, flushed to zero or
+counters show: how many of the residual stream's and the norms' values each rounding changed, rounded to zero or
 overflowed, and how often FP16's loss scaler skipped a step.
 
     /usr/bin/python3 notebooks/transformer_precision.py runs/transformer_precision.h5 [--out docs/figures]
@@ -78,13 +78,13 @@ def findings(f) -> dict:
             "steps": int(len(steps["step"])),
             "skipped_steps": int(np.sum(steps["skipped"])),
             "final_loss_scale": float(steps["loss_scale"][-1]) if len(steps["loss_scale"]) else math.nan,
-            "activation_grads_flushed": ml.fraction(grads, "flushed"),
+            "activation_grads_rounded_to_zero": ml.fraction(grads, "rounded_to_zero"),
             "activation_grads_below_2^-24": ml.fraction(grads, "below_2^-24"),
         }
         for group in GROUPS:
             c = group_counters(f, arm, group)
             entry[f"{group}_inexact"] = ml.fraction(c, "inexact", "all")
-            entry[f"{group}_flushed"] = ml.fraction(c, "flushed")
+            entry[f"{group}_rounded_to_zero"] = ml.fraction(c, "rounded_to_zero")
             entry[f"{group}_overflow"] = ml.fraction(c, "overflow", "all")
         arms.append(entry)
     references = {a["seed"]: a for a in arms if not a["mixed"]}
@@ -197,10 +197,10 @@ def counters_figure(found: dict) -> Figure:
     y = np.arange(len(arms))
     for ax, (key, title) in zip(axes, [("residual_inexact", "residual stream: values changed by rounding"),
                                        ("layer_norm_inexact", "norm outputs: values changed by rounding"),
-                                       ("activation_grads_flushed", "nonzero activation gradients rounded to zero")]):
+                                       ("activation_grads_rounded_to_zero", "nonzero activation gradients rounded to zero")]):
         ax.barh(y, [100 * a[key] if math.isfinite(a[key]) else 0.0 for a in arms], color="tab:gray")
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("% of values" if key != "activation_grads_flushed" else "% of nonzero values")
+        ax.set_xlabel("% of values" if key != "activation_grads_rounded_to_zero" else "% of nonzero values")
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(y, [a["arm"] for a in arms])
     axes[0].invert_yaxis()

@@ -52,9 +52,11 @@ PAPER = {
 # --- reading -------------------------------------------------------------------------------------------------
 
 
-def model_arms(f) -> list[tuple[str, str]]:
-    """(arm, model label) for every fp32 arm, MLP first. The label is the sweep point's model kind
-    (`fp32@kind=cnn` -> "cnn"), else the config's model.kind. Falls back to every arm when none is fp32."""
+def model_groups(f) -> list[tuple[str, list[str]]]:
+    """(model label, its arms by seed) for every fp32 arm, MLP first. The label is the sweep point's model kind
+    (`fp32@kind=cnn` -> "cnn"), else the config's model.kind; arms of one model that differ only in their seed
+    share it (the first seed's arm draws the figures, every seed enters the spread). Arms of one model under
+    several policies keep apart by the arm's name. Falls back to every arm when none is fp32."""
     names = ml.arms(f)
     infos = {a: ml.arm_info(f, a) for a in names}
     chosen = [a for a in names if infos[a].get("policy") == "fp32"] or names
@@ -62,14 +64,28 @@ def model_arms(f) -> list[tuple[str, str]]:
         default_kind = tomllib.loads(ml.config(f)).get("model", {}).get("kind", "mlp")
     except tomllib.TOMLDecodeError:
         default_kind = "model"
+
     def kind_of(arm):
         return ml.sweep_point(f, arm).get("kind", default_kind)
 
-    kinds = [kind_of(a) for a in chosen]
-    # Several arms of one model (seeds, policies): keep them apart by the arm's name.
-    result = [(a, k if kinds.count(k) == 1 else f"{k} ({a})") for a, k in zip(chosen, kinds)]
+    groups: dict[tuple[str, str], list[str]] = {}
+    for a in chosen:
+        groups.setdefault((kind_of(a), infos[a].get("policy", "")), []).append(a)
+    kinds = [k for k, _ in groups]
+    result = []
+    for (kind, policy), arms in groups.items():
+        arms = sorted(arms, key=lambda a: int(infos[a].get("seed", 0)))
+        if kinds.count(kind) == 1:
+            result.append((kind, arms))
+        else:  # several policies of one model: each arm apart
+            result += [(f"{kind} ({a})", [a]) for a in arms]
     order = {"mlp": 0, "cnn": 1}
-    return sorted(result, key=lambda al: (order.get(al[1].split()[0], 2), al[0]))
+    return sorted(result, key=lambda g: (order.get(g[0].split()[0], 2), g[0]))
+
+
+def model_arms(f) -> list[tuple[str, str]]:
+    """(arm, model label) for each model: its first seed's arm (model_groups)."""
+    return [(arms[0], model) for model, arms in model_groups(f)]
 
 
 def layer_histograms(f, arm: str, kind: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -145,24 +161,52 @@ def over_training(f, arm: str, kind: str, parts: int = 8) -> list[float]:
 
 
 def findings(f) -> dict:
-    """The key numbers per model and tensor kind, plus the paper's, for the README's table."""
+    """The key numbers per model and tensor kind (the first seed's), their spread over the seeds, and the
+    paper's, for the README's table."""
     result = {"study": "underflow", "paper": PAPER, "models": {}}
-    for arm, model in model_arms(f):
-        e = ml.evals(f, arm)
-        entry = {"arm": arm, "status": ml.arm_info(f, arm).get("status"),
-                 "steps": int(ml.steps(f, arm)["step"].size),
-                 "test_accuracy": float(e["test_accuracy"][-1]) if len(e["step"]) else float("nan")}
-        for kind in KINDS:
-            names, _, counts = layer_histograms(f, arm, kind)
-            bins = ml.bins(f, arm)
-            entry[kind] = {
-                "all_layers": fractions(counts.sum(axis=(0, 1)), bins),
-                "per_layer": dict(per_layer(f, arm, kind)[:-1]),
-                "headroom": headroom(counts.sum(axis=1), bins),
-                "below_2^-24_of_nonzero_by_eighth_of_training": over_training(f, arm, kind),
-            }
-        result["models"][model] = entry
+    for model, arms in model_groups(f):
+        runs = []
+        for arm in arms:
+            e = ml.evals(f, arm)
+            info = ml.arm_info(f, arm)
+            entry = {"arm": arm, "seed": int(info.get("seed", 0)), "status": info.get("status"),
+                     "steps": int(ml.steps(f, arm)["step"].size),
+                     "test_accuracy": float(e["test_accuracy"][-1]) if len(e["step"]) else float("nan")}
+            for kind in KINDS:
+                names, _, counts = layer_histograms(f, arm, kind)
+                bins = ml.bins(f, arm)
+                entry[kind] = {
+                    "all_layers": fractions(counts.sum(axis=(0, 1)), bins),
+                    "per_layer": dict(per_layer(f, arm, kind)[:-1]),
+                    "headroom": headroom(counts.sum(axis=1), bins),
+                    "below_2^-24_of_nonzero_by_eighth_of_training": over_training(f, arm, kind),
+                }
+            # ReLU's input gradient selects from its output gradient (dy where the input was positive, else 0)
+            # and is not a tensor of its own in the counts (each tensor once: docs/hdf5-schema.md); the zeros it
+            # puts into the gradient are where its output is zero, which its activations' histogram counts.
+            relu = [i for i, name in enumerate(ml.layers(f, arm)) if name.startswith("relu")]
+            acts = ml.kind_histogram(f, arm, "activations", per_layer=True)
+            entry["relu_output_zero"] = (fractions(acts[relu].sum(axis=0), ml.bins(f, arm))["zero"]
+                                         if relu else float("nan"))
+            runs.append(entry)
+        first = runs[0]
+        # Over the seeds: each key number per seed, in seed order (the first is the entry's own).
+        first["over_seeds"] = {
+            "seeds": [r["seed"] for r in runs],
+            "test_accuracy": [r["test_accuracy"] for r in runs],
+            "relu_output_zero": [r["relu_output_zero"] for r in runs],
+            **{f"{kind}_{key}": [r[kind]["all_layers"][key] for r in runs]
+               for kind in KINDS for key in ("zero", "below_2^-24", "below_2^-24_of_nonzero")},
+            **{f"{kind}_headroom_binades": [r[kind]["headroom"]["headroom_binades"] for r in runs] for kind in KINDS},
+        }
+        result["models"][model] = first
     return result
+
+
+def spread(values) -> str:
+    """`a-b%` over the seeds (one value: that value)."""
+    lo, hi = min(values), max(values)
+    return _pct(lo) if lo == hi else f"{100 * lo:.3g}-{_pct(hi)}"
 
 
 def _pct(x: float) -> str:
@@ -181,7 +225,8 @@ def verdict(found: dict) -> str:
             f"(outside FP16's range), "
             f"{_pct(aa['fp16_subnormal'])} FP16-subnormal [2^-24, 2^-14); weight gradients {_pct(wa['zero'])} zero, "
             f"{_pct(wa['below_2^-24'])} below 2^-24 (paper, Mandarin speech: ~5%), "
-            f"{_pct(wa['fp16_subnormal'])} FP16-subnormal.")
+            f"{_pct(wa['fp16_subnormal'])} FP16-subnormal. ReLU outputs zero (the gradient values it zeroes): "
+            f"{_pct(m['relu_output_zero'])}.")
         for kind, k in (("activation", a), ("weight", w)):
             h = k["headroom"]
             lines.append(
@@ -192,6 +237,13 @@ def verdict(found: dict) -> str:
                 f"2^{h['headroom_binades']:.0f}; first -> last eighth of training: "
                 f"{_pct(k['below_2^-24_of_nonzero_by_eighth_of_training'][0])} -> "
                 f"{_pct(k['below_2^-24_of_nonzero_by_eighth_of_training'][-1])} of nonzero.")
+        o = m["over_seeds"]
+        if len(o["seeds"]) > 1:
+            lines.append(
+                f"  over seeds {o['seeds']}: activation gradients zero {spread(o['activation_grads_zero'])}, "
+                f"below 2^-24 {spread(o['activation_grads_below_2^-24_of_nonzero'])} of nonzero; weight gradients "
+                f"below 2^-24 {spread(o['weight_grads_below_2^-24_of_nonzero'])} of nonzero "
+                f"({spread(o['weight_grads_below_2^-24'])} of all); test accuracy {spread(o['test_accuracy'])}.")
     return "\n".join(lines)
 
 

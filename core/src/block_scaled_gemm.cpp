@@ -126,7 +126,7 @@ void add_block_quantization(BlockStats& stats, const BlockFormat& format, std::s
   stats[BlockCounter::elements] += t.elements;
   stats[BlockCounter::nonzero] += t.nonzero;
   stats[BlockCounter::saturated] += t.saturated;
-  stats[BlockCounter::flushed] += t.flushed;
+  stats[BlockCounter::rounded_to_zero] += t.flushed;
   stats[BlockCounter::nan] += t.nan;
   stats[BlockCounter::scale_clamped] += t.scale_clamped;
   stats[BlockCounter::blocks] += static_cast<std::uint64_t>(grid_rows * grid_cols);

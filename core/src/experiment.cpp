@@ -505,7 +505,7 @@ std::string format_summary(const ExperimentResult& result) {
   std::size_t width = 16;
   for (const ArmRow& row : result.rows) width = std::max(width, row.name.size());
   out += fmt::format("\n{:<{}} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>8} {:>10} {:>8}  {}\n", "arm", width,
-                     "test acc", "test loss", "act-g flush", "act-g<2^-24", "w-g flush", "w-g<2^-24", "skipped",
+                     "test acc", "test loss", "act-g to 0", "act-g<2^-24", "w-g to 0", "w-g<2^-24", "skipped",
                      "loss scale", "wall s", "status");
   bool any_uncollected = false;
   for (const ArmRow& row : result.rows) {
@@ -522,7 +522,7 @@ std::string format_summary(const ExperimentResult& result) {
                        share(r.activation_grad_below_2_24), share(r.weight_grad_flushed),
                        share(r.weight_grad_below_2_24), r.skipped_steps, r.final_loss_scale, r.wall_seconds, r.status);
   }
-  out += "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. flush: nonzero values "
+  out += "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. to 0: nonzero values "
          "that\n rounding to the arm's format made zero; <2^-24: nonzero values below binary16's smallest subnormal; "
          "both per nonzero value.\n skipped: steps skipped for an inf/NaN gradient. loss scale: after the last "
          "step.)\n";

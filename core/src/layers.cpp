@@ -173,6 +173,12 @@ class MaxPool2d final : public Layer {
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.elementwise;
   }
+  // Windows that do not overlap give each input at most one output's gradient: dx selects from dy.
+  bool selects() const { return geometry_.stride >= geometry_.kernel; }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return selects() && selected_gradient_passes(p, grad) ? grad : p.activation_grads;
+  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     geometry_.batch = x.shape()[0];
     geometry_.channels = x.shape()[1];
@@ -190,7 +196,8 @@ class MaxPool2d final : public Layer {
     if (need_input_grad) {
       dx = ctx.backend.empty(input_shape_);
       ctx.backend.max_pool_backward(dy, argmax_, dx);
-      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+      if (!(selects() && selected_gradient_passes(ctx.policy, ctx.incoming)))
+        ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
     argmax_ = Tensor();
     return dx;
@@ -237,6 +244,11 @@ class Pointwise final : public Layer {
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
   }
+  bool selects() const { return !gated_ && activation_selects_gradient(kind_); }
+  std::optional<RoundingPoint> input_grad_rounding(const Policy& p,
+                                                   const std::optional<RoundingPoint>& grad) const override {
+    return selects() && selected_gradient_passes(p, grad) ? grad : p.activation_grads;
+  }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     if (gated_ && (x.shape().size() != 2 || x.cols() % 2 != 0))
       throw std::invalid_argument(name() + ": expects rows of 2n values [gate | value]");
@@ -257,7 +269,8 @@ class Pointwise final : public Layer {
         ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
       else
         ctx.backend.activation_backward(kind_, input_, dy, dx);
-      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+      if (!(selects() && selected_gradient_passes(ctx.policy, ctx.incoming)))
+        ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
     input_ = Tensor();
     return dx;

@@ -123,6 +123,10 @@ void StepContext::note_output_logits(const Tensor& logits) {
   if (logit_max && layer == output_layer && !logit_max->empty()) logit_max->back() = backend.max_abs_finite(logits);
 }
 
+bool selected_gradient_passes(const Policy& policy, const std::optional<RoundingPoint>& output_grad) {
+  return output_grad && policy.activation_grads.keeps_values_of(*output_grad);
+}
+
 void StepContext::round_state(Tensor& state, const RoundingPoint& point, Site site) {
   if (point.is_identity()) return;
   backend.round_state(state, point, history(point, site), policy.delayed_scaling.margin, stream(site));

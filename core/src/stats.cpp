@@ -607,7 +607,7 @@ TensorStats::Classes TensorStats::add_field_counts(const FieldCounts& c) {
 }
 
 void TensorStats::add_rounding(const QuantizeCounts& counts) {
-  (*this)[Counter::flushed] += counts.flushed_to_zero;
+  (*this)[Counter::rounded_to_zero] += counts.flushed_to_zero;
   (*this)[Counter::subnormal] += counts.subnormal;
   (*this)[Counter::overflow] += counts.overflow;
   (*this)[Counter::nan] += counts.nan;

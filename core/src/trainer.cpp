@@ -199,9 +199,9 @@ class Arm {
       weight_grads += layer[static_cast<int>(TensorKind::weight_grads)];
       updates += layer[static_cast<int>(TensorKind::updates)];
     }
-    result.activation_grad_flushed = rate(act_grads, Counter::flushed);
+    result.activation_grad_flushed = rate(act_grads, Counter::rounded_to_zero);
     result.activation_grad_below_2_24 = rate(act_grads, Counter::below_2_24);
-    result.weight_grad_flushed = rate(weight_grads, Counter::flushed);
+    result.weight_grad_flushed = rate(weight_grads, Counter::rounded_to_zero);
     result.weight_grad_below_2_24 = rate(weight_grads, Counter::below_2_24);
     result.swallowed_updates = rate(updates, Counter::swallowed);
     result.wall_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

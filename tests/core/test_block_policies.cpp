@@ -228,7 +228,7 @@ TEST_CASE("block statistics: saturation, flushes, scale codes and errors per blo
   add_block_quantization(s, f, x, q, 1, 32);
   CHECK(s[BlockCounter::elements] == 32);
   CHECK(s[BlockCounter::nonzero] == 31);
-  CHECK(s[BlockCounter::flushed] == 1);
+  CHECK(s[BlockCounter::rounded_to_zero] == 1);
   CHECK(s[BlockCounter::blocks] == 1);
   CHECK(s.scale_codes[127 + 1] == 1);
   CHECK(s.scale_binades[Binades::bin_of_exponent(1)] == 1);

@@ -265,11 +265,11 @@ TEST_CASE("experiment: the summary table's layout", "[experiment]") {
   result.log = "runs/x.h5";
   result.config = "runs/x.toml";
   const std::string footnote =
-      "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. flush: nonzero values that\n"
+      "(act-g, w-g: activation and weight gradients, summed over the instrumented steps. to 0: nonzero values that\n"
       " rounding to the arm's format made zero; <2^-24: nonzero values below binary16's smallest subnormal; both per "
       "nonzero value.\n skipped: steps skipped for an inf/NaN gradient. loss scale: after the last step.)\n";
   CHECK(format_summary(result) ==
-        "\narm               test acc test loss act-g flush act-g<2^-24   w-g flush   w-g<2^-24  skipped loss scale"
+        "\narm               test acc test loss  act-g to 0 act-g<2^-24    w-g to 0   w-g<2^-24  skipped loss scale"
         "   wall s  status\n"
         "fp16-mixed          81.23%    0.5123     0.0123%     0.0000%     0.0000%    50.0000%        3      65536"
         "     12.3  completed\n"

@@ -427,7 +427,7 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   CHECK(read_strings(group, "kind") == std::vector<std::string>{"weights", "activations", "activation_grads",
                                                                 "weight_grads", "updates", "gemm_inputs"});
   CHECK(read_strings(group, "counter") ==
-        std::vector<std::string>{"elements", "nonzero", "flushed", "below_2^-24", "subnormal", "overflow", "nan",
+        std::vector<std::string>{"elements", "nonzero", "rounded_to_zero", "below_2^-24", "subnormal", "overflow", "nan",
                                  "infinite", "swallowed", "inexact"});
   const auto binade = read<std::int32_t>(group, "binade", H5T_NATIVE_INT32, {280});
   for (int i = 0; i < 277; ++i) REQUIRE(binade[i] == i - 149);
@@ -555,7 +555,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 6);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 7);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval

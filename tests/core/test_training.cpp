@@ -178,11 +178,11 @@ TEST_CASE("fp16-naive flushes tiny activation gradients that FP32 keeps", "[trai
   run(setup(mixed), log_mixed);
   const auto below32 = log32.total(TensorKind::activation_grads, Counter::below_2_24);
   CHECK(below32 > 100);
-  CHECK(log32.total(TensorKind::activation_grads, Counter::flushed) == 0);  // binary32 flushes nothing here
-  const auto flushed_naive = log_naive.total(TensorKind::activation_grads, Counter::flushed);
+  CHECK(log32.total(TensorKind::activation_grads, Counter::rounded_to_zero) == 0);  // binary32 flushes nothing here
+  const auto flushed_naive = log_naive.total(TensorKind::activation_grads, Counter::rounded_to_zero);
   CHECK(flushed_naive > 50);
   // Loss scaling (2^16) lifts them into FP16's range.
-  CHECK(log_mixed.total(TensorKind::activation_grads, Counter::flushed) * 10 < flushed_naive);
+  CHECK(log_mixed.total(TensorKind::activation_grads, Counter::rounded_to_zero) * 10 < flushed_naive);
   // And every flushed value is one that was nonzero: flushed <= nonzero.
   CHECK(flushed_naive <= log_naive.total(TensorKind::activation_grads, Counter::nonzero));
 }
@@ -223,7 +223,7 @@ TEST_CASE("a loss weight of 2^-k moves every gradient k binades down and changes
   run(setup(naive, 1.0), naive_plain);
   run(setup(naive, 0x1p-12), naive_weighted);
   run(setup(mixed, 0x1p-12), mixed_weighted);
-  const auto flushed = [](const MemoryLog& log) { return log.total(TensorKind::activation_grads, Counter::flushed); };
+  const auto flushed = [](const MemoryLog& log) { return log.total(TensorKind::activation_grads, Counter::rounded_to_zero); };
   CHECK(flushed(naive_weighted) > 10 * (flushed(naive_plain) + 100));
   CHECK(flushed(mixed_weighted) * 10 < flushed(naive_weighted));
 }
@@ -367,9 +367,9 @@ TEST_CASE("golden trajectory: fp16-mixed with dynamic scaling replays bit for bi
     for (std::size_t i = 0; i < log.steps.size(); ++i) {
       std::uint64_t flushed = 0, below = 0, wflushed = 0;
       for (const auto& layer : log.recorded[i].second) {
-        flushed += layer[static_cast<int>(TensorKind::activation_grads)][Counter::flushed];
+        flushed += layer[static_cast<int>(TensorKind::activation_grads)][Counter::rounded_to_zero];
         below += layer[static_cast<int>(TensorKind::activation_grads)][Counter::below_2_24];
-        wflushed += layer[static_cast<int>(TensorKind::weight_grads)][Counter::flushed];
+        wflushed += layer[static_cast<int>(TensorKind::weight_grads)][Counter::rounded_to_zero];
       }
       const auto& r = log.steps[i];
       text << r.step << ' ' << hex(r.loss) << ' ' << hex(r.loss_scale) << ' ' << r.skipped << ' ' << flushed << ' '
@@ -691,5 +691,74 @@ TEST_CASE("logit maxima: each attention layer's and the output's, at the steps t
       if (has_logits) CHECK(maxima[l] == static_cast<double>(backend.calls[call++].first));
       else CHECK(std::isnan(maxima[l]));
     }
+  }
+}
+
+namespace {
+
+// The activation-gradient elements counted per layer over a run, by the layer's name.
+std::map<std::string, std::uint64_t> activation_grad_elements(const ArmSetup& setup, const ArmResult& r) {
+  const std::vector<std::string> names = Model::stat_names(setup.model, InputShape{1, 28, 28, 10});
+  REQUIRE(names.size() == r.stat_totals.size());
+  std::map<std::string, std::uint64_t> counted;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    counted[names[i]] = r.stat_totals[i][static_cast<int>(TensorKind::activation_grads)][Counter::elements];
+  return counted;
+}
+
+}  // namespace
+
+TEST_CASE("each activation-gradient tensor is counted once: ReLU and max pooling select, they do not round again",
+          "[training][stats]") {
+  // ReLU's and non-overlapping max pooling's input gradients hold only values of their output gradients and
+  // zeros. Where those values already passed the policy's activation_grads point they are not rounded or counted
+  // again (issue 21, section 1): an aggregate over layers counts each gradient tensor once. Under a per-tensor
+  // scaled point the layer's new amax gives a new scale, so there the layer does round and count.
+  for (const char* name : {"fp32", "fp16-mixed", "bf16-mixed"}) {
+    CAPTURE(name);
+    const Policy policy = *preset_policy(name);
+    ArmSetup s = small_setup(policy);
+    s.train.max_steps = 3;
+    MemoryLog log;
+    const ArmResult r = run(s, log);
+    const auto counted = activation_grad_elements(s, r);
+    // MLP 784-64-32-10, batch 32, 3 instrumented steps: the loss's gradient (32 x 10), fc3's input gradient
+    // (32 x 32) and fc2's (32 x 64); fc1's is never made, ReLU's two select.
+    CHECK(counted.at("loss") == 3u * 32 * 10);
+    CHECK(counted.at("fc3") == 3u * 32 * 32);
+    CHECK(counted.at("fc2") == 3u * 32 * 64);
+    CHECK(counted.at("relu1") == 0);
+    CHECK(counted.at("relu2") == 0);
+    CHECK(log.total(TensorKind::activation_grads, Counter::elements) == 3u * 32 * (10 + 32 + 64));
+  }
+  SECTION("a delayed-scaled activation_grads point: ReLU rounds and counts its own tensor") {
+    Policy scaled = *preset_policy("fp32");
+    scaled.activation_grads = RoundingPoint{formats::e5m2, {}, true};
+    ArmSetup s = small_setup(scaled);
+    s.train.max_steps = 3;
+    MemoryLog log;
+    const auto counted = activation_grad_elements(s, run(s, log));
+    CHECK(counted.at("relu1") == 3u * 32 * 64);
+    CHECK(counted.at("relu2") == 3u * 32 * 32);
+  }
+  SECTION("LeNet-5: max pooling (2 x 2, stride 2) and ReLU select; the convolutions and Linear layers count") {
+    const Policy policy = *preset_policy("fp16-mixed");
+    ArmSetup s = small_setup(policy);
+    s.model.kind = ModelKind::cnn;
+    s.train.batch_size = 4;
+    s.train.max_steps = 1;
+    MemoryLog log;
+    const ArmResult r = run(s, log);
+    const auto counted = activation_grad_elements(s, r);
+    std::uint64_t selecting = 0, computing = 0;
+    for (const auto& [layer, n] : counted) {
+      CAPTURE(layer);
+      if (layer.rfind("pool", 0) == 0 || layer.rfind("relu", 0) == 0) selecting += n;
+      else computing += n;
+    }
+    CHECK(selecting == 0);
+    // conv2's input gradient (4 x 6 x 14 x 14), fc1's (4 x 400), fc2's (4 x 120), fc3's (4 x 84), the loss's (4 x 10).
+    CHECK(counted.at("conv2") == 4u * 6 * 14 * 14);
+    CHECK(computing == 4u * (6 * 14 * 14 + 400 + 120 + 84 + 10));
   }
 }

@@ -144,7 +144,8 @@ class Layer {
                                                        const std::optional<RoundingPoint>& input) const = 0;
   // The same for the gradient backward returns. Every layer that computes
   // its input gradient rounds it last at policy.activation_grads; a layer
-  // that passes the gradient through (Flatten) overrides this.
+  // that passes the gradient through (Flatten) or selects from it (ReLU,
+  // max pooling: selected_gradient_passes below) overrides this.
   virtual std::optional<RoundingPoint> input_grad_rounding(const Policy& policy,
                                                            const std::optional<RoundingPoint>& /*output_grad*/) const {
     return policy.activation_grads;
@@ -153,6 +154,15 @@ class Layer {
  private:
   std::string name_;
 };
+
+// Whether a layer whose input gradient only selects values of its output
+// gradient (each value dy's or zero: ReLU, non-overlapping max pooling) may
+// leave that gradient unrounded and uncounted: when dy already passed
+// `output_grad` and rounding at the policy's activation_grads would keep every
+// value (RoundingPoint::keeps_values_of). Counting those values again would
+// count one tensor twice in every aggregate over layers (issue 21, section 1:
+// each tensor is counted once, where the policy rounds it).
+bool selected_gradient_passes(const Policy& policy, const std::optional<RoundingPoint>& output_grad);
 
 // Activation and its names: the table in numerics_layers.hpp.
 enum class InitScheme : std::uint8_t { he, xavier, normal };

@@ -107,6 +107,7 @@ struct Relu {
   static constexpr Activation kind = Activation::relu;
   static constexpr std::string_view name = "relu";
   static constexpr bool fp32_op = false;
+  static constexpr bool selects_gradient = true;  // backward gives dy or 0: no value that dy lacks
   MPSIM_HOST_DEVICE static float forward(float x) { return x <= 0.0f ? 0.0f : x; }
   MPSIM_HOST_DEVICE static float backward(float x, float dy) { return x > 0.0f ? dy : 0.0f; }
 };
@@ -118,6 +119,7 @@ struct Gelu {
   static constexpr Activation kind = Activation::gelu;
   static constexpr std::string_view name = "gelu";
   static constexpr bool fp32_op = true;  // autocast runs GELU in FP32 when fp32_ops lists it
+  static constexpr bool selects_gradient = false;
   // binary32 1/sqrt(2) and 1/sqrt(2 pi), correctly rounded (as
   // static_cast<float>(M_SQRT1_2) and 0.3989422804014327f).
   static constexpr float sqrt1_2 = 0x1.6a09e6p-1f;
@@ -139,6 +141,7 @@ struct Silu {
   static constexpr Activation kind = Activation::silu;
   static constexpr std::string_view name = "silu";
   static constexpr bool fp32_op = false;
+  static constexpr bool selects_gradient = false;
   MPSIM_HOST_DEVICE static float sigmoid(float x) {
     if (x >= 0.0f) return 1.0f / (1.0f + expf(-x));
     const float e = expf(x);
@@ -157,6 +160,7 @@ struct ActivationTable {
   static constexpr std::size_t size = sizeof...(A);
   static constexpr EnumNames<Activation, size> names{{A::name...}};
   static constexpr std::array<bool, size> fp32_op{A::fp32_op...};
+  static constexpr std::array<bool, size> selects_gradient{A::selects_gradient...};
   // Calls f(A{}) with the entry of `kind` (host code: a backend picks its loop or kernel).
   template <typename F>
   static void visit(Activation kind, F&& f) {
@@ -175,6 +179,12 @@ inline constexpr const auto& activation_names = Activations::names;
 inline std::string_view to_string(Activation kind) { return activation_names(kind); }
 // Whether a policy's fp32_ops may name this activation.
 constexpr bool activation_is_fp32_op(Activation kind) { return Activations::fp32_op[static_cast<std::size_t>(kind)]; }
+// Whether its input gradient holds only values of its output gradient and zeros (ReLU's dy or 0): the layer makes
+// no new gradient values, so where dy already passed the policy's activation_grads point it neither rounds nor
+// counts them again (layers.cpp, issue 21: each tensor counted once).
+constexpr bool activation_selects_gradient(Activation kind) {
+  return Activations::selects_gradient[static_cast<std::size_t>(kind)];
+}
 
 // --- Gated linear units (Shazeer, "GLU Variants Improve Transformer", 2020) -------------------------------------
 // A row of 2n values [a | b] gives n values f(a_j) * b_j, f an activation of

@@ -47,7 +47,7 @@ using Histogram = std::array<std::uint64_t, Binades::bin_count>;
 enum class Counter : std::uint8_t {
   elements,        // values rounded
   nonzero,         // nonzero values before rounding (NaN included)
-  flushed,         // nonzero finite values that became zero
+  rounded_to_zero, // nonzero finite values that became zero (under the point's rounding mode; issue 21)
   below_2_24,      // nonzero finite values with magnitude below 2^-24 (FP16's smallest subnormal)
   subnormal,       // results in the storage format's subnormal range
   overflow,        // results that overflowed (to infinity, NaN, or saturated)
@@ -58,7 +58,7 @@ enum class Counter : std::uint8_t {
 };
 inline constexpr int counter_count = 10;
 // The counters' names, in order: the log's "counter" coordinate.
-inline constexpr EnumNames<Counter, counter_count> counter_names{{"elements", "nonzero", "flushed", "below_2^-24",
+inline constexpr EnumNames<Counter, counter_count> counter_names{{"elements", "nonzero", "rounded_to_zero", "below_2^-24",
                                                                  "subnormal", "overflow", "nan", "infinite",
                                                                  "swallowed", "inexact"}};
 inline std::string_view to_string(Counter counter) { return counter_names(counter); }
@@ -100,14 +100,14 @@ enum class BlockCounter : std::uint8_t {
   elements,       // elements quantized
   nonzero,        // finite nonzero inputs
   saturated,      // elements clipped to the element format's largest value
-  flushed,        // finite nonzero inputs that became zero inside their block (its scale too large for them)
+  rounded_to_zero,  // finite nonzero inputs that became zero inside their block (its scale too large for them)
   nan,            // NaN outputs (blocks, or NVFP4 tensors, holding NaN or infinity)
   blocks,         // blocks (tiles)
   scale_clamped,  // blocks whose scale hit its format's range
 };
 inline constexpr int block_counter_count = 7;
 inline constexpr EnumNames<BlockCounter, block_counter_count> block_counter_names{
-    {"elements", "nonzero", "saturated", "flushed", "nan", "blocks", "scale_clamped"}};
+    {"elements", "nonzero", "saturated", "rounded_to_zero", "nan", "blocks", "scale_clamped"}};
 
 struct BlockStats {
   // Each block's decoded scale by binade (Binades' bins; a NaN scale in nan_bin).
