@@ -36,7 +36,9 @@ def load(study: str, figures: Path = FIGURES) -> dict:
 
 
 def pct(x: float, digits: int = 1) -> str:
-    return f"{100 * x:.{digits}f}%"
+    """A share in percent: `digits` decimals, or two significant digits below 0.1% (0.003%, not 0.0%)."""
+    value = 100 * x
+    return f"{value:.2g}%" if 0 < abs(value) < 0.1 else f"{value:.{digits}f}%"
 
 
 def points(x: float, digits: int = 2) -> str:
@@ -66,14 +68,15 @@ def underflow_rows(u: dict) -> list[tuple[str, str, str]]:
          "each tensor counted once where the policy rounds it; ReLU zeroes the gradient where its output is zero "
          f"(MLP {mean('mlp', 'relu_output_zero')}, CNN {mean('cnn', 'relu_output_zero')} of its values), "
          "selecting values already counted",
-         f"{zero['text']} for {zero['model']} (figure {zero['figure']}, as quoted in issue #6)"),
+         f"{zero['text']} for {zero['model']} (figure {zero['figure']}, as quoted in issue #6; two secondary "
+         "summaries agree, the paper's caption not checked)"),
         (f"weight gradients below 2^-24 (FP32; {which})",
          f"MLP {mean('mlp', 'weight_grads_below_2^-24_of_nonzero')}, CNN "
          f"{mean('cnn', 'weight_grads_below_2^-24_of_nonzero')} of the nonzero values (of all values: "
          f"{mean('mlp', 'weight_grads_below_2^-24')}, {mean('cnn', 'weight_grads_below_2^-24')})",
-         f"about {below['text'].lstrip('~')} for the {below['model']} (figure {below['figure']}, "
-         "as quoted in issue #6; "
-         "its histogram leaves zeros out)"),
+         f"about {below['text'].lstrip('~')} for the {below['model']}: \"approximately 5% of weight gradient values "
+         f"have exponents smaller than −24\" (§3.1, figure {below['figure']}; checked against a text extraction of "
+         "arXiv v3; the paper states no denominator)"),
         (f"headroom: binades between the largest gradient and FP16's max ({which.removesuffix(', mean')})",
          f"activation {span('activation_grads')}, weight {span('weight_grads')}",
          "the argument for loss scaling: the top of FP16's range goes unused, so shifting gradients up costs nothing"),

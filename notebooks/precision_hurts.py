@@ -239,7 +239,7 @@ def accuracy_vs_weight(f, points, r: dict) -> Figure:
             acc = [100 * final_accuracy(f, roles[role_name]) for roles in points[w].values()]
             means.append(np.mean(acc))
             ax_acc.plot(np.full(len(acc), k) + (i - 1) * 0.18, acc, "o", color=f"C{i}", ms=4, alpha=0.6)
-        ax_acc.plot(ks, means, "-", color=f"C{i}", lw=2, ls="--" if role_name == "fp32" else "-",
+        ax_acc.plot(ks, means, color=f"C{i}", lw=2, ls="--" if role_name == "fp32" else "-",
                     label=ROLE_LABELS[role_name])
     ax_acc.set_xlabel("k: loss weight $w = 2^{-k}$, SGD learning rate $\\times 2^{k}$")
     ax_acc.set_ylabel("final test accuracy (%)")
