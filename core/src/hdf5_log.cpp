@@ -907,9 +907,13 @@ std::vector<std::array<std::string, 3>> attribute_rows(const std::array<Attribut
 std::string root_attributes_markdown() {
   auto rows = attribute_rows(experiment_attribute_fields);
   rows.push_back({"`schema_version`", "int32",
-                  "`" + std::to_string(schema_version) + "`: this page (version 5 lacked the policy point `loss_internals`; version 4 also `softmax_internals` and `norm_statistics`; version 3 also "
-                  "`stats/logit_max`; version 2 also `cpu` and the arms' `threads` "
-                  "and `gemm`; version 1 also `/arms/<arm>/policy/`)"});
+                  "`" + std::to_string(schema_version) +
+                      "`: this page (version 6 named the counter `rounded_to_zero` `flushed`, and counted ReLU's and "
+                      "max pooling's input gradients as tensors of their own, though they only select values of their "
+                      "output gradients that were counted already: an aggregate of `activation_grads` over layers "
+                      "counted those values twice; version 5 lacked the policy point `loss_internals`; version 4 also "
+                      "`softmax_internals` and `norm_statistics`; version 3 also `stats/logit_max`; version 2 also "
+                      "`cpu` and the arms' `threads` and `gemm`; version 1 also `/arms/<arm>/policy/`)"});
   return markdown_table<3>({"attribute", "type", "meaning"}, rows);
 }
 
