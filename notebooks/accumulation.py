@@ -9,7 +9,6 @@ rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019).
 import argparse
 import csv
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np

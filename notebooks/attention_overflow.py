@@ -122,8 +122,8 @@ def verdict(found: dict) -> str:
 
 
 def logits_figure(f, found: dict) -> Figure:
-    """The largest attention logit over training per arm of the first seed (log scale), binary16's largest value dashed (left);
-    the fp16 arms' cumulative skipped steps (right)."""
+    """The largest attention logit over training per arm of the first seed (log scale), binary16's largest value
+    dashed (left); the fp16 arms' cumulative skipped steps (right)."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     logit_ax, skip_ax = fig.subplots(1, 2)
     for a in (a for a in found["arms"] if a["seed"] == found["seed"]):

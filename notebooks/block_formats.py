@@ -222,8 +222,8 @@ def verdict(found: dict) -> str:
         low90, high90 = v["ci90_points"]
         lines.append(f"  {name:<14} {v['mean_points']:+.2f} [{low:+.2f}, {high:+.2f}] [{low90:+.2f}, {high90:+.2f}] "
                      f"over seeds {v['seeds']}: {v['verdict']}")
-    lines.append("Inside the blocks (first seed; share of nonzero elements rounded to zero / saturated, median block error "
-                 "in element epsilons):")
+    lines.append("Inside the blocks (first seed; share of nonzero elements rounded to zero / saturated, median block "
+                 "error in element epsilons):")
     for name, e in found["policies"].items():
         for operand, b in e["blocks"].items():
             lines.append(f"  {name:<14} {operand:<18} to zero {b['rounded_to_zero_share']:.3g}  saturated "

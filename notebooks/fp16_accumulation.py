@@ -20,8 +20,6 @@ import sys
 if __name__ == "__main__":
     os.environ.setdefault("MPLBACKEND", "Agg")  # files only; no display needed
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import equivalence  # noqa: E402  (beside this file)
 import figures as fg  # noqa: E402

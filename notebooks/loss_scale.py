@@ -160,7 +160,8 @@ def findings(f) -> dict:
                "test_accuracy": [b["test_accuracy"] for b in runs],
                "accuracy_minus_fp32_points": [b["accuracy_minus_fp32_points"] for b in runs],
                "skipped_steps": [b["skipped_steps"] for b in runs],
-               **{f"{kind}_rounded_to_zero_of_nonzero": [b[kind]["rounded_to_zero_of_nonzero"] for b in runs] for kind in KINDS}}
+               **{f"{kind}_rounded_to_zero_of_nonzero": [b[kind]["rounded_to_zero_of_nonzero"] for b in runs]
+                  for kind in KINDS}}
         if a["mode"] != "none" and len(seeds) >= 2:
             row["equivalence"] = equivalence.paired_equivalence(
                 [d / 100 for d in row["accuracy_minus_fp32_points"]], PARITY_POINTS / 100)
@@ -193,7 +194,8 @@ def verdict(found: dict) -> str:
         lines.append(
             f"{a['label']:<10} acc {_pct(a['test_accuracy']):>7} ({a['accuracy_minus_fp32_points']:+.2f} pt vs fp32); "
             f"rounded to zero: act. grads {_pct(act['rounded_to_zero_of_nonzero'])}, weight grads "
-            f"{_pct(wg['rounded_to_zero_of_nonzero'])} of nonzero; overflowed values {act['overflow_values'] + wg['overflow_values']}; "
+            f"{_pct(wg['rounded_to_zero_of_nonzero'])} of nonzero; "
+            f"overflowed values {act['overflow_values'] + wg['overflow_values']}; "
             f"skipped {a['skipped_steps']}/{a['steps']} steps; act.-grad histogram shifted "
             f"{act['median_shift_vs_fp32']:+.0f} binades vs fp32 (log2 S = {a['log2_initial_scale']:g}){scale}")
     parity = found["scales_at_parity"]
@@ -202,7 +204,8 @@ def verdict(found: dict) -> str:
                      f"±{found['parity_points']} points), and the activation gradients rounded to zero per seed:")
         for r in found["over_seeds"]:
             if "equivalence" in r:
-                lines.append(f"  {r['label']:<10} " + equivalence.describe(r["equivalence"]) + "; act. grads rounded to zero "
+                lines.append(f"  {r['label']:<10} " + equivalence.describe(r["equivalence"])
+                             + "; act. grads rounded to zero "
                              + ", ".join(_pct(x) for x in r["activation_grads_rounded_to_zero_of_nonzero"])
                              + f"; skipped {r['skipped_steps']}")
         lines.append(f"Equivalent to fp32 within {found['parity_points']} points (TOST): "
@@ -220,10 +223,12 @@ def verdict(found: dict) -> str:
     for a in statics:
         if a["skipped_steps"]:
             frozen = a["skipped_steps"] == a["steps"]
-            lines.append(f"{a['label'][2:]} overflows: {a['skipped_steps']}/{a['steps']} steps skipped; a static scaler "
+            lines.append(f"{a['label'][2:]} overflows: {a['skipped_steps']}/{a['steps']} steps skipped; "
+                         "a static scaler "
                          f"never backs off, so the weights {'never moved' if frozen else 'moved less'} "
                          f"(test accuracy {_pct(a['test_accuracy'])}"
-                         + ("; its histogram is the untrained net's, hence a shift unlike log2 S)." if frozen else ")."))
+                         + ("; its histogram is the untrained net's, hence a shift unlike log2 S)." if frozen
+                            else ")."))
     return "\n".join(lines)
 
 
@@ -343,7 +348,8 @@ def range_offset_figure(f, found: dict, kind: str = "activation_grads") -> Figur
         if a["mode"] == "none":  # an fp32 arm rounds nothing: say what lies outside FP16's range instead
             note = f"{_pct(k['below_2^-24_of_nonzero'])} of nonzero below $2^{{-24}}$ (outside FP16's range)"
         else:
-            note = (f"{_pct(k['rounded_to_zero_of_nonzero'])} of nonzero rounded to zero, {k['overflow_values']} overflowed\n"
+            note = (f"{_pct(k['rounded_to_zero_of_nonzero'])} of nonzero rounded to zero, "
+                    f"{k['overflow_values']} overflowed\n"
                     f"{a['skipped_steps']}/{a['steps']} steps skipped")
         ax.text(hi - 0.3, i + 0.45, note, ha="right", va="center", fontsize=7.5,
                 bbox=dict(boxstyle="square,pad=0.15", fc="white", ec="none", alpha=0.8))

@@ -2,13 +2,14 @@
 """Merge logs of one study run with different seeds into one log that every study module reads.
 
 A study's seeds may come from several runs (more seeds added later, or seeds split across device calls). This
-copies every arm of each log into OUT (and the /agreement groups of a run with two backends), after checking that the logs are runs of the same config apart from its
-seeds and output (the resolved configs stored in the logs, compared as TOML), of the same schema version, and
-share no arm name (two runs of one seed would). A run of one seed names its arms without the seed (`fp32`,
-`fp32@qk_norm=true`); its arms get the name a run of several seeds gives them (`fp32.seed2`,
-`fp32.seed2@qk_norm=true`, core/src/experiment.cpp's arm_name), here and in /agreement. OUT's root attributes are the first log's, with `seeds` the union
-of the configs' seeds and `merged_from` naming each log with its revision, host and start time; the arms keep
-their own attributes, so each still says its backend, seed and policy.
+copies every arm of each log into OUT (and the /agreement groups of a run with two backends), after checking that
+the logs are runs of the same config apart from its seeds and output (the resolved configs stored in the logs,
+compared as TOML), of the same schema version, and share no arm name (two runs of one seed would). A run of one
+seed names its arms without the seed (`fp32`, `fp32@qk_norm=true`); its arms get the name a run of several seeds
+gives them (`fp32.seed2`, `fp32.seed2@qk_norm=true`, core/src/experiment.cpp's arm_name), here and in /agreement.
+OUT's root attributes are the first log's, with `seeds` the union of the configs' seeds and `merged_from` naming
+each log with its revision, host and start time; the arms keep their own attributes, so each still says its
+backend, seed and policy.
 
     /usr/bin/python3 notebooks/merge_logs.py OUT.h5 LOG.h5 LOG.h5 [...]
 

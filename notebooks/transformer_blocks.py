@@ -52,7 +52,8 @@ def glu_top_binade(f, arm: str) -> dict:
         s, _, counts = ml.histogram(f, arm, layer, "activations")
         top = ml.top_binade(counts, b).astype(float)
         steps, tops = s, top if tops is None else np.fmax(tops, top)
-    return {"step": steps if steps is not None else np.array([]), "top_binade": tops if tops is not None else np.array([])}
+    return {"step": steps if steps is not None else np.array([]),
+            "top_binade": tops if tops is not None else np.array([])}
 
 
 def findings(f) -> dict:
@@ -104,8 +105,12 @@ def verdict(found: dict) -> str:
                f"{found['reference_policy']}); SwiGLU outputs' top binade 2^{a['glu_top_binade_first']:.0f} at the " \
                f"first stats step, 2^{a['glu_top_binade_max']:.0f} at most"
         if a["block_scaled"]:
-            worst = max(a["operands"].items(), key=lambda kv: kv[1]["rounded_to_zero"] if math.isfinite(kv[1]["rounded_to_zero"]) else -1)
-            text += f"; most rounded to zero: operand {worst[0]} ({worst[1]['rounded_to_zero']:.1%} of its nonzero elements)"
+            def share(kv):
+                return kv[1]["rounded_to_zero"] if math.isfinite(kv[1]["rounded_to_zero"]) else -1
+
+            worst = max(a["operands"].items(), key=share)
+            text += (f"; most rounded to zero: operand {worst[0]} ({worst[1]['rounded_to_zero']:.1%} of its nonzero "
+                     "elements)")
         lines.append(text)
     if len(found["seeds"]) < 2:
         lines.append("One seed: differences are single runs, not tested findings.")

@@ -197,7 +197,8 @@ def counters_figure(found: dict) -> Figure:
     y = np.arange(len(arms))
     for ax, (key, title) in zip(axes, [("residual_inexact", "residual stream: values changed by rounding"),
                                        ("layer_norm_inexact", "norm outputs: values changed by rounding"),
-                                       ("activation_grads_rounded_to_zero", "nonzero activation gradients rounded to zero")]):
+                                       ("activation_grads_rounded_to_zero",
+                                        "nonzero activation gradients rounded to zero")]):
         ax.barh(y, [100 * a[key] if math.isfinite(a[key]) else 0.0 for a in arms], color="tab:gray")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("% of values" if key != "activation_grads_rounded_to_zero" else "% of nonzero values")
