@@ -65,6 +65,7 @@ def findings(f) -> dict:
         over = int(np.sum(per_step > FP16_MAX))
         arms.append({
             "arm": arm,
+            "seed": int(ml.arm_info(f, arm)["seed"]),
             "setting": setting_of(point),
             "lr": float(point["lr"]),
             "status": ml.arm_info(f, arm)["status"],
@@ -79,20 +80,41 @@ def findings(f) -> dict:
         })
     if not arms:
         raise ValueError("no arm with a sweep point `lr`: not a log of experiments/configs/attention_logits.toml")
-    arms.sort(key=lambda a: (SETTINGS.index(a["setting"]), a["lr"]))
-    return {"arms": arms, "fp16_max": FP16_MAX, "seed": int(ml.info(f)["seed"])}
+    arms.sort(key=lambda a: (SETTINGS.index(a["setting"]), a["lr"], a["seed"]))
+    # Per setting and learning rate over the seeds: the final loss and the largest logit, each seed's and their
+    # mean (the curves), and in how many seeds the largest logit passed 65504.
+    points = []
+    for setting in SETTINGS:
+        for lr in sorted({a["lr"] for a in arms if a["setting"] == setting}):
+            runs = [a for a in arms if a["setting"] == setting and a["lr"] == lr]
+            losses = [a["final_test_loss"] for a in runs]
+            logits = [a["max_attention_logit"] for a in runs]
+            points.append({"setting": setting, "lr": lr, "seeds": [a["seed"] for a in runs],
+                           "final_test_loss": losses, "max_attention_logit": logits,
+                           "mean_final_test_loss": float(np.mean(losses)),
+                           "mean_max_attention_logit": float(np.mean(logits)),
+                           "seeds_over_fp16_max": sum(a["stats_steps_over_fp16_max"] > 0 for a in runs)})
+    seeds = sorted({a["seed"] for a in arms})
+    return {"arms": arms, "points": points, "fp16_max": FP16_MAX, "seeds": seeds, "seed": seeds[0]}
 
 
 def verdict(found: dict) -> str:
-    lines = []
+    seeds = found["seeds"]
+    lines = [f"Seeds {seeds}: per setting, the learning rate of the best mean validation loss, and the largest "
+             "attention logit per lr (the mean over the seeds" + (", with the range)" if len(seeds) > 1 else ")")]
     for setting in SETTINGS:
-        arms = [a for a in found["arms"] if a["setting"] == setting]
-        if not arms:
+        points = [p for p in found["points"] if p["setting"] == setting]
+        if not points:
             continue
-        best = min(arms, key=lambda a: a["final_test_loss"] if math.isfinite(a["final_test_loss"]) else math.inf)
-        lines.append(f"{setting:<22} best validation loss {best['final_test_loss']:.4f} nats/char at lr {best['lr']:g}; "
-                     "largest attention logit per lr: " +
-                     ", ".join(f"{a['lr']:g}: {a['max_attention_logit']:.3g}" for a in arms))
+        best = min(points, key=lambda p: p["mean_final_test_loss"] if math.isfinite(p["mean_final_test_loss"])
+                   else math.inf)
+        spread = (f" ({min(best['final_test_loss']):.4f}-{max(best['final_test_loss']):.4f})"
+                  if len(best["seeds"]) > 1 else "")
+        lines.append(f"{setting:<22} best validation loss {best['mean_final_test_loss']:.4f}{spread} nats/char at lr "
+                     f"{best['lr']:g}; largest attention logit per lr: " +
+                     ", ".join(f"{p['lr']:g}: {p['mean_max_attention_logit']:.3g}"
+                               + (f" ({min(p['max_attention_logit']):.3g}-{max(p['max_attention_logit']):.3g})"
+                                  if len(p["seeds"]) > 1 else "") for p in points))
     over = [a for a in found["arms"] if a["stats_steps_over_fp16_max"]]
     lines.append(f"Arms whose largest attention logit passed FP16's 65504 (an FP16 logit would overflow): {len(over)} "
                  f"of {len(found['arms'])}" + (": " + ", ".join(a["arm"] for a in over) if over else ""))
@@ -100,23 +122,28 @@ def verdict(found: dict) -> str:
 
 
 def sensitivity_figure(found: dict) -> Figure:
-    """Final validation loss (left) and the largest attention logit (right) against the learning rate."""
+    """Final validation loss (left) and the largest attention logit (right) against the learning rate: the mean
+    over the seeds as a line, each seed a dot."""
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     loss_ax, logit_ax = fig.subplots(1, 2)
     for setting in SETTINGS:
-        arms = [a for a in found["arms"] if a["setting"] == setting]
-        if not arms:
+        points = [p for p in found["points"] if p["setting"] == setting]
+        if not points:
             continue
-        lr = [a["lr"] for a in arms]
-        loss_ax.plot(lr, [a["final_test_loss"] for a in arms], "o-", color=COLOURS[setting], label=setting)
-        logit_ax.plot(lr, [a["max_attention_logit"] for a in arms], "o-", color=COLOURS[setting], label=setting)
+        lr = [p["lr"] for p in points]
+        loss_ax.plot(lr, [p["mean_final_test_loss"] for p in points], "-", color=COLOURS[setting], label=setting)
+        logit_ax.plot(lr, [p["mean_max_attention_logit"] for p in points], "-", color=COLOURS[setting], label=setting)
+        for p in points:
+            loss_ax.plot([p["lr"]] * len(p["seeds"]), p["final_test_loss"], "o", color=COLOURS[setting], ms=4)
+            logit_ax.plot([p["lr"]] * len(p["seeds"]), p["max_attention_logit"], "o", color=COLOURS[setting], ms=4)
     logit_ax.axhline(FP16_MAX, color="black", linestyle="--", linewidth=1, label="FP16 max 65504")
     for ax in (loss_ax, logit_ax):
         ax.set_xscale("log")
         ax.set_xlabel("learning rate")
         ax.grid(True, alpha=0.3)
     loss_ax.set_ylabel("final validation loss (nats/char)")
-    loss_ax.set_title("learning-rate sensitivity")
+    n = len(found["seeds"])
+    loss_ax.set_title(f"learning-rate sensitivity ({n} seed{'s' if n != 1 else ''}: dots; line: mean)")
     logit_ax.set_yscale("log")
     logit_ax.set_ylabel("largest |attention logit| over training")
     logit_ax.set_title("attention-logit growth")
@@ -126,14 +153,15 @@ def sensitivity_figure(found: dict) -> Figure:
 
 
 def trajectory_figure(f, found: dict) -> Figure:
-    """Each arm's largest attention logit (top) and output logit (bottom) over the stats steps, one panel per setting."""
+    """Each arm's largest attention logit (top) and output logit (bottom) over the stats steps, one panel per setting
+    (the first seed's arms)."""
     settings = [s for s in SETTINGS if any(a["setting"] == s for a in found["arms"])]
     fig = Figure(figsize=(4.2 * len(settings), 6.5), layout="constrained")
     axes = np.atleast_2d(fig.subplots(2, len(settings), sharey="row", squeeze=False))
     rates = sorted({a["lr"] for a in found["arms"]})
     shades = {lr: 0.25 + 0.75 * i / max(1, len(rates) - 1) for i, lr in enumerate(rates)}
     for col, setting in enumerate(settings):
-        for a in (a for a in found["arms"] if a["setting"] == setting):
+        for a in (a for a in found["arms"] if a["setting"] == setting and a["seed"] == found["seed"]):
             maxima = ml.logit_max(f, a["arm"])
             attention = [n for n in maxima if n.endswith(".attn")]
             colour = (0.0, 0.0, 0.0, shades[a["lr"]])
