@@ -15,6 +15,13 @@ Shape with_rows(std::int64_t rows, std::int64_t cols) { return {rows, cols}; }
 
 using detail::operand;
 
+// Rounds a selecting layer's input gradient (ReLU, max pooling) at activation_grads, and counts it, unless its
+// values already passed a point that keeps them (selected_gradient_passes): then it is no tensor of its own.
+void round_selected_gradient(StepContext& ctx, Tensor& dx, bool selects) {
+  if (selects && selected_gradient_passes(ctx.policy, ctx.incoming)) return;
+  ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+}
+
 class Linear final : public Layer {
  public:
   Linear(std::string name, std::int64_t in, std::int64_t out, std::shared_ptr<TiedTable> tie = nullptr)
@@ -196,8 +203,7 @@ class MaxPool2d final : public Layer {
     if (need_input_grad) {
       dx = ctx.backend.empty(input_shape_);
       ctx.backend.max_pool_backward(dy, argmax_, dx);
-      if (!(selects() && selected_gradient_passes(ctx.policy, ctx.incoming)))
-        ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+      round_selected_gradient(ctx, dx, selects());
     }
     argmax_ = Tensor();
     return dx;
@@ -269,8 +275,7 @@ class Pointwise final : public Layer {
         ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
       else
         ctx.backend.activation_backward(kind_, input_, dy, dx);
-      if (!(selects() && selected_gradient_passes(ctx.policy, ctx.incoming)))
-        ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+      round_selected_gradient(ctx, dx, selects());
     }
     input_ = Tensor();
     return dx;
