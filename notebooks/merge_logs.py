@@ -34,10 +34,8 @@ FREE_KEYS = ("seeds", "output")
 
 
 def _config(f: h5py.File, path: str) -> dict:
-    text = f.attrs.get("config", "")
-    text = text.decode() if isinstance(text, bytes) else str(text)
     try:
-        return tomllib.loads(text)
+        return tomllib.loads(ml.config(f))
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: its stored config is not TOML ({e})") from e
 
@@ -50,11 +48,11 @@ def merged_name(arm: str, seeds: list[int]) -> str:
     return f"{base}.seed{seeds[0]}{at}{sweep}"
 
 
-def check(paths: list[str]) -> list[int]:
-    """Raises ValueError naming the first difference that forbids a merge; returns the seeds in order."""
+def check(paths: list[str]) -> list[list[int]]:
+    """Raises ValueError naming the first difference that forbids a merge; returns each log's seeds."""
     if len(paths) < 2:
         raise ValueError("give at least two logs to merge")
-    seeds: list[int] = []
+    seeds: list[list[int]] = []
     arms: dict[str, str] = {}
     first_config, first_version = None, None
     for path in paths:
@@ -77,7 +75,7 @@ def check(paths: list[str]) -> list[int]:
                 if name in arms:
                     raise ValueError(f"arm {name!r} is in both {arms[name]} and {path}: the same seed twice?")
                 arms[name] = path
-            seeds += own
+            seeds.append(own)
     return seeds
 
 
@@ -85,16 +83,15 @@ def merge(out: str, paths: list[str]) -> list[int]:
     """Writes OUT from the logs (check() first); returns the merged seeds."""
     if os.path.exists(out):
         raise ValueError(f"{out} exists: name a new file (nothing is overwritten)")
-    seeds = check(paths)
+    per_log = check(paths)
     with h5py.File(out, "w") as dst:
         group = dst.create_group("arms")
         sources = []
-        for i, path in enumerate(paths):
+        for i, (path, own) in enumerate(zip(paths, per_log)):
             with ml.open_log(path) as src:
                 if i == 0:
                     for key, value in src.attrs.items():
                         dst.attrs[key] = value
-                own = [int(x) for x in _config(src, path).get("seeds", [])]
                 for arm in src["arms"]:
                     name = merged_name(arm, own)
                     src.copy(src["arms"][arm], group, name=name)
@@ -107,6 +104,7 @@ def merge(out: str, paths: list[str]) -> list[int]:
                 info = ml.info(src)
                 sources.append(f"{path} ({info.get('git_revision', '?')}, {info.get('host', '?')}, "
                                f"{info.get('start_time', '?')})")
+        seeds = [seed for own in per_log for seed in own]
         dst.attrs["seeds"] = seeds
         dst.attrs["merged_from"] = sources
     return seeds

@@ -107,9 +107,7 @@ def info(path: PathOrFile) -> dict:
     """The file's root attributes (config, mpsim_version, git_revision, start_time, host, cpu, seed, schema_version;
     a log written by notebooks/merge_logs.py adds `seeds` and `merged_from`, lists)."""
     with _log(path) as f:
-        return {k: (_text(v) if isinstance(v, (str, bytes)) else
-                    [x.item() if isinstance(x, np.generic) else _text(x) for x in v] if isinstance(v, np.ndarray)
-                    else v.item()) for k, v in f.attrs.items()}
+        return {k: _value(v) for k, v in f.attrs.items()}
 
 
 def config_order(path: PathOrFile, policies) -> list[str]:
@@ -143,11 +141,11 @@ def arm_info(path: PathOrFile, arm: str) -> dict:
 
 
 def _value(v):
-    """An attribute as Python: str, bool (uint8 flags), int, float, or a list of str (1-D string attributes)."""
+    """An attribute as Python: str, bool (uint8 flags), int, float, or a list (1-D attributes: str or numbers)."""
     if isinstance(v, (str, bytes, np.bytes_)):
         return _text(v)
     if isinstance(v, np.ndarray) and v.ndim == 1:
-        return [_text(x) for x in v]
+        return [_text(x) if isinstance(x, (str, bytes, np.bytes_)) else x.item() for x in v]
     if isinstance(v, np.bool_) or (isinstance(v, np.integer) and v.dtype == np.uint8):
         return bool(v)
     return v.item() if isinstance(v, np.generic) else v
