@@ -142,20 +142,17 @@ def headroom(counts_over_steps: np.ndarray, bins: ml.Bins) -> dict:
     }
 
 
-def per_layer(f, arm: str, kind: str) -> list[tuple[str, dict]]:
-    """[(layer, fractions over all instrumented steps)], in model order, then ("all layers", ...)."""
-    names, _, counts = layer_histograms(f, arm, kind)
-    bins = ml.bins(f, arm)
+def per_layer(names: list[str], counts: np.ndarray, bins: ml.Bins) -> list[tuple[str, dict]]:
+    """[(layer, fractions over all instrumented steps)], in model order, then ("all layers", ...); names and
+    counts as layer_histograms gives them."""
     rows = [(name, fractions(counts[:, i, :].sum(axis=0), bins)) for i, name in enumerate(names)]
     rows.append(("all layers", fractions(counts.sum(axis=(0, 1)), bins)))
     return rows
 
 
-def over_training(f, arm: str, kind: str, parts: int = 8) -> list[float]:
-    """Share of nonzero values below 2^-24 in each of `parts` equal stretches of the instrumented steps:
-    whether underflow grows as the loss (and with it the gradients) shrinks."""
-    _, _, counts = layer_histograms(f, arm, kind)
-    bins = ml.bins(f, arm)
+def over_training(counts: np.ndarray, bins: ml.Bins, parts: int = 8) -> list[float]:
+    """Share of nonzero values below 2^-24 in each of `parts` equal stretches of the instrumented steps (counts
+    as layer_histograms gives them): whether underflow grows as the loss (and with it the gradients) shrinks."""
     summed = counts.sum(axis=1)
     return [fractions(chunk.sum(axis=0), bins)["below_2^-24_of_nonzero"]
             for chunk in np.array_split(summed, min(parts, len(summed))) if len(chunk)]
@@ -173,21 +170,21 @@ def findings(f) -> dict:
             entry = {"arm": arm, "seed": int(info.get("seed", 0)), "status": info.get("status"),
                      "steps": int(ml.steps(f, arm)["step"].size),
                      "test_accuracy": float(e["test_accuracy"][-1]) if len(e["step"]) else float("nan")}
+            bins = ml.bins(f, arm)
             for kind in KINDS:
                 names, _, counts = layer_histograms(f, arm, kind)
-                bins = ml.bins(f, arm)
                 entry[kind] = {
                     "all_layers": fractions(counts.sum(axis=(0, 1)), bins),
-                    "per_layer": dict(per_layer(f, arm, kind)[:-1]),
+                    "per_layer": dict(per_layer(names, counts, bins)[:-1]),
                     "headroom": headroom(counts.sum(axis=1), bins),
-                    "below_2^-24_of_nonzero_by_eighth_of_training": over_training(f, arm, kind),
+                    "below_2^-24_of_nonzero_by_eighth_of_training": over_training(counts, bins),
                 }
             # ReLU's input gradient selects from its output gradient (dy where the input was positive, else 0)
             # and is not a tensor of its own in the counts (each tensor once: docs/hdf5-schema.md); the zeros it
             # puts into the gradient are where its output is zero, which its activations' histogram counts.
             relu = [i for i, name in enumerate(ml.layers(f, arm)) if name.startswith("relu")]
             acts = ml.kind_histogram(f, arm, "activations", per_layer=True)
-            entry["relu_output_zero"] = (fractions(acts[relu].sum(axis=0), ml.bins(f, arm))["zero"]
+            entry["relu_output_zero"] = (fractions(acts[relu].sum(axis=0), bins)["zero"]
                                          if relu else float("nan"))
             runs.append(entry)
         first = runs[0]
@@ -271,7 +268,8 @@ def per_layer_figure(f, arms: list[tuple[str, str]]) -> Figure:
     floor = 1e-6  # a log axis cannot show 0; zero shares are drawn as a stub at the floor and labelled "0"
     for row, (arm, model) in zip(axes, arms):
         for ax, kind in zip(row, KINDS):
-            rows = per_layer(f, arm, kind)
+            names, _, counts = layer_histograms(f, arm, kind)
+            rows = per_layer(names, counts, ml.bins(f, arm))
             x = np.arange(len(rows))
             width = 0.8 / len(bars)
             for j, (key, label, color) in enumerate(bars):
