@@ -27,13 +27,14 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 # Version 3 lacks stats/logit_max: everything but `logit_max` reads it. Version 4 lacks the policy
 # points softmax_internals and norm_statistics, version 5 loss_internals (policy() returns the
 # points the log has). Version 6 and earlier also count ReLU's and max pooling's input gradients as tensors of their
 # own: their activation_grads aggregates over layers count those values twice (docs/hdf5-schema.md).
+# Version 7 and earlier lack /arms/<arm>/shadow/: everything but `shadow` reads them.
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000
@@ -231,6 +232,18 @@ def evals(path: PathOrFile, arm: str) -> dict[str, np.ndarray]:
     with _log(path) as f:
         g = _arm(f, arm)["eval"]
         return {name: g[name][()] for name in g}
+
+
+def shadow(path: PathOrFile, arm: str) -> dict[str, np.ndarray]:
+    """The FP32 shadow's rows (train.shadow_interval > 0), one per layer with parameters and one for the whole model
+    (layer -1) at each shadow step: step, layer, loss_fp32, relative_error, cosine, norm_ratio, norm_fp32, elements,
+    nonzero_fp32, zeroed (docs/hdf5-schema.md). Empty arrays where the run had no shadow."""
+    with _log(path) as f:
+        g = _arm(f, arm)
+        if "shadow" not in g:
+            raise ValueError(f"{f.filename}: arm {arm!r} has no shadow/ group: the log is older than schema "
+                             "version 8; rerun it with train.shadow_interval > 0")
+        return {name: g["shadow"][name][()] for name in g["shadow"]}
 
 
 def histogram(path: PathOrFile, arm: str, layer, kind) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

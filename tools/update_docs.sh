@@ -24,3 +24,4 @@ update docs/hdf5-schema.md arm
 update docs/hdf5-schema.md policy
 update docs/hdf5-schema.md steps
 update docs/hdf5-schema.md eval
+update docs/hdf5-schema.md shadow

@@ -446,6 +446,12 @@ constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
                                    "steps between test-set evaluations; `0`: end of each epoch"),
     key<&TrainSpec::eval_batch>("eval_batch", "samples", "batch size of evaluations", at_least(1)),
     key<&TrainSpec::stats_interval>("stats_interval", "steps", "instrument every Nth step; `0`: never"),
+    key<&TrainSpec::shadow_interval>(
+        "shadow_interval", "steps",
+        "`> 0`: every Nth step, also the FP32 shadow: the same weights and batch in binary32, whose gradient each "
+        "layer's is compared with (docs/hdf5-schema.md, `/arms/<arm>/shadow/`); one more forward and backward pass "
+        "per shadow step, the arm's bits unchanged. `0`: never",
+        at_least(0)),
     key<&TrainSpec::threads>("threads", "threads",
                              "GEMM, quantization and statistics threads; `0`: all cores. No bit depends on it with "
                              "`gemm = \"ordered\"`"),
@@ -687,6 +693,11 @@ ExperimentConfig parse_config(const std::string& text, const std::string& source
   section("loss", loss_fields, c.train.loss);
   section("optimizer", optimizer_fields, c.optimizer);
   section("schedule", schedule_fields, c.schedule);
+  if (c.train.shadow_interval > 0 && c.train.loss.z_loss > 0)
+    throw ConfigError("train.shadow_interval = " + std::to_string(c.train.shadow_interval) + " with loss.z_loss = " +
+                      number_text(c.train.loss.z_loss) +
+                      ": the FP32 shadow's loss gradient is the softmax cross-entropy's alone, without a z-loss "
+                      "term; set loss.z_loss = 0 or train.shadow_interval = 0");
 
   const toml::table* policies = top.subtable("policies");
   std::vector<std::string> custom;

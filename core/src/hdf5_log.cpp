@@ -35,12 +35,12 @@ namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 7;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
+constexpr std::int32_t schema_version = 8;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
                                             // 5: the policy points softmax_internals and norm_statistics;
                                             // 6: the policy point loss_internals; 7: ReLU's and max
                                             // pooling's input gradients counted once (their records empty
                                             // where they only select values already counted), and the
-                                            // counter "flushed" renamed "rounded_to_zero"
+                                            // counter "flushed" renamed "rounded_to_zero"; 8: /arms/<arm>/shadow/
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;
@@ -190,6 +190,7 @@ class Hdf5Arm final : public ArmLog {
   void stats(std::int64_t step, const LayerStats& stats, std::span<const double> logit_max) override;
   void block_stats(std::int64_t step, const LayerBlockStats& stats) override;
   void eval(const EvalRecord& record) override;
+  void shadow(std::span<const ShadowRecord> records) override;
   void finish(const std::string& status) override;
 
   const std::string& name() const { return name_; }
@@ -198,7 +199,8 @@ class Hdf5Arm final : public ArmLog {
   std::int64_t flushed_step() const { return flushed_step_; }  // the last step in the file on disk; -1: none
   void mark_flushed() { flushed_step_ = last_step_; }
   bool pending() const {
-    return !steps_.empty() || !stat_steps_.empty() || !evals_.empty() || !blocks_.steps.empty();
+    return !steps_.empty() || !stat_steps_.empty() || !evals_.empty() || !shadows_.empty() ||
+           !blocks_.steps.empty();
   }
   // An upper bound of what the next flush adds to the file: the buffered
   // records uncompressed, plus one whole chunk of every dataset, since a flush
@@ -208,13 +210,15 @@ class Hdf5Arm final : public ArmLog {
     if (!pending()) return 0;
     return steps_.size() * sizeof(StepRecord) + stat_steps_.size() * sizeof(std::int64_t) +
            histograms_.size() * sizeof(std::uint32_t) + counters_.size() * sizeof(std::uint64_t) +
-           logit_max_.size() * sizeof(double) + evals_.size() * sizeof(EvalRecord) + blocks_.buffered_bytes() +
+           logit_max_.size() * sizeof(double) + evals_.size() * sizeof(EvalRecord) +
+           shadows_.size() * sizeof(ShadowRecord) + blocks_.buffered_bytes() +
            chunk_bytes_;
   }
   // Closes nothing: after a failed write (Hdf5Log::~Hdf5Log).
   void abandon() noexcept {
     for (auto& h : steps_ds_) h.abandon();
     for (auto& h : eval_ds_) h.abandon();
+    for (auto& h : shadow_ds_) h.abandon();
     stats_ds_.step.abandon();
     stats_ds_.histogram.abandon();
     stats_ds_.counters.abandon();
@@ -238,6 +242,7 @@ class Hdf5Arm final : public ArmLog {
     h5::Handle step, histogram, counters, logit_max;
   } stats_ds_;
   std::array<h5::Handle, eval_record_fields.size()> eval_ds_;
+  std::array<h5::Handle, shadow_record_fields.size()> shadow_ds_;
   // /arms/<arm>/block_stats/, for policies with block points: step, then
   // scale_binades, scale_codes, counters, error ([n][layers][operands][bins]).
   struct BlockData {
@@ -257,6 +262,7 @@ class Hdf5Arm final : public ArmLog {
   std::vector<std::uint64_t> counters_;    // [n][layers][kinds][counters]
   std::vector<double> logit_max_;          // [n][layers]
   std::vector<EvalRecord> evals_;
+  std::vector<ShadowRecord> shadows_;
   int steps_since_flush_ = 0;
   bool finished_ = false;
   std::int64_t last_step_ = -1, flushed_step_ = -1;
@@ -424,6 +430,10 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     h5::Handle eval = h5::create_group(g, "eval");
     create_record_datasets(eval.get(), eval_record_fields, eval_chunk, eval_ds_);
   }
+  {  // empty unless train.shadow_interval > 0
+    h5::Handle shadow = h5::create_group(g, "shadow");
+    create_record_datasets(shadow.get(), shadow_record_fields, eval_chunk, shadow_ds_);
+  }
   if (uses_block_formats(info.resolved_policy)) {
     h5::Handle group = h5::create_group(g, "block_stats");
     const hid_t s = group.get();
@@ -466,7 +476,8 @@ Hdf5Arm::Hdf5Arm(Hdf5Log& log, hid_t arms_group, const ArmInfo& info)
     chunk_bytes_ += step_chunk * 8;
   }
   // Every record field is at most 8 bytes; one histogram chunk per layer, one counters chunk per 64 layers.
-  chunk_bytes_ += (step_record_fields.size() + 1) * step_chunk * 8 + eval_record_fields.size() * eval_chunk * 8 +
+  chunk_bytes_ += (step_record_fields.size() + 1) * step_chunk * 8 +
+                 (eval_record_fields.size() + shadow_record_fields.size()) * eval_chunk * 8 +
                  layers_ * stats_chunk * kinds * bins * 4 + layers_ * stats_chunk * 8 +
                  (layers_ + 63) / 64 * stats_chunk * 64 * kinds * counters_per_kind * 8;
 }
@@ -536,6 +547,11 @@ void Hdf5Arm::eval(const EvalRecord& record) {
   evals_.push_back(record);
 }
 
+void Hdf5Arm::shadow(std::span<const ShadowRecord> records) {
+  auto guard = log_.lock();
+  shadows_.insert(shadows_.end(), records.begin(), records.end());
+}
+
 void Hdf5Arm::finish(const std::string& status) {
   auto guard = log_.lock();
   // The records first: the status must not say "completed" in a file that
@@ -567,6 +583,10 @@ void Hdf5Arm::append_pending() {
   if (!evals_.empty()) {
     append_records(evals_, eval_record_fields, eval_ds_);
     evals_.clear();
+  }
+  if (!shadows_.empty()) {
+    append_records(shadows_, shadow_record_fields, shadow_ds_);
+    shadows_.clear();
   }
   if (!blocks_.steps.empty()) {
     const std::size_t n = blocks_.steps.size();
@@ -875,6 +895,10 @@ std::vector<EvalRecord> read_eval_records(const std::filesystem::path& file, con
   return read_records(file, arm, "eval", eval_record_fields);
 }
 
+std::vector<ShadowRecord> read_shadow_records(const std::filesystem::path& file, const std::string& arm) {
+  return read_records(file, arm, "shadow", shadow_record_fields);
+}
+
 namespace {
 template <typename Record, std::size_t N>
 std::string record_fields_markdown(const std::array<RecordField<Record>, N>& table) {
@@ -908,7 +932,7 @@ std::string root_attributes_markdown() {
   auto rows = attribute_rows(experiment_attribute_fields);
   rows.push_back({"`schema_version`", "int32",
                   "`" + std::to_string(schema_version) +
-                      "`: this page (version 6 named the counter `rounded_to_zero` `flushed`, and counted ReLU's and "
+                      "`: this page (version 7 lacked `/arms/<arm>/shadow/`; version 6 named the counter `rounded_to_zero` `flushed`, and counted ReLU's and "
                       "max pooling's input gradients as tensors of their own, though they only select values of their "
                       "output gradients that were counted already: an aggregate of `activation_grads` over layers "
                       "counted those values twice; version 5 lacked the policy point `loss_internals`; version 4 also "
@@ -949,6 +973,7 @@ std::string policy_attributes_markdown() {
 
 std::string step_fields_markdown() { return record_fields_markdown(step_record_fields); }
 std::string eval_fields_markdown() { return record_fields_markdown(eval_record_fields); }
+std::string shadow_fields_markdown() { return record_fields_markdown(shadow_record_fields); }
 
 void flush_all_logs() {
   std::lock_guard lock(registry_mutex());

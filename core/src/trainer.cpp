@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -63,6 +64,7 @@ class Arm {
         model_(setup.model, InputShape{data.train.channels, data.train.height, data.train.width, data.train.classes},
                setup.seed),
         ctx_(backend, policy_, setup.seed),
+        shadow_ctx_(backend, shadow_policy_, setup.seed),
         scaler_(policy_.loss_scaling) {
     backend_.set_threads(setup.train.threads);
     backend_.set_cpu_gemm(setup.train.gemm);
@@ -85,6 +87,7 @@ class Arm {
         ctx_.block_points_end = i;
         ++kept;
       }
+    shadow_ctx_.output_layer = ctx_.output_layer;
     storage_ = policy_.master_weights ? RoundingPoint{} : policy_.weight_storage;
     shares_working_ = policy_.master_weights ? policy_.weights.is_identity() : policy_.weights == storage_;
     for (auto& lp : parameters_) {
@@ -140,11 +143,22 @@ class Arm {
       ctx_.block_stats = instrument && blocks ? &block_stats : nullptr;
       ctx_.step = step;
       ctx_.training = true;
+      const bool shadow = t.shadow_interval > 0 && step % t.shadow_interval == 0;
+      double shadow_loss = 0.0;
+      if (shadow) {
+        // The steps before, read now: the scaler then holds this step's scale.
+        if (read_steps(result, log)) break;
+        shadow_loss = shadow_pass(images, labels);
+      }
 
       // The step runs without waiting for the backend: the loss, the
       // inf/NaN check, the loss scale and the decision to skip stay there
       // (Backend's step ops) until the trainer reads them below.
       forward_backward(images, labels);
+      if (shadow) {
+        const std::vector<ShadowRecord> records = compare_with_shadow(step, shadow_loss);
+        if (log) log->shadow(records);
+      }
       if (setup_.inspect_gradients) setup_.inspect_gradients(step, model_.parameters(), backend_);
       for (auto& lp : parameters_) backend_.step_check_gradient(lp.parameter->grad);
       backend_.end_step();
@@ -210,30 +224,46 @@ class Arm {
   }
 
  private:
-  // The forward pass of a batch of samples; returns the logits.
-  Tensor forward(const std::vector<float>& images, const Dataset& shape) {
+  // The forward pass of a batch of samples under ctx's policy; returns the logits.
+  Tensor forward(StepContext& ctx, const std::vector<float>& images, const Dataset& shape) {
     auto& layers = model_.layers();
     const auto n = static_cast<std::int64_t>(images.size()) / shape.sample_size();
     Tensor h = backend_.from_host(images, {n, shape.channels, shape.height, shape.width});
     std::optional<RoundingPoint> incoming;  // the images: binary32, not rounded
     for (int i = 0; i < static_cast<int>(layers.size()); ++i) {
-      ctx_.layer = i;
-      ctx_.incoming = incoming;
-      h = layers[i]->forward(ctx_, h);
-      incoming = layers[i]->output_rounding(policy_, incoming);
+      ctx.layer = i;
+      ctx.incoming = incoming;
+      h = layers[i]->forward(ctx, h);
+      incoming = layers[i]->output_rounding(ctx.policy, incoming);
     }
-    ctx_.incoming.reset();
+    ctx.incoming.reset();
     return h;
+  }
+
+  // The backward pass from the loss gradient d_logits under ctx's policy,
+  // which rounds it first like any other activation gradient.
+  void backward(StepContext& ctx, Tensor d_logits) {
+    auto& layers = model_.layers();
+    ctx.layer = static_cast<int>(layers.size());
+    ctx.round(d_logits, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    Tensor g = d_logits;
+    std::optional<RoundingPoint> incoming = ctx.policy.activation_grads;
+    for (int i = static_cast<int>(layers.size()) - 1; i >= 0; --i) {
+      ctx.layer = i;
+      ctx.incoming = incoming;
+      g = layers[i]->backward(ctx, g, needs_input_grad_[static_cast<std::size_t>(i)]);
+      incoming = layers[i]->input_grad_rounding(ctx.policy, incoming);
+    }
+    ctx.incoming.reset();
   }
 
   // Rounds the working copies, runs forward and backward; the loss stays
   // with the backend (Backend::step_loss).
   void forward_backward(const std::vector<float>& images, const std::vector<float>& labels) {
     refresh_working_copies();
-    auto& layers = model_.layers();
     const auto n = static_cast<std::int64_t>(labels.size());  // rows of logits: labels_per_sample per sample
-    const Tensor logits = forward(images, data_.train);
-    ctx_.layer = static_cast<int>(layers.size());
+    const Tensor logits = forward(ctx_, images, data_.train);
+    ctx_.layer = static_cast<int>(model_.layers().size());
     // A last layer that does not note its logits before rounding them (every
     // model here ends in a Linear, which does): their rounded values.
     if (ctx_.logit_max && std::isnan(ctx_.logit_max->back())) ctx_.note_logit_max(logits);
@@ -241,17 +271,100 @@ class Arm {
     // Softmax and cross-entropy in binary32 always; the gradient enters the
     // backward pass multiplied by the loss scale and rounded like any other.
     backend_.step_loss(logits, backend_.from_host(labels, {n}), d_logits);
-    ctx_.layer = static_cast<int>(layers.size());
-    ctx_.round(d_logits, policy_.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    Tensor g = d_logits;
-    std::optional<RoundingPoint> incoming = policy_.activation_grads;
-    for (int i = static_cast<int>(layers.size()) - 1; i >= 0; --i) {
-      ctx_.layer = i;
-      ctx_.incoming = incoming;
-      g = layers[i]->backward(ctx_, g, needs_input_grad_[static_cast<std::size_t>(i)]);
-      incoming = layers[i]->input_grad_rounding(policy_, incoming);
+    backward(ctx_, d_logits);
+  }
+
+  // Issue 21's shadow FP32: the same batch from the weights this step starts
+  // from, in binary32 (the fp32 preset) at loss scale 1, before the arm's own
+  // pass. Its gradients go to buffers of its own and to the host
+  // (shadow_grads_); the arm's working copies, gradients, amax histories and
+  // step ops are not touched, so its bits do not change (test_training.cpp).
+  // Dropout draws the arm's masks: its streams are keyed by (seed, layer,
+  // site, step). Returns the shadow's mean loss.
+  double shadow_pass(const std::vector<float>& images, const std::vector<float>& labels) {
+    shadow_ctx_.step = ctx_.step;
+    std::vector<std::pair<Tensor, Tensor>> arm_tensors;  // each parameter's working copy and gradient
+    for (auto& lp : parameters_) {
+      Parameter& p = *lp.parameter;
+      Tensor weights = backend_.empty(p.shape);
+      backend_.copy(p.master, weights);
+      arm_tensors.emplace_back(std::exchange(p.working, weights), std::exchange(p.grad, backend_.zeros(p.shape)));
     }
-    ctx_.incoming.reset();
+    const auto n = static_cast<std::int64_t>(labels.size());
+    const Tensor logits = forward(shadow_ctx_, images, data_.train);
+    Tensor d_logits = backend_.empty(logits.shape());
+    // softmax_cross_entropy's factor is grad_scale / rows: for a mean, the
+    // step's factor at scale 1 (loss_gradient_factor); for a sum, rows / rows
+    // = 1 and then the weight, rounded once as the step rounds it.
+    const LossDefinition& loss = setup_.train.loss;
+    const bool mean = loss.reduction == LossReduction::mean;
+    const LossResult r = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}),
+                                                        static_cast<float>(mean ? loss.weight : static_cast<double>(n)),
+                                                        d_logits);
+    if (!mean && loss.weight != 1.0) backend_.scale(d_logits, static_cast<float>(loss.weight));
+    backward(shadow_ctx_, d_logits);
+    shadow_grads_.resize(parameters_.size());
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      Parameter& p = *parameters_[i].parameter;
+      shadow_grads_[i].resize(static_cast<std::size_t>(p.grad.numel()));
+      backend_.to_host(p.grad, shadow_grads_[i]);
+      p.working = std::move(arm_tensors[i].first);
+      p.grad = std::move(arm_tensors[i].second);
+    }
+    return r.loss_sum / static_cast<double>(n);
+  }
+
+  // The arm's gradients (its backward pass done), unscaled, against the
+  // shadow's: per layer with parameters, then the model (layer -1), in binary64.
+  std::vector<ShadowRecord> compare_with_shadow(std::int64_t step, double shadow_loss) {
+    struct Sums {
+      double difference = 0.0, arm = 0.0, fp32 = 0.0, dot = 0.0;  // sums of squares and of products
+      std::int64_t elements = 0, nonzero_fp32 = 0, zeroed = 0;
+      void add(const Sums& o) {
+        difference += o.difference, arm += o.arm, fp32 += o.fp32, dot += o.dot;
+        elements += o.elements, nonzero_fp32 += o.nonzero_fp32, zeroed += o.zeroed;
+      }
+    };
+    const double scale = scaler_.scale();  // this step's: the steps before it were read
+    std::map<int, Sums> layers;
+    std::vector<float> arm;
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      const Parameter& p = *parameters_[i].parameter;
+      arm.resize(static_cast<std::size_t>(p.grad.numel()));
+      backend_.to_host(p.grad, arm);
+      Sums& s = layers[parameters_[i].layer];
+      for (std::size_t e = 0; e < arm.size(); ++e) {
+        const double g = static_cast<double>(arm[e]) / scale, g32 = shadow_grads_[i][e];
+        s.difference += (g - g32) * (g - g32);
+        s.arm += g * g;
+        s.fp32 += g32 * g32;
+        s.dot += g * g32;
+        s.nonzero_fp32 += g32 != 0.0 ? 1 : 0;
+        s.zeroed += g32 != 0.0 && g == 0.0 ? 1 : 0;
+      }
+      s.elements += static_cast<std::int64_t>(arm.size());
+    }
+    Sums model;
+    for (const auto& [layer, s] : layers) model.add(s);
+    const auto record = [&](std::int64_t layer, const Sums& s) {
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      ShadowRecord r;
+      r.step = step;
+      r.layer = layer;
+      r.loss_fp32 = shadow_loss;
+      r.relative_error = s.fp32 > 0.0 ? std::sqrt(s.difference / s.fp32) : nan;
+      r.cosine = s.fp32 > 0.0 && s.arm > 0.0 ? s.dot / std::sqrt(s.arm * s.fp32) : nan;
+      r.norm_ratio = s.fp32 > 0.0 ? std::sqrt(s.arm / s.fp32) : nan;
+      r.norm_fp32 = std::sqrt(s.fp32);
+      r.elements = s.elements;
+      r.nonzero_fp32 = s.nonzero_fp32;
+      r.zeroed = s.zeroed;
+      return r;
+    };
+    std::vector<ShadowRecord> records;
+    for (const auto& [layer, s] : layers) records.push_back(record(layer, s));
+    records.push_back(record(-1, model));
+    return records;
   }
 
   void refresh_working_copies() {
@@ -299,7 +412,7 @@ class Arm {
       for (std::int64_t i = start; i < std::min(test.count, start + setup_.train.eval_batch); ++i) indices.push_back(i);
       batcher.gather(indices, images, labels);
       const auto n = static_cast<std::int64_t>(labels.size());
-      const Tensor logits = forward(images, test);
+      const Tensor logits = forward(ctx_, images, test);
       Tensor unused_gradient = backend_.empty(logits.shape());
       const LossResult r = backend_.softmax_cross_entropy(logits, backend_.from_host(labels, {n}), 1.0f, unused_gradient);
       loss_sum += r.loss_sum;
@@ -370,6 +483,9 @@ class Arm {
   const TrainTest& data_;
   Model model_;
   StepContext ctx_;
+  const Policy shadow_policy_ = *preset_policy("fp32");  // the shadow's (shadow_pass)
+  StepContext shadow_ctx_;
+  std::vector<std::vector<float>> shadow_grads_;  // per parameter, on the host
   LossScaler scaler_;
   std::vector<LayerParameter> parameters_;
   std::vector<bool> needs_input_grad_;

@@ -555,7 +555,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 7);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 8);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval

@@ -69,14 +69,19 @@ std::string dataset_type(hid_t file, const std::string& path) {
   return name;
 }
 
-TEST_CASE("record fields: every field of steps and evals round-trips through the HDF5 log", "[core][fields]") {
+TEST_CASE("record fields: every field of steps, evals and shadow rows round-trips through the HDF5 log",
+          "[core][fields]") {
   Folder folder;
   const fs::path file = folder.path / "log.h5";
   std::vector<StepRecord> steps;
   std::vector<EvalRecord> evals;
+  std::vector<ShadowRecord> shadows;
   for (int i = 0; i < 5; ++i) steps.push_back(distinct_record(step_record_fields, i));
   for (int i = 0; i < 3; ++i) evals.push_back(distinct_record(eval_record_fields, i));
+  for (int i = 0; i < 4; ++i) shadows.push_back(distinct_record(shadow_record_fields, i));
   steps[2].grad_norm = std::numeric_limits<double>::infinity();
+  shadows[1].layer = -1;
+  shadows[3].relative_error = std::numeric_limits<double>::infinity();
   {
     ExperimentInfo info;
     info.config_toml = "name = \"fields\"\n";
@@ -89,10 +94,13 @@ TEST_CASE("record fields: every field of steps and evals round-trips through the
     ArmLog& a = log->add_arm(arm);
     for (const auto& s : steps) a.step(s);
     for (const auto& e : evals) a.eval(e);
+    a.shadow(std::span(shadows).first(3));
+    a.shadow(std::span(shadows).last(1));
     a.finish("completed");
   }
   CHECK(read_step_records(file, "a") == steps);
   CHECK(read_eval_records(file, "a") == evals);
+  CHECK(read_shadow_records(file, "a") == shadows);
 
   // Each field is its own dataset, named and typed as the table says.
   const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
@@ -101,6 +109,8 @@ TEST_CASE("record fields: every field of steps and evals round-trips through the
     CHECK(dataset_type(f, "arms/a/steps/" + std::string(field.name)) == hdf5_type_name(field));
   for (const auto& field : eval_record_fields)
     CHECK(dataset_type(f, "arms/a/eval/" + std::string(field.name)) == hdf5_type_name(field));
+  for (const auto& field : shadow_record_fields)
+    CHECK(dataset_type(f, "arms/a/shadow/" + std::string(field.name)) == hdf5_type_name(field));
   H5Fclose(f);
 
   CHECK_THROWS_WITH(read_step_records(file, "b"), Catch::Matchers::Contains("arm 'b'"));
@@ -114,6 +124,10 @@ TEST_CASE("record fields: the markdown lists every field with its type", "[core]
   for (const auto& field : eval_record_fields)
     CHECK_THAT(evals, Catch::Matchers::Contains("| `" + std::string(field.name) + "` | " +
                                                 std::string(hdf5_type_name(field)) + " |"));
+  const std::string shadows = shadow_fields_markdown();
+  for (const auto& field : shadow_record_fields)
+    CHECK_THAT(shadows, Catch::Matchers::Contains("| `" + std::string(field.name) + "` | " +
+                                                  std::string(hdf5_type_name(field)) + " |"));
 }
 
 }  // namespace

@@ -41,6 +41,27 @@ struct EvalRecord {
   friend bool operator==(const EvalRecord&, const EvalRecord&) = default;
 };
 
+// One row of /arms/<arm>/shadow/ per layer with parameters, and one for the
+// whole model, at every shadow step (train.shadow_interval; issue 21's shadow
+// FP32): the arm's gradient g, unscaled (g / loss scale in binary64), against
+// g32, the gradient that the same weights and batch give in binary32 (the
+// fp32 preset, no loss scale). It measures what the arm's rounding costs at
+// that step without the divergence of two trajectories. Sums in binary64
+// over every element of the layer's parameters; shadow_record_fields below.
+struct ShadowRecord {
+  std::int64_t step = 0;
+  std::int64_t layer = -1;
+  double loss_fp32 = 0.0;
+  double relative_error = 0.0;
+  double cosine = 0.0;
+  double norm_ratio = 0.0;
+  double norm_fp32 = 0.0;
+  std::int64_t elements = 0;
+  std::int64_t nonzero_fp32 = 0;
+  std::int64_t zeroed = 0;
+  friend bool operator==(const ShadowRecord&, const ShadowRecord&) = default;
+};
+
 // A record's field: one 1-D dataset of its group, named as the field. The
 // member's type gives the dataset's: std::int64_t int64, double float64,
 // bool uint8 (0 or 1). The first field, `step`, is the group's dimension scale.
@@ -66,11 +87,31 @@ inline constexpr auto eval_record_fields = std::to_array<RecordField<EvalRecord>
     {"test_accuracy", &EvalRecord::test_accuracy, "0..1", "accuracy on the test set"},
 });
 
+inline constexpr auto shadow_record_fields = std::to_array<RecordField<ShadowRecord>>({
+    {"step", &ShadowRecord::step, "step", "dimension scale `step`: the shadow step (one row per layer, repeated)"},
+    {"layer", &ShadowRecord::layer, "index",
+     "the layer: an index into the arm's `layer` dataset (a layer with parameters); `-1`: every parameter of the "
+     "model together"},
+    {"loss_fp32", &ShadowRecord::loss_fp32, "", "the shadow's mean training loss of the batch (binary32 pass)"},
+    {"relative_error", &ShadowRecord::relative_error, "",
+     "norm(g - g32) / norm(g32), L2 norms; NaN where g32 is all zero, inf or NaN where g is not finite (the step "
+     "found inf)"},
+    {"cosine", &ShadowRecord::cosine, "", "cosine similarity dot(g, g32) / (norm(g) norm(g32)); NaN where either is all zero"},
+    {"norm_ratio", &ShadowRecord::norm_ratio, "", "norm(g) / norm(g32): below 1 where the arm's gradient lost magnitude"},
+    {"norm_fp32", &ShadowRecord::norm_fp32, "", "norm(g32), the L2 norm of the binary32 gradient"},
+    {"elements", &ShadowRecord::elements, "count", "elements of the layer's parameters"},
+    {"nonzero_fp32", &ShadowRecord::nonzero_fp32, "count", "elements where g32 is nonzero: the denominator of `zeroed`"},
+    {"zeroed", &ShadowRecord::zeroed, "count", "elements where g32 is nonzero and g is exactly zero"},
+});
+
 static_assert(describes_every_member<StepRecord>(step_record_fields),
               "every StepRecord member needs one line in step_record_fields");
 static_assert(describes_every_member<EvalRecord>(eval_record_fields),
               "every EvalRecord member needs one line in eval_record_fields");
-static_assert(step_record_fields[0].name == "step" && eval_record_fields[0].name == "step",
+static_assert(describes_every_member<ShadowRecord>(shadow_record_fields),
+              "every ShadowRecord member needs one line in shadow_record_fields");
+static_assert(step_record_fields[0].name == "step" && eval_record_fields[0].name == "step" &&
+                  shadow_record_fields[0].name == "step",
               "a record's first field is its step, the dimension scale of its group");
 
 // The HDF5 type name of a record field ("int64", "float64", "uint8").
@@ -89,6 +130,7 @@ constexpr std::string_view hdf5_type_name(const RecordField<Record>& field) {
 // The tables as markdown (docs/hdf5-schema.md; `mpsim docs steps|eval`).
 std::string step_fields_markdown();
 std::string eval_fields_markdown();
+std::string shadow_fields_markdown();
 
 // Per layer, per TensorKind.
 using LayerStats = std::vector<std::array<TensorStats, tensor_kind_count>>;
@@ -174,6 +216,8 @@ class ArmLog {
   // Arms whose policy uses block formats (uses_block_formats), at the same steps.
   virtual void block_stats(std::int64_t /*step*/, const LayerBlockStats& /*stats*/) {}
   virtual void eval(const EvalRecord& record) = 0;
+  // A shadow step's rows (train.shadow_interval > 0).
+  virtual void shadow(std::span<const ShadowRecord> /*records*/) {}
   // How the arm ended: "completed", or "stopped: <reason>".
   virtual void finish(const std::string& status) = 0;
 };
@@ -212,6 +256,7 @@ std::unique_ptr<ExperimentLog> create_hdf5_log(const std::filesystem::path& path
 // file, arm and dataset at fault.
 std::vector<StepRecord> read_step_records(const std::filesystem::path& file, const std::string& arm);
 std::vector<EvalRecord> read_eval_records(const std::filesystem::path& file, const std::string& arm);
+std::vector<ShadowRecord> read_shadow_records(const std::filesystem::path& file, const std::string& arm);
 
 // Flushes every open HDF5 log; async-signal paths call this from a watcher
 // thread, see install_flush_on_signals().

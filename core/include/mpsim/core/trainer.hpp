@@ -54,6 +54,8 @@ struct TrainSpec {
   std::int64_t eval_interval = 0;   // steps between evaluations; 0: at the end of every epoch
   std::int64_t eval_batch = 1000;
   std::int64_t stats_interval = 1;  // steps between instrumented steps; 0: never
+  // > 0: every this many steps, the FP32 shadow pass (run_log.hpp's ShadowRecord); 0: never
+  std::int64_t shadow_interval = 0;
   int threads = 1;
   CpuGemm gemm = CpuGemm::ordered;  // the CPU backend's binary32 GEMM (backend.hpp)
   LossDefinition loss;  // config [loss]: reduction and weight (numerics.hpp)
