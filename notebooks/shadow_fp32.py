@@ -148,30 +148,33 @@ def _colors(found) -> dict:
 
 
 def over_training(records, found):
-    """The model's relative error and 1 − cosine at every shadow step: each seed a line, each policy a colour."""
+    """Relative error (top) and 1 − cosine (bottom) at every shadow step, per layer with parameters and for the whole
+    model (right): each seed a line, each policy a colour."""
     colors = _colors(found)
-    fig, (ax, ax_cos) = plt.subplots(1, 2, figsize=(12, 4.2))
-    shown = set()
-    for r in records:
-        if r["policy"] == CONTROL:
-            continue
-        model = _pick(r["rows"], -1)
-        label = r["policy"] if r["policy"] not in shown else None
-        shown.add(r["policy"])
-        ax.semilogy(model["step"], model["relative_error"], color=colors[r["policy"]], lw=0.9, alpha=0.8, label=label)
-        ax_cos.semilogy(model["step"], np.maximum(1 - model["cosine"], 1e-12), color=colors[r["policy"]], lw=0.9,
-                        alpha=0.8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("norm(g − g32) / norm(g32), all parameters")
-    ax.set_title("Relative error of the step's gradient")
-    ax.legend(fontsize=8)
-    ax_cos.set_xlabel("step")
-    ax_cos.set_ylabel("1 − cosine(g, g32)")
-    ax_cos.set_title("Direction: 1 − cosine similarity")
-    for a in (ax, ax_cos):
-        a.grid(True, which="both", alpha=0.3)
+    shown = [r for r in records if r["policy"] != CONTROL]
+    layers = [int(layer) for layer in np.unique(shown[0]["rows"]["layer"]) if layer >= 0] + [-1] if shown else [-1]
+    fig, axes = plt.subplots(2, len(layers), figsize=(3.6 * len(layers), 6.4), sharex=True, squeeze=False)
+    labelled = set()
+    for r in shown:
+        label = r["policy"] if r["policy"] not in labelled else None
+        labelled.add(r["policy"])
+        for column, layer in enumerate(layers):
+            rows = _pick(r["rows"], layer)
+            axes[0][column].semilogy(rows["step"], rows["relative_error"], color=colors[r["policy"]], lw=0.8,
+                                     alpha=0.8, label=label if column == 0 else None)
+            axes[1][column].semilogy(rows["step"], np.maximum(1 - rows["cosine"], 1e-12), color=colors[r["policy"]],
+                                     lw=0.8, alpha=0.8)
+    for column, layer in enumerate(layers):
+        name = "all parameters" if layer == -1 else shown[0]["layers"][layer]
+        axes[0][column].set_title(name)
+        axes[1][column].set_xlabel("step")
+        for row in (0, 1):
+            axes[row][column].grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("norm(g − g32) / norm(g32)")
+    axes[1][0].set_ylabel("1 − cosine(g, g32)")
+    axes[0][0].legend(fontsize=7)
     seeds = sorted({r["seed"] for r in records})
-    fig.suptitle(f"Each arm against its binary32 shadow (seeds {', '.join(map(str, seeds))}; "
+    fig.suptitle(f"Each step's gradient against its binary32 shadow (seeds {', '.join(map(str, seeds))}; "
                  f"{CONTROL}: exactly 0, not drawn)")
     fig.tight_layout()
     return fig

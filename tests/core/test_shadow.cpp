@@ -25,7 +25,9 @@ struct ShadowLog final : ArmLog {
   void step(const StepRecord& r) override { steps.push_back(r); }
   void stats(std::int64_t, const LayerStats&, std::span<const double>) override {}
   void eval(const EvalRecord& r) override { evals.push_back(r); }
-  void shadow(std::span<const ShadowRecord> records) override { shadows.insert(shadows.end(), records.begin(), records.end()); }
+  void shadow(std::span<const ShadowRecord> records) override {
+    shadows.insert(shadows.end(), records.begin(), records.end());
+  }
   void finish(const std::string& s) override { status = s; }
 };
 
@@ -126,7 +128,8 @@ TEST_CASE("shadow FP32: an fp32 arm's shadow is its own gradient, bit for bit", 
         CHECK(r.loss_fp32 == log.steps.at(static_cast<std::size_t>(r.step)).loss);
       }
       std::vector<std::int64_t> expected;
-      for (std::int64_t step = 0; step < static_cast<std::int64_t>(log.steps.size()); step += 5) expected.push_back(step);
+      for (std::int64_t step = 0; step < static_cast<std::int64_t>(log.steps.size()); step += 5)
+        expected.push_back(step);
       CHECK(steps == expected);
       CHECK(steps.size() >= 2);
       // The model's row counts every element of the layers' rows.

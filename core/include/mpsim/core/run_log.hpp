@@ -96,11 +96,14 @@ inline constexpr auto shadow_record_fields = std::to_array<RecordField<ShadowRec
     {"relative_error", &ShadowRecord::relative_error, "",
      "norm(g - g32) / norm(g32), L2 norms; NaN where g32 is all zero, inf or NaN where g is not finite (the step "
      "found inf)"},
-    {"cosine", &ShadowRecord::cosine, "", "cosine similarity dot(g, g32) / (norm(g) norm(g32)); NaN where either is all zero"},
-    {"norm_ratio", &ShadowRecord::norm_ratio, "", "norm(g) / norm(g32): below 1 where the arm's gradient lost magnitude"},
+    {"cosine", &ShadowRecord::cosine, "",
+     "cosine similarity dot(g, g32) / (norm(g) norm(g32)); NaN where either is all zero"},
+    {"norm_ratio", &ShadowRecord::norm_ratio, "",
+     "norm(g) / norm(g32): below 1 where the arm's gradient lost magnitude"},
     {"norm_fp32", &ShadowRecord::norm_fp32, "", "norm(g32), the L2 norm of the binary32 gradient"},
     {"elements", &ShadowRecord::elements, "count", "elements of the layer's parameters"},
-    {"nonzero_fp32", &ShadowRecord::nonzero_fp32, "count", "elements where g32 is nonzero: the denominator of `zeroed`"},
+    {"nonzero_fp32", &ShadowRecord::nonzero_fp32, "count",
+     "elements where g32 is nonzero: the denominator of `zeroed`"},
     {"zeroed", &ShadowRecord::zeroed, "count", "elements where g32 is nonzero and g is exactly zero"},
 });
 
