@@ -81,6 +81,13 @@ def summary(rows: dict) -> dict:
     quarter = max(1, n // 4)
     early, late = _median(rows["relative_error"][:quarter]), _median(rows["relative_error"][-quarter:])
     nonzero = int(rows["nonzero_fp32"].sum())
+
+    def lost(part):
+        total = part["nonzero_fp32"].sum()
+        return float(part["zeroed"].sum() / total) if total else math.nan
+
+    first = {name: values[:quarter] for name, values in rows.items()}
+    last = {name: values[-quarter:] for name, values in rows.items()}
     return {
         "shadow_steps": n,
         "nonfinite_steps": int(np.sum(~np.isfinite(rows["relative_error"]))),
@@ -95,6 +102,10 @@ def summary(rows: dict) -> dict:
         "relative_error_first_quarter": early,
         "relative_error_last_quarter": late,
         "growth": late / early if early > 0 else math.nan,
+        "zeroed_share_first_quarter": lost(first),
+        "zeroed_share_last_quarter": lost(last),
+        "norm_fp32_first_quarter": _median(first["norm_fp32"]),
+        "norm_fp32_last_quarter": _median(last["norm_fp32"]),
     }
 
 
@@ -114,7 +125,8 @@ def findings(f) -> dict:
     result = {"study": "shadow_fp32", "arms": arms, "policies": []}
     for policy in policies(f, records):
         mine = sorted((a for a in arms if a["policy"] == policy), key=lambda a: a["seed"])
-        keys = ("relative_error", "cosine", "norm_ratio", "zeroed_share", "growth")
+        keys = ("relative_error", "cosine", "norm_ratio", "zeroed_share", "growth", "zeroed_share_first_quarter",
+                "zeroed_share_last_quarter", "norm_fp32_first_quarter", "norm_fp32_last_quarter")
         entry = {"policy": policy, "seeds": [a["seed"] for a in mine]}
         for key in keys:
             values = [a["model"][key] for a in mine]
@@ -148,12 +160,13 @@ def _colors(found) -> dict:
 
 
 def over_training(records, found):
-    """Relative error (top) and 1 − cosine (bottom) at every shadow step, per layer with parameters and for the whole
-    model (right): each seed a line, each policy a colour."""
+    """Relative error (top), 1 − cosine (middle) and the share of binary32's nonzero gradient elements lost to zero
+    (bottom; a step with none lost is not drawn on the log axis) at every shadow step, per layer with parameters and
+    for the whole model (right): each seed a line, each policy a colour."""
     colors = _colors(found)
     shown = [r for r in records if r["policy"] != CONTROL]
     layers = [int(layer) for layer in np.unique(shown[0]["rows"]["layer"]) if layer >= 0] + [-1] if shown else [-1]
-    fig, axes = plt.subplots(2, len(layers), figsize=(3.6 * len(layers), 6.4), sharex=True, squeeze=False)
+    fig, axes = plt.subplots(3, len(layers), figsize=(3.6 * len(layers), 9), sharex=True, squeeze=False)
     labelled = set()
     for r in shown:
         label = r["policy"] if r["policy"] not in labelled else None
@@ -164,14 +177,17 @@ def over_training(records, found):
                                      alpha=0.8, label=label if column == 0 else None)
             axes[1][column].semilogy(rows["step"], np.maximum(1 - rows["cosine"], 1e-12), color=colors[r["policy"]],
                                      lw=0.8, alpha=0.8)
+            share = np.where(rows["nonzero_fp32"] > 0, rows["zeroed"] / np.maximum(rows["nonzero_fp32"], 1), np.nan)
+            axes[2][column].semilogy(rows["step"], share, color=colors[r["policy"]], lw=0.8, alpha=0.8)
     for column, layer in enumerate(layers):
         name = "all parameters" if layer == -1 else shown[0]["layers"][layer]
         axes[0][column].set_title(name)
-        axes[1][column].set_xlabel("step")
-        for row in (0, 1):
+        axes[2][column].set_xlabel("step")
+        for row in (0, 1, 2):
             axes[row][column].grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("norm(g − g32) / norm(g32)")
     axes[1][0].set_ylabel("1 − cosine(g, g32)")
+    axes[2][0].set_ylabel("lost to zero / nonzero in binary32")
     axes[0][0].legend(fontsize=7)
     seeds = sorted({r["seed"] for r in records})
     fig.suptitle(f"Each step's gradient against its binary32 shadow (seeds {', '.join(map(str, seeds))}; "
@@ -212,17 +228,21 @@ def per_layer(found):
 
 
 def verdict(found: dict) -> str:
-    lines = [f"Shadow FP32: {found['shadow_steps']} shadow steps per arm; per policy, over seeds "
-             f"{found['policies'][0]['seeds']}, each seed's median over the steps (whole model):",
-             f"  {'policy':<15} {'rel. error':<26} {'1 - cosine':<30} {'norm ratio':<24} {'lost to zero / nonzero':<30}"
-             f" last/first quarter"]
+    def each(values, fmt):
+        return ", ".join(format(v, fmt) for v in values)
+
+    seeds = found["policies"][0]["seeds"]
+    lines = [f"Shadow FP32: {found['shadow_steps']} shadow steps per arm, seeds {seeds}; per policy, each seed's "
+             "median over the steps (whole model):"]
     for p in found["policies"]:
-        def each(key, fmt):
-            return ", ".join(format(v, fmt) for v in p[key])
-        lines.append(f"  {p['policy']:<15} {each('relative_error', '.2e'):<26} "
-                     f"{', '.join(f'{1 - c:.1e}' for c in p['cosine']):<30} {each('norm_ratio', '.4f'):<24} "
-                     f"{each('zeroed_share', '.1e'):<30} {each('growth', '.2f')} (grew in {p['grew_in']} of "
-                     f"{len(p['seeds'])})")
+        lines.append(f"  {p['policy']}: relative error {each(p['relative_error'], '.2e')}; 1 - cosine "
+                     f"{each([1 - c for c in p['cosine']], '.1e')}; norm ratio {each(p['norm_ratio'], '.4f')}")
+        indent = " " * (len(p["policy"]) + 4)
+        lines.append(f"{indent}lost to zero / nonzero {each(p['zeroed_share'], '.1e')}: first quarter of the steps "
+                     f"{each(p['zeroed_share_first_quarter'], '.1e')}, last "
+                     f"{each(p['zeroed_share_last_quarter'], '.1e')}")
+        lines.append(f"{indent}relative error, last quarter / first: {each(p['growth'], '.2f')} (grew in "
+                     f"{p['grew_in']} of {len(p['seeds'])})")
     lines.append(f"Control: the {CONTROL} arm's shadow is its own gradient bit for bit: "
                  f"{'yes' if found['control_exact'] else 'NO'}.")
     lines.append("Medians over shadow steps of one run per seed; no significance test is claimed.")
