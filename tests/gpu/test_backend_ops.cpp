@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -1293,6 +1294,72 @@ TEST_CASE("a seeded dynamic loss-scale trajectory is the CPU's: same skipped ste
   CHECK(cpu.skipped_steps == gpu.skipped_steps);
   CHECK(cpu.final_loss_scale == gpu.final_loss_scale);
   CHECK(cpu.status == gpu.status);
+}
+
+namespace {
+
+// The FP32 shadow's rows and the steps of a run.
+struct ShadowRows final : core::ArmLog {
+  std::vector<core::ShadowRecord> rows;
+  void step(const core::StepRecord&) override {}
+  void stats(std::int64_t, const core::LayerStats&, std::span<const double>) override {}
+  void eval(const core::EvalRecord&) override {}
+  void shadow(std::span<const core::ShadowRecord> records) override {
+    rows.insert(rows.end(), records.begin(), records.end());
+  }
+  void finish(const std::string&) override {}
+  const core::ShadowRecord& model_row(std::int64_t step) const {
+    for (const core::ShadowRecord& r : rows)
+      if (r.step == step && r.layer == -1) return r;
+    FAIL("no model row at step " << step);
+    return rows.front();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("the FP32 shadow on the cuda backend: exact for fp32, the arm's bits unchanged, step 0 as on the CPU",
+          "[gpu][backend][training][shadow]") {
+  require_device();
+  Backends b;
+  {  // fp32: the shadow's pass makes the arm's own cuBLAS calls on the same values
+    const core::Policy fp32 = *core::preset_policy("fp32");
+    core::ArmSetup setup = small_setup(fp32, "mlp");
+    setup.train.max_steps = 6;
+    setup.train.shadow_interval = 2;
+    ShadowRows log;
+    core::train_arm(*b.gpu, setup, synthetic(), &log);
+    REQUIRE(log.rows.size() == 3 * 4);  // steps 0, 2, 4: three Linear layers and the model
+    for (const core::ShadowRecord& r : log.rows) {
+      CHECK(r.relative_error == 0.0);
+      CHECK(r.zeroed == 0);
+    }
+  }
+  // The bound of "a training step of every preset policy agrees with the CPU": the backends' binary32 sums differ
+  // in order, so their gradients differ normwise by far less than 2^-8; each relative error and cosine, a
+  // difference of two such gradients over a norm, by less than twice that.
+  const double bound = 0x1p-8;
+  for (const char* name : {"fp16-mixed", "bf16-mixed"}) {
+    INFO(name);
+    const core::Policy policy = *core::preset_policy(name);
+    core::ArmSetup setup = small_setup(policy, "mlp");
+    setup.train.max_steps = 6;
+    core::ArmSetup shadowed = setup;
+    shadowed.train.shadow_interval = 2;
+    ShadowRows gpu_rows, cpu_rows;
+    const core::ArmResult plain = core::train_arm(*b.gpu, setup, synthetic(), nullptr);
+    const core::ArmResult with_shadow = core::train_arm(*b.gpu, shadowed, synthetic(), &gpu_rows);
+    CHECK(plain.losses == with_shadow.losses);
+    CHECK(plain.test_loss == with_shadow.test_loss);
+    core::train_arm(*b.cpu, shadowed, synthetic(), &cpu_rows);
+    const core::ShadowRecord &on_gpu = gpu_rows.model_row(0), &on_cpu = cpu_rows.model_row(0);
+    CHECK(on_gpu.relative_error > 0.0);
+    CHECK(std::fabs(on_gpu.loss_fp32 - on_cpu.loss_fp32) <= bound * on_cpu.loss_fp32);
+    CHECK(std::fabs(on_gpu.norm_fp32 - on_cpu.norm_fp32) <= bound * on_cpu.norm_fp32);
+    CHECK(std::fabs(on_gpu.relative_error - on_cpu.relative_error) <= 2 * bound);
+    CHECK(std::fabs(on_gpu.cosine - on_cpu.cosine) <= 2 * bound);
+    CHECK(on_gpu.elements == on_cpu.elements);
+  }
 }
 
 TEST_CASE("the step ops decide on the device as the CPU does: scales, skips, updates bit for bit",
