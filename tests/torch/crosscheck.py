@@ -56,6 +56,7 @@ class Dump:
         self.grads = {}    # step -> name -> array
         self.weights = {}  # step -> name -> array (the weights step s's forward used)
         self.final = {}
+        self.dropouts = {}  # step -> the forward pass's dropout factors, in call order (flat binary32 arrays)
         with open(os.path.join(folder, "manifest.txt")) as f:
             for line in f:
                 words = line.split()
@@ -76,6 +77,8 @@ class Dump:
                     table.setdefault(int(words[1]), {})[words[2]] = words[3]
                 elif key == "final":
                     self.final[words[1]] = words[2]
+                elif key == "mask":
+                    self.dropouts.setdefault(int(words[1]), []).append((words[2], int(words[3])))
                 elif key == "losses":
                     self.loss_file = words[1]
                 else:
@@ -97,6 +100,7 @@ class Dump:
             self.grads[s] = {n: self.read(f, self.shapes[n]) for n, f in self.grads[s].items()}
             self.weights[s] = {n: self.read(f, self.shapes[n]) for n, f in self.weights[s].items()}
         self.final = {n: self.read(f, self.shapes[n]) for n, f in self.final.items()}
+        self.dropouts = {s: [self.read(f, (n,)) for f, n in calls] for s, calls in self.dropouts.items()}
 
     def read(self, file, shape):
         a = np.fromfile(os.path.join(self.folder, file), dtype="<f4")
@@ -189,7 +193,9 @@ class Block(nn.Module):
         self.fc2 = nn.Linear(mlp_width, width)
         self.act, self.heads, self.causal, self.gated = act(), heads, causal, gated
 
-    def forward(self, x):
+    def forward(self, x, drop=None):
+        """drop(tensor, kind): mpsim's dropout factors for the next call of `kind` (Transformer.drop)."""
+        drop = drop or (lambda tensor, kind: tensor)
         b, t, w = x.shape
         dim = w // self.heads
         q, k, v = (part.reshape(b, t, self.heads, dim).transpose(1, 2) for part in self.qkv(self.ln1(x)).split(w, -1))
@@ -201,15 +207,15 @@ class Block(nn.Module):
         if self.causal:
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
-        attended = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, w)
-        x = x + self.proj(attended)
+        attended = (drop(scores.softmax(-1), "attention_dropout") @ v).transpose(1, 2).reshape(b, t, w)
+        x = x + drop(self.proj(attended), "dropout")
         h = self.fc1(self.ln2(x))
         if self.gated:
             gate, value = h.split(h.shape[-1] // 2, -1)
             h = self.act(gate) * value
         else:
             h = self.act(h)
-        return x + self.fc2(h)
+        return x + drop(self.fc2(h), "dropout")
 
 
 class Transformer(nn.Module):
@@ -248,6 +254,19 @@ class Transformer(nn.Module):
         self.head = nn.Linear(width, classes)
         if d.config.get("tie_embeddings", ["0"])[0] == "1":
             self.head.weight = self.embed.weight  # one parameter (named embed.weight): its gradient sums both uses
+        # Dropout as mpsim places it (core/src/model.cpp): after the embeddings, on the attention probabilities
+        # and after each block's two branches, where its rate is above 0; the factors are mpsim's own masks, set
+        # per step by forward_backward (self.masks, an iterator over the forward pass's calls).
+        self.rates = {kind: float(d.config.get(kind, ["0"])[0]) for kind in ("dropout", "attention_dropout")}
+        self.masks = None
+
+    def drop(self, x, kind):
+        if self.masks is None or self.rates[kind] <= 0:
+            return x
+        factors = next(self.masks, None)
+        if factors is None or factors.size != x.numel():
+            raise ValueError(f"{kind}: no dump mask of {x.numel()} factors for this call")
+        return x * torch.from_numpy(factors).to(x.dtype).reshape(x.shape)
 
     def forward(self, x):
         if self.vit:
@@ -256,8 +275,9 @@ class Transformer(nn.Module):
             y = self.embed.weight[x.reshape(x.shape[0], -1).long()]
         if hasattr(self, "pos"):
             y = y + self.pos.weight
+        y = self.drop(y, "dropout")
         for name in self.blocks:
-            y = getattr(self, name)(y)
+            y = getattr(self, name)(y, self.drop)
         y = self.ln(y)
         if self.vit:
             return soft_cap(self.head(y.mean(1)), self.logit_softcap)
@@ -339,7 +359,13 @@ def forward_backward(model, d, s):
     dtype = next(model.parameters()).dtype  # binary32, or binary64 for the reference runs
     # Token ids stay integers (the embedding indexes with them); images take the model's dtype.
     inputs = torch.from_numpy(images)
+    if isinstance(model, Transformer) and d.dropouts:
+        model.masks = iter(d.dropouts[s])
     logits = model(inputs if d.get("model") == "gpt" else inputs.to(dtype))
+    if isinstance(model, Transformer) and model.masks is not None:
+        if next(model.masks, None) is not None:
+            raise ValueError(f"step {s}: the forward pass used fewer dropout masks than mpsim's")
+        model.masks = None
     loss = F.cross_entropy(logits, torch.from_numpy(labels), reduction="mean")
     # PaLM's z-loss, differentiated but not logged (mpsim's loss.z_loss).
     z_loss = float(d.config.get("z_loss", ["0"])[0])

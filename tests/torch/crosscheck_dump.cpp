@@ -12,10 +12,13 @@
 //   z_loss X
 //   beta1 X | beta2 X | eps X | batch B | steps S | input C H W | classes K
 //   labels_per_sample L | patch P | depth D | width W | heads H | mlp_width M
+//   dropout P | attention_dropout P
 //   param NAME FILE D0 D1 ...            (initial weights, in model order)
 //   step S loss X images FILE labels FILE
 //   grad S NAME FILE                     (dLoss/dparam at step S, mean loss)
 //   weight S NAME FILE                   (the weights step S's forward used)
+//   mask S FILE N                        (step S's forward dropout masks, in call order: N factors,
+//                                         0 or the binary32 scale 1 / (1 - p) each)
 //   final NAME FILE                      (the weights after the last step)
 //   losses FILE                          (binary64, one per step)
 //
@@ -40,6 +43,7 @@
 #include "mpsim/core/model.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/trainer.hpp"
+#include "support/forwarding_backend.hpp"
 
 namespace fs = std::filesystem;
 using namespace mpsim::core;
@@ -123,6 +127,15 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
+    // GPT-2's dropout: after the embeddings and each block's two branches, and on the attention probabilities.
+    // PyTorch applies the masks mpsim drew (DropoutRecorder), so the check is of the arithmetic around them.
+    Case c = all.at("gpt_adamw");
+    c.name = "gpt_dropout_adamw";
+    c.model.dropout = 0.1;
+    c.model.attention_dropout = 0.1;
+    all.emplace(c.name, c);
+  }
+  {
     Case c{"cnn_sgd", {}, {}};
     c.model.kind = ModelKind::cnn;
     c.model.activation = Activation::relu;
@@ -184,6 +197,38 @@ TrainTest token_data(std::uint64_t seed) {
   return t;
 }
 
+// Keeps the masks of every dropout call of a step's forward pass (those
+// before its loss; the backward pass applies the same masks to gradients),
+// as the factor each element is multiplied by: dropout_value(1, mask, i).
+class DropoutRecorder final : public mpsim::test::ForwardingBackend {
+ public:
+  DropoutRecorder() : ForwardingBackend(make_cpu_backend()) {}
+  std::vector<std::vector<std::vector<float>>> masks;  // [step][call][element]
+
+  void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) override {
+    if (!in_backward_) {
+      if (masks.size() <= step_) masks.resize(step_ + 1);
+      auto& factors = masks[step_].emplace_back(static_cast<std::size_t>(x.numel()));
+      for (std::size_t i = 0; i < factors.size(); ++i)
+        factors[i] = dropout_value(1.0f, mask, static_cast<std::int64_t>(i));
+    }
+    ForwardingBackend::dropout_impl(x, mask, y);
+  }
+  void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
+    in_backward_ = true;
+    ForwardingBackend::step_loss_impl(logits, labels, d_logits);
+  }
+  void end_step_impl() override {
+    in_backward_ = false;
+    ++step_;
+    ForwardingBackend::end_step_impl();
+  }
+
+ private:
+  std::size_t step_ = 0;
+  bool in_backward_ = false;
+};
+
 int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   constexpr std::uint64_t seed = 20240607;
   constexpr std::int64_t batch = 32;
@@ -221,6 +266,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << (c.model.gated ? 1 : 0) << "\npositions " << to_string(c.model.positions) << "\nrotary_base "
            << number(c.model.rotary_base) << "\nattention_softcap " << number(c.model.attention_softcap)
            << "\nlogit_softcap " << number(c.model.logit_softcap) << "\ntie_embeddings " << (c.model.tie_embeddings ? 1 : 0)
+           << "\ndropout " << number(c.model.dropout) << "\nattention_dropout " << number(c.model.attention_dropout)
            << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
@@ -250,7 +296,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
     for (const Parameter* p : parameters) masters.emplace_back(p->name, p->master);
   };
 
-  auto backend = make_cpu_backend();
+  auto backend = std::make_unique<DropoutRecorder>();
   const ArmResult result = train_arm(*backend, setup, data, nullptr);
   if (result.steps != steps || result.status != "completed")
     throw std::runtime_error("the arm ran " + std::to_string(result.steps) + " steps: " + result.status);
@@ -275,6 +321,12 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
     manifest << "step " << s << " loss " << number(result.losses[static_cast<std::size_t>(s)]) << " images "
              << stem + "images.f32 labels " << stem + "labels.f32\n";
   }
+  for (std::size_t s = 0; s < backend->masks.size(); ++s)
+    for (std::size_t call = 0; call < backend->masks[s].size(); ++call) {
+      const std::string file = "step" + std::to_string(s) + "_dropout" + std::to_string(call) + ".f32";
+      write_raw<float>(out_dir / file, backend->masks[s][call]);
+      manifest << "mask " << s << " " << file << " " << backend->masks[s][call].size() << "\n";
+    }
   write_raw<double>(out_dir / "losses.f64", result.losses);
   manifest << "losses losses.f64\n";
   manifest.close();
