@@ -26,7 +26,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // The version and revision this program was built at; the plugin must say the same.
-constexpr std::string_view kBuild = MPSIM_VERSION " " MPSIM_GIT_REVISION;
+constexpr std::string_view kBuild = MPSIM_BUILD_ID;
 
 // Where the plugin may be, in order: $MPSIM_CUDA_PLUGIN; beside an installed
 // program (<prefix>/bin/mpsim -> <prefix>/lib/mpsim/libmpsim_cuda.so); in a
