@@ -18,6 +18,7 @@
 #include "mpsim/core/loss_scaler.hpp"
 #include "mpsim/core/trainer.hpp"
 #include "support/forwarding_backend.hpp"
+#include "tiny_text.hpp"
 
 using namespace mpsim;
 using namespace mpsim::core;
@@ -637,24 +638,7 @@ class MaximaBackend final : public test::ForwardingBackend {
   }
 };
 
-// Windows of 8 tokens over a repeating text of 5 symbols, each position
-// labelled with the next token: a causal language-modelling task.
-TrainTest tiny_text() {
-  TrainTest t;
-  for (Dataset* d : {&t.train, &t.test}) {
-    d->count = d == &t.train ? 64 : 16;
-    d->height = 1;
-    d->width = 8;
-    d->classes = 5;
-    d->labels_per_sample = 8;
-    for (std::int64_t s = 0; s < d->count; ++s)
-      for (std::int64_t i = 0; i < 8; ++i) {
-        d->images.push_back(static_cast<float>((s * 3 + i) % 5));
-        d->labels.push_back(static_cast<std::int32_t>((s * 3 + i + 1) % 5));
-      }
-  }
-  return t;
-}
+using test::tiny_text;
 
 }  // namespace
 
