@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import tomllib
 
 import numpy as np
 
@@ -117,8 +118,9 @@ def per_arm(record) -> dict:
             "model": summary(_pick(rows, -1)), "layers": layers}
 
 
-def findings(f) -> dict:
-    records = load(f)
+def findings(f, records=None) -> dict:
+    """The study's numbers; `records` is load(f), read here when not given."""
+    records = load(f) if records is None else records
     if not records:
         raise ValueError("no finished arm has shadow rows: run the config with train.shadow_interval > 0")
     arms = [per_arm(r) for r in records]
@@ -143,8 +145,7 @@ def findings(f) -> dict:
         _exactly_zero(r["rows"]) for r in records if r["policy"] == CONTROL)
     first = records[0]["rows"]
     result["shadow_steps"] = int(len(np.unique(first["step"])))
-    result["shadow_interval"] = int(first["step"][first["layer"] == -1][1] - first["step"][first["layer"] == -1][0]) \
-        if result["shadow_steps"] > 1 else None
+    result["shadow_interval"] = int(tomllib.loads(ml.config(f))["train"]["shadow_interval"])
     return result
 
 
@@ -252,8 +253,8 @@ def verdict(found: dict) -> str:
 def write_all(path, out_dir="docs/figures", dpi: int = 110):
     """Writes every figure and shadow_fp32_findings.json; returns (paths, findings)."""
     with ml.open_log(path) as f:
-        found = findings(f)
         records = load(f)
+        found = findings(f, records)
     figs = [("shadow_fp32_over_training", over_training(records, found)), ("shadow_fp32_per_layer", per_layer(found))]
     found["log"] = str(path)
     written = fg.save_study(out_dir, figs, found, "shadow_fp32_findings.json", dpi)
