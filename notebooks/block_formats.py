@@ -78,9 +78,9 @@ def compare_paired(d: np.ndarray) -> dict:
 
 def paired_difference(f, arms: dict[int, str], base: dict[int, str]) -> dict:
     """Accuracy minus the baseline's, seed by seed, in points (compare_paired)."""
-    seeds = sorted(set(arms) & set(base))
-    d = np.array([100 * (final_accuracy(f, arms[s]) - final_accuracy(f, base[s])) for s in seeds])
-    return {"seeds": seeds, **compare_paired(d)}
+    seeds, d = equivalence.paired_by_seed({s: final_accuracy(f, a) for s, a in arms.items()},
+                                          {s: final_accuracy(f, a) for s, a in base.items()})
+    return {"seeds": seeds, **compare_paired(100 * d)}
 
 
 def block_summary(f, arm: str) -> dict:

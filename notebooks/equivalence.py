@@ -56,6 +56,14 @@ def seeds_for_power(sd: float, margin: float, target: float = 0.8, alpha: float 
     return None
 
 
+def paired_by_seed(values: dict, reference: dict) -> tuple[list, np.ndarray]:
+    """The seeds both runs have, sorted, and values minus reference at each: the pairs of a paired test (a seed
+    fixes the initial weights and the batch order, the same under every policy). A pair with a non-finite side
+    (a run that diverged) is left out; the caller counts those from its own table."""
+    seeds = sorted(s for s in values if s in reference and np.isfinite(values[s]) and np.isfinite(reference[s]))
+    return seeds, np.array([values[s] - reference[s] for s in seeds], dtype=float)
+
+
 def paired_equivalence(differences, margin: float, alpha: float = ALPHA) -> dict:
     """TOST and the difference test on paired differences (any unit; margin in the same unit)."""
     d = np.asarray([x for x in differences if np.isfinite(x)], dtype=float)

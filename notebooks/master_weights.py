@@ -136,9 +136,9 @@ def table(records) -> list[dict]:
             # Per seed, the two policies paired (same initial weights and batches), with its 95% interval.
             by_seed = {p: {r["seed"]: r["accuracy"] for r in records if r["policy"] == p and r["lr"] == lr}
                        for p in (MASTER, NO_MASTER)}
-            seeds = sorted(set(by_seed[MASTER]) & set(by_seed[NO_MASTER]))
+            seeds, costs = equivalence.paired_by_seed(by_seed[MASTER], by_seed[NO_MASTER])
             row["seeds"] = seeds
-            row["accuracy_cost_per_seed"] = [by_seed[MASTER][s] - by_seed[NO_MASTER][s] for s in seeds]
+            row["accuracy_cost_per_seed"] = costs.tolist()
             if len(seeds) >= 2:
                 test = equivalence.paired_equivalence(row["accuracy_cost_per_seed"], COST_MARGIN)
                 row["accuracy_cost_ci95"] = test["ci95"]

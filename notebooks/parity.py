@@ -1,5 +1,5 @@
 """Accuracy parity study (issue #6, study c): final test accuracy of several
-precision policies over five seeds, compared with FP32 seed by seed, beside
+precision policies over ten seeds (parity.toml, parity_cnn.toml), compared with FP32 seed by seed, beside
 Table 1 of Micikevicius et al., "Mixed Precision Training", ICLR 2018
 (arXiv:1710.03740), read from data/micikevicius2018_parity.csv.
 
@@ -118,8 +118,7 @@ def compare(table, reference=REFERENCE) -> dict[str, dict]:
     result = {}
     for policy, accs in table.items():
         values = np.array([a for a in accs.values() if np.isfinite(a)])
-        seeds = sorted(s for s in accs if s in ref and np.isfinite(accs[s]) and np.isfinite(ref[s]))
-        diffs = np.array([accs[s] - ref[s] for s in seeds])
+        seeds, diffs = equivalence.paired_by_seed(accs, ref)
         row = {"n": int(len(values)), "diverged": int(sum(not np.isfinite(a) for a in accs.values())),
                "mean": _mean(values), "std": _std(values), "n_pairs": len(seeds),
                "diff_mean": _mean(diffs), "diff_std": _std(diffs),
@@ -213,8 +212,7 @@ def plot_differences(table, comparison):
     policies = [p for p in table if p != REFERENCE]
     for i, policy in enumerate(policies):
         row = comparison[policy]
-        seeds = [s for s in table[policy] if s in ref and np.isfinite(table[policy][s]) and np.isfinite(ref[s])]
-        diffs = 100 * np.array([table[policy][s] - ref[s] for s in seeds])
+        diffs = 100 * equivalence.paired_by_seed(table[policy], ref)[1]
         ax.plot(np.full(len(diffs), i), diffs, "o", ms=4, alpha=0.6, color=f"C{i + 1}")
         if np.isfinite(row["ci95_low"]):
             ax.errorbar(i + 0.2, 100 * row["diff_mean"], yerr=100 * (row["ci95_high"] - row["diff_mean"]), fmt="s",

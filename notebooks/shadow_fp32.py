@@ -75,9 +75,16 @@ def _median(values) -> float:
     return float(np.median(finite)) if len(finite) else math.nan
 
 
+def _quantile(values, q: float) -> float:
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite)]
+    return float(np.quantile(finite, q)) if len(finite) else math.nan
+
+
 def summary(rows: dict) -> dict:
     """One layer's (or the model's) rows over training: medians over the shadow steps with finite values, the lost
-    share over all of them, and the change from the first quarter of the steps to the last."""
+    share over all of them, the change from the first quarter of the steps to the last, and the step-to-step spread
+    of the relative error (10th and 90th percentiles over the steps)."""
     n = len(rows["step"])
     quarter = max(1, n // 4)
     early, late = _median(rows["relative_error"][:quarter]), _median(rows["relative_error"][-quarter:])
@@ -94,6 +101,8 @@ def summary(rows: dict) -> dict:
         "nonfinite_steps": int(np.sum(~np.isfinite(rows["relative_error"]))),
         "relative_error": _median(rows["relative_error"]),
         "relative_error_max": float(np.nanmax(rows["relative_error"])) if n else math.nan,
+        "relative_error_p10": _quantile(rows["relative_error"], 0.1),
+        "relative_error_p90": _quantile(rows["relative_error"], 0.9),
         "cosine": _median(rows["cosine"]),
         "cosine_min": float(np.nanmin(rows["cosine"])) if n else math.nan,
         "norm_ratio": _median(rows["norm_ratio"]),
@@ -139,6 +148,10 @@ def findings(f, records=None) -> dict:
         entry["layers"] = {layer: [a["layers"][layer]["relative_error"] for a in mine] for layer in mine[0]["layers"]}
         entry["layers_zeroed_share"] = {layer: [a["layers"][layer]["zeroed_share"] for a in mine]
                                         for layer in mine[0]["layers"]}
+        # How far one step's error lies from another's: the 10th and 90th percentiles over the steps, per seed.
+        entry["layers_p10_p90"] = {layer: [[a["layers"][layer]["relative_error_p10"],
+                                            a["layers"][layer]["relative_error_p90"]] for a in mine]
+                                   for layer in mine[0]["layers"]}
         result["policies"].append(entry)
     control = [a for a in arms if a["policy"] == CONTROL]
     result["control_exact"] = bool(control) and all(
@@ -244,8 +257,14 @@ def verdict(found: dict) -> str:
                      f"{each(p['zeroed_share_last_quarter'], '.1e')}")
         lines.append(f"{indent}relative error, last quarter / first: {each(p['growth'], '.2f')} (grew in "
                      f"{p['grew_in']} of {len(p['seeds'])})")
-    lines.append(f"Control: the {CONTROL} arm's shadow is its own gradient bit for bit: "
-                 f"{'yes' if found['control_exact'] else 'NO'}.")
+        spread = "; ".join(f"{layer} " + ", ".join(f"{lo:.1e}-{hi:.1e}" for lo, hi in seeds_)
+                           for layer, seeds_ in p["layers_p10_p90"].items())
+        lines.append(f"{indent}relative error from step to step, 10th-90th percentile per seed: {spread}")
+    if any(p["policy"] == CONTROL for p in found["policies"]):
+        lines.append(f"Control: the {CONTROL} arm's shadow is its own gradient bit for bit: "
+                     f"{'yes' if found['control_exact'] else 'NO'}.")
+    else:
+        lines.append(f"No control: this log has no {CONTROL} arm.")
     lines.append("Medians over shadow steps of one run per seed; no significance test is claimed.")
     return "\n".join(lines)
 

@@ -50,6 +50,9 @@ lo = x.mean(1) - stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
 hi = x.mean(1) + stats.t.ppf(0.95, n - 1) * x.std(1, ddof=1) / np.sqrt(n)
 simulated = np.mean((lo > -margin) & (hi < margin))
 assert abs(equivalence.tost_power(sd, n, margin, true_difference=0.003) - simulated) < 0.01
+# Pairs by seed: only the seeds both runs have, in order, and no pair with a diverged (non-finite) side.
+seeds, d = equivalence.paired_by_seed({3: 0.5, 1: 0.25, 2: float("nan"), 7: 1.0}, {1: 0.125, 2: 0.5, 3: 0.25, 4: 0.0})
+assert seeds == [1, 3] and d.tolist() == [0.125, 0.25], (seeds, d)
 PY
 
 echo "== parity.ipynb (nbconvert --execute)"
