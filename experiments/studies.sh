@@ -12,7 +12,9 @@
 #
 # emulator_vs_gpu trains on the CPU and on the GPU; without a usable CUDA
 # device its run stops before training (exit 2, "backend 'cuda' cannot
-# start"), and the script runs it again on the CPU alone and says so.
+# start"), and the script runs it again on the CPU alone and says so; its
+# figures then go to RUNS/cpu-only-figures, leaving the gallery's (drawn
+# from a run with a GPU) in place.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -51,8 +53,13 @@ for s in "${studies[@]}"; do
   "$mpsim" run "experiments/configs/$s.toml" -o "$runs/$s.h5" --force "${smoke[@]}" 2> >(tee "$log.err" >&2) | tee "$log"
   code=${PIPESTATUS[0]}
   set -e
+  study_figures=$figures
   if [ "$code" -eq 2 ] && grep -q "backend 'cuda' cannot start" "$log.err"; then
-    echo "== $s: no usable CUDA device here; running its CPU arms only (backends=cpu)"
+    # The gallery keeps the figures of the last run that had a GPU: a CPU-only
+    # run draws its own beside its log instead of replacing them.
+    study_figures=$runs/cpu-only-figures
+    mkdir -p "$study_figures"
+    echo "== $s: no usable CUDA device here; running its CPU arms only (backends=cpu), figures in $study_figures"
     "$mpsim" run "experiments/configs/$s.toml" -o "$runs/$s.h5" --force "${smoke[@]}" backends=cpu | tee "$log"
   elif [ "$code" -ne 0 ]; then
     echo "studies.sh: $s failed (exit $code)" >&2
@@ -67,7 +74,7 @@ for s in "${studies[@]}"; do
     extra=(--prefix "$s")
   fi
   echo "== $s: notebooks/$module.py ${extra[*]}"
-  MPLBACKEND=Agg "$py" "notebooks/$module.py" "$runs/$s.h5" --out "$figures" "${extra[@]}"
+  MPLBACKEND=Agg "$py" "notebooks/$module.py" "$runs/$s.h5" --out "$study_figures" "${extra[@]}"
   seconds=$(( $(date +%s) - start ))
   summary+=("$(printf '%-16s %5d s' "$s" "$seconds")")
 done
