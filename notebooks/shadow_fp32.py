@@ -69,15 +69,18 @@ def _pick(rows: dict, layer: int) -> dict:
 # --- numbers -----------------------------------------------------------------------
 
 
+def _finite(values) -> np.ndarray:
+    values = np.asarray(values, dtype=float)
+    return values[np.isfinite(values)]
+
+
 def _median(values) -> float:
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
+    finite = _finite(values)
     return float(np.median(finite)) if len(finite) else math.nan
 
 
 def _quantile(values, q: float) -> float:
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite)]
+    finite = _finite(values)
     return float(np.quantile(finite, q)) if len(finite) else math.nan
 
 
