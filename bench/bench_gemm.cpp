@@ -77,7 +77,7 @@ int main(int argc, char** argv) {
   std::mt19937_64 rng(1);
   std::normal_distribution<float> normal;
   fmt::print("bench_gemm: ordered ({}) against {}; {} repetitions, medians of best-of-3, milliseconds\n",
-             ordered_gemm_target(), backend->describe_gemm(CpuGemm::blas), repetitions);
+             ordered_gemm_target(), backend->describe_gemm(CpuGemm::blas, DeviceAttention::kernels), repetitions);
   for (const int threads : {1, 2}) {
     backend->set_threads(threads);
     fmt::print("\n{} thread(s)\n{:<34} {:>10} {:>10} {:>12}\n", threads, "shape (m x n x k)", "ordered", "blas",

@@ -10,7 +10,7 @@
 // log-uniform magnitudes over 2^-40..2^0, where many values underflow and take
 // the general path.
 //
-//   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock]
+//   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock] [--compare-stores]
 //   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock]
 //
 // --blocks: the bar of issue #19 §8, the same pairing for block-scaled formats
@@ -23,7 +23,9 @@
 // memcpy's rate. Prints medians (and the spread of the ratio over the
 // repetitions) as Markdown. Times are the thread's CPU time (on a shared
 // machine, time spent descheduled is nobody's kernel), or wall time with
-// --wall-clock.
+// --wall-clock. --compare-stores times every row twice per repetition, with
+// cached and with streaming stores (QuantizeOptions::stores), each after its
+// own memcpy, and prints a table for each.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
@@ -223,8 +225,17 @@ struct Row {
   Format format;
   RoundingMode mode;
   Data data;
+  mpsim::Stores stores;
   std::vector<double> rates, ratios;  // one per repetition
 };
+
+const char* stores_name(mpsim::Stores stores) {
+  switch (stores) {
+    case mpsim::Stores::cached: return "cached";
+    case mpsim::Stores::streaming: return "streaming";
+  }
+  return "?";
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -251,12 +262,15 @@ double time_passes(std::size_t n, int passes, Body body) {
   return static_cast<double>(n) * passes / (now_seconds() - start);
 }
 
-int side_by_side(int repetitions, int passes) {
+void print_table(const std::vector<Row>& rows);
+
+int side_by_side(int repetitions, int passes, const std::vector<mpsim::Stores>& kinds) {
   const std::size_t n = large;
   std::vector<Row> rows;
-  for (const auto& [name, format] : bench_formats)
-    for (Data data : {Data::normal, Data::gradients})
-      for (RoundingMode mode : bench_modes) rows.push_back({name, format, mode, data, {}, {}});
+  for (mpsim::Stores stores : kinds)
+    for (const auto& [name, format] : bench_formats)
+      for (Data data : {Data::normal, Data::gradients})
+        for (RoundingMode mode : bench_modes) rows.push_back({name, format, mode, data, stores, {}, {}});
   const auto& normal = input(n, Data::normal);
   const auto& gradients = input(n, Data::gradients);
   std::vector<float> out(n, 1.0f);  // one output buffer for every row and memcpy, touched once
@@ -274,6 +288,7 @@ int side_by_side(int repetitions, int passes) {
       options.rounding.mode = row.mode;
       options.stochastic = {{42, 0}, 0};
       options.threads = 1;
+      options.stores = row.stores;
       const auto& in = row.data == Data::normal ? normal : gradients;
       const double base = time_passes(n, passes, run_memcpy);
       const double rate = time_passes(n, passes, [&] {
@@ -294,7 +309,17 @@ int side_by_side(int repetitions, int passes) {
               memcpy_rates.size(), memcpy_rates[memcpy_rates.size() / 10] / 1e9,
               memcpy_rates[memcpy_rates.size() * 9 / 10] / 1e9);
   std::printf("Cells: median G elements/s (median of the per-repetition ratios to the paired memcpy; in brackets "
-              "the lowest and highest ratio).\n\n");
+              "the lowest and highest ratio).\n");
+  const std::size_t per_kind = rows.size() / kinds.size();
+  for (std::size_t kind = 0; kind < kinds.size(); ++kind)
+    print_table(std::vector<Row>(rows.begin() + static_cast<std::ptrdiff_t>(kind * per_kind),
+                                 rows.begin() + static_cast<std::ptrdiff_t>((kind + 1) * per_kind)));
+  return 0;
+}
+
+// One table of --side-by-side: the rows of one kind of store.
+void print_table(const std::vector<Row>& rows) {
+  std::printf("\nStores: %s (QuantizeOptions::stores).\n\n", stores_name(rows.front().stores));
   std::printf("| format | data |");
   for (RoundingMode mode : bench_modes) std::printf(" %s |", std::string(mpsim::to_string(mode)).c_str());
   std::printf("\n|---|---|");
@@ -315,7 +340,6 @@ int side_by_side(int repetitions, int passes) {
   }
   std::printf("\nLowest median ratio: deterministic modes %.2fx memcpy (goal 0.9x), stochastic %.2fx (goal 0.5x).\n",
               worst_deterministic, worst_stochastic);
-  return 0;
 }
 
 // Block-scaled formats beside memcpy, paired as in side_by_side.
@@ -388,19 +412,21 @@ int main(int argc, char** argv) {
   if (argc > 1 && (std::string(argv[1]) == "--side-by-side" || std::string(argv[1]) == "--blocks")) {
     const bool blocks = std::string(argv[1]) == "--blocks";
     int repetitions = 11, passes = 2;
+    std::vector<mpsim::Stores> kinds{mpsim::Stores::cached};
     for (int a = 2; a < argc; ++a) {
       const std::string arg = argv[a];
       if (arg.rfind("--repetitions=", 0) == 0) repetitions = std::stoi(arg.substr(14));
       else if (arg.rfind("--passes=", 0) == 0) passes = std::stoi(arg.substr(9));
       else if (arg == "--wall-clock") use_wall_clock = true;
+      else if (arg == "--compare-stores" && !blocks) kinds = {mpsim::Stores::cached, mpsim::Stores::streaming};
       else {
-        std::fprintf(stderr, "bench_quantize --side-by-side: unknown option %s (accepted: --repetitions=N --passes=P --wall-clock)\n",
-                     arg.c_str());
+        std::fprintf(stderr, "bench_quantize %s: unknown option %s (accepted: --repetitions=N --passes=P "
+                     "--wall-clock%s)\n", argv[1], arg.c_str(), blocks ? "" : " --compare-stores");
         return 2;
       }
     }
     if (blocks) return blocks_side_by_side(std::max(1, repetitions), std::max(1, passes));
-    return side_by_side(std::max(1, repetitions), std::max(1, passes));
+    return side_by_side(std::max(1, repetitions), std::max(1, passes), kinds);
   }
   benchmark::Initialize(&argc, argv);
   register_all();

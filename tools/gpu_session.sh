@@ -311,7 +311,8 @@ stage_block() {
 # --- transformer -----------------------------------------------------------
 # The ViT on Fashion-MNIST and the GPT on the bundle's copy of the fortunes
 # text (the device has no Debian packages), each at smoke size on the CPU
-# emulator and on the cuda backend: the first run of the transformer kernels.
+# emulator and on the cuda backend: the first run of the transformer kernels;
+# then the GPT on cuda with train.attention = "cublas".
 stage_transformer() {
   run_stage=transformer
   mkdir -p "$work/gpu-transformer"
@@ -322,6 +323,10 @@ stage_transformer() {
   if [ -d "$text" ]; then
     data=$text
     mpsim_run charlm_vs_gpu_smoke experiments/configs/charlm.toml --smoke 'backends=["cpu","cuda"]' || rc=$?
+    # The same GPT on cuda with attention's products in batched cuBLAS GEMMs (train.attention), whose
+    # log and time compare with the cuda arm above (the kernels, the CPU's sums).
+    mpsim_run charlm_cublas_attention_smoke experiments/configs/charlm.toml --smoke 'backends=["cuda"]' \
+      train.attention=cublas || rc=$?
   else
     add_row "  charlm_vs_gpu_smoke" "" "" "not run: no text in $text"; rc=1
   fi

@@ -460,6 +460,13 @@ constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
         "the CPU backend's binary32 GEMM: `ordered`, one fixed summation order, the same bits on every x86-64 CPU "
         "and thread count (core/include/mpsim/core/ordered_gemm.hpp); `blas`, OpenBLAS, whose kernel and order "
         "depend on the CPU model and the thread count. Ignored on the GPU (cuBLAS)"),
+    enum_key<&TrainSpec::attention, device_attention_names>(
+        "attention",
+        "the CUDA backend's attention products (q k^T, p v and their gradients): `kernels`, one thread per output "
+        "summing in the CPU backend's order (the same bits as the CPU up to expf; gpu/src/kernels_attention.cu); "
+        "`cublas`, batched cuBLAS GEMMs in binary32 without TF32, in cuBLAS's order, masked products included (a "
+        "non-finite value at a masked position then gives NaN, as in a fused GPU kernel's diagonal tile). Ignored "
+        "on the CPU"),
 });
 
 constexpr auto loss_fields = std::to_array<ConfigField<LossDefinition>>({

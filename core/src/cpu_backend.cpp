@@ -128,7 +128,7 @@ class CpuBackend final : public Backend {
     openblas_set_num_threads(threads_);
   }
   void set_cpu_gemm(CpuGemm gemm) override { gemm_ = gemm; }
-  std::string describe_gemm(CpuGemm gemm) const override {
+  std::string describe_gemm(CpuGemm gemm, DeviceAttention) const override {
     if (gemm == CpuGemm::ordered) return "ordered (" + std::string(ordered_gemm_target()) + ")";
     return std::string("blas (") + openblas_get_config() + ", " + openblas_get_corename() + " kernels)";
   }

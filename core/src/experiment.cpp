@@ -216,7 +216,7 @@ ArmInfo make_info(const Sweep& sweep, const PlannedArm& arm, const TrainTest& da
   const InputShape input{data.train.channels, data.train.height, data.train.width, data.train.classes};
   return {arm_name(pc, arm, point.label), arm.backend, arm.policy,   describe(policy),
           arm.seed,                       Model::stat_names(pc.model, input), point.label, policy,
-          threads,                        backend.describe_gemm(pc.train.gemm)};
+          threads,                        backend.describe_gemm(pc.train.gemm, pc.train.attention)};
 }
 
 ArmRow make_row(const ArmInfo& info, const PlannedArm& arm, ArmResult result) {

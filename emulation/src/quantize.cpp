@@ -105,13 +105,14 @@ QuantizeCounts quantize_any(const Format& f, std::span<const T> in, std::span<T>
   if (o.rounding.random_bits < 1 || o.rounding.random_bits > 32)
     throw std::invalid_argument("quantize: random_bits must be in 1..32, got " + std::to_string(o.rounding.random_bits));
 
+  const std::size_t n = in.size();
   detail::KernelFor<T> kernel{};
   const detail::KernelFor<T>* vector = nullptr;
   if (o.path == Path::automatic || o.path == Path::vector) {
     kernel = detail::make_kernel<T>(f, o);
+    kernel.streaming_stores = o.stores == Stores::streaming;
     vector = &kernel;
   }
-  const std::size_t n = in.size();
   unsigned threads = o.threads > 0 ? static_cast<unsigned>(o.threads) : std::max(1u, std::thread::hardware_concurrency());
   threads = static_cast<unsigned>(std::min<std::size_t>(threads, std::max<std::size_t>(1, n / min_elements_per_thread)));
   const std::uint64_t first = o.stochastic.first_index;

@@ -33,6 +33,7 @@ struct Kernel {
   U subnormal_quantum;
   std::uint32_t random_mask;  // stochastic rounding: the draw bits that count
   DrawKey key;
+  bool streaming_stores = false;  // QuantizeOptions::stores
 };
 
 template <class T>

@@ -19,6 +19,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "emulation/src/quantize_vector.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 
 #include <algorithm>
@@ -449,6 +450,17 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       j += count;
       low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
     };
+    if (k.streaming_stores) {
+      // Streaming stores take whole aligned vectors: the elements up to the first such output go through `partial`.
+      const std::size_t vector_bytes = lanes * sizeof(T);
+      const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out + i) % vector_bytes;
+      if (misaligned != 0) partial(std::min(block, (vector_bytes - misaligned) / sizeof(T)));
+      for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
+        const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
+        const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+        hn::Stream(hn::BitCast(df, round_vector(d, x, draw, c)), df, out + i + j);
+      }
+    }
     for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
       const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
       const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
@@ -474,6 +486,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     }
     i += block;
   }
+  if (k.streaming_stores) hwy::FlushStream();  // the streamed stores ordered before the caller's next ones
   return total;
 }
 
@@ -595,7 +608,9 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   }
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
   // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate).
-  const auto nonzero_x = hn::TestBit(hn::BitCast(d, x), magnitude);
+  // Not TestBit: with a mask of several bits it means "any bit set" on AVX-512 but "all bits set" on AVX2 and
+  // SSE4 (Highway 1.0.3), which made every block's nonzero count 0 on AVX2 CPUs until 2026-11-27.
+  const auto nonzero_x = hn::Ne(hn::And(hn::BitCast(d, x), magnitude), hn::Zero(d));
   const auto finite_nonzero =
       two_step ? hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu))
                : nonzero_x;
@@ -606,7 +621,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
     if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
     else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
-    lost += hn::CountTrue(d, hn::AndNot(hn::TestBit(r, magnitude), nonzero_x));
+    lost += hn::CountTrue(d, hn::AndNot(hn::Ne(hn::And(r, magnitude), hn::Zero(d)), nonzero_x));
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
     lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
     r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "attention_cublas.hpp"
 #include "check.hpp"
 #include "kernels.hpp"
 #include "launch.hpp"
@@ -379,7 +380,10 @@ class CudaBackend final : public core::Backend {
   std::string_view name() const override { return "cuda"; }
   core::Device device() const override { return core::Device::cuda; }
   void set_threads(int) override {}  // the device decides its own parallelism
-  std::string describe_gemm(core::CpuGemm) const override { return "cuBLAS"; }
+  void set_device_attention(core::DeviceAttention attention) override { attention_ = attention; }
+  std::string describe_gemm(core::CpuGemm, core::DeviceAttention attention) const override {
+    return "cuBLAS, attention " + std::string(core::to_string(attention));
+  }
   cudaStream_t cuda_stream() const { return stream(); }  // for cuda_stream_of (timing)
   std::uint64_t synchronisations() const { return synchronisations_; }
 
@@ -576,22 +580,31 @@ class CudaBackend final : public core::Backend {
     const Input v = in(y);
     kernels::add(inout(x), v, x.numel(), stream());
   }
+  // Attention's products: the kernels (the CPU's sums) or batched cuBLAS GEMMs (train.attention).
+  bool attention_on_cublas(const AttentionShape& s) const {
+    return attention_ == core::DeviceAttention::cublas && detail::cublas_attention_applies(s);
+  }
   void attention_scores_impl(const Tensor& qkv, const AttentionShape& s, Tensor& scores) override {
     const Input q = in(qkv);
+    if (attention_on_cublas(s)) return detail::cublas_attention_scores(blas_.handle, stream(), q, s, out(scores));
     kernels::attention_scores(q, s, out(scores), stream());
   }
   void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& s, Tensor& o) override {
     const Input p = in(probs), q = in(qkv);
+    if (attention_on_cublas(s)) return detail::cublas_attention_values(blas_.handle, p, q, s, out(o));
     kernels::attention_values(p, q, s, out(o), stream());
   }
   void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
                                       const AttentionShape& s, Tensor& dprobs, Tensor& dqkv) override {
     const Input p = in(probs), q = in(qkv), g = in(dout);
+    if (attention_on_cublas(s))
+      return detail::cublas_attention_values_backward(blas_.handle, stream(), p, q, g, s, out(dprobs), inout(dqkv));
     kernels::attention_values_backward(p, q, g, s, out(dprobs), inout(dqkv), stream());
   }
   void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& s,
                                       Tensor& dqkv) override {
     const Input d = in(dscores), q = in(qkv);
+    if (attention_on_cublas(s)) return detail::cublas_attention_scores_backward(blas_.handle, d, q, s, inout(dqkv));
     kernels::attention_scores_backward(d, q, s, inout(dqkv), stream());
   }
   void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
@@ -1213,6 +1226,7 @@ class CudaBackend final : public core::Backend {
   std::shared_ptr<DevicePool> pool_ = std::make_shared<DevicePool>();
   Stream stream_;
   Blas blas_{stream_.stream};
+  core::DeviceAttention attention_ = core::DeviceAttention::kernels;
   detail::DeviceArray<unsigned long long> device_stats_{stats_words};
   detail::DeviceArray<unsigned int> status_{1};  // inexact GEMM operand flags (kernels.hpp)
   Pinned<unsigned long long> host_stats_{stats_words};

@@ -66,6 +66,8 @@ void attention_values_backward(const float* probs, const float* qkv, const float
                                float* dprobs, float* dqkv, cudaStream_t stream);
 void attention_scores_backward(const float* dscores, const float* qkv, const core::AttentionShape& s, float* dqkv,
                                cudaStream_t stream);
+// Causal shapes: every entry whose key comes after its query set to `value` (-inf logits, zero gradients).
+void attention_mask(float* scores, const core::AttentionShape& s, float value, cudaStream_t stream);
 void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
                      float eps, float* y, float* mean, float* rstd, const core::InternalRounding& low,
                      cudaStream_t stream);

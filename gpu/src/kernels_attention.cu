@@ -94,6 +94,12 @@ __global__ void attention_qk_grad_kernel(const float* dscores, const float* qkv,
   }
 }
 
+__global__ void attention_mask_kernel(float* scores, core::AttentionShape s, float value) {
+  const std::int64_t total = s.score_rows() * s.tokens;
+  for (std::int64_t t = thread_index(); t < total; t += thread_count())
+    if (t % s.tokens >= s.keys_end(t / s.tokens % s.tokens)) scores[t] = value;
+}
+
 __global__ void softmax_kernel(const float* x, std::int64_t rows, std::int64_t cols, float* p,
                                core::InternalRounding low) {
   for (std::int64_t r = thread_index(); r < rows; r += thread_count())
@@ -207,6 +213,13 @@ void attention_scores_backward(const float* dscores, const float* qkv, const cor
   const std::int64_t n = s.rows() * s.width();
   if (n <= 0) return;
   attention_qk_grad_kernel<<<blocks(n), threads, 0, stream>>>(dscores, qkv, s, dqkv);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void attention_mask(float* scores, const core::AttentionShape& s, float value, cudaStream_t stream) {
+  const std::int64_t n = s.score_rows() * s.tokens;
+  if (!s.causal || n <= 0) return;
+  attention_mask_kernel<<<blocks(n), threads, 0, stream>>>(scores, s, value);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

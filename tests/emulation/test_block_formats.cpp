@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include <boost/multiprecision/cpp_int.hpp>
+#include <hwy/targets.h>
 
 #include <algorithm>
 #include <bit>
@@ -809,6 +810,43 @@ TEST_CASE("Block quantization: the fast path gives the reference's bits, counts,
       }
     }
   }
+}
+
+// Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...), not only this CPU's best: a
+// Highway op whose meaning differs between targets (TestBit with a mask of several bits) once made every
+// block's nonzero count 0 on AVX2 while AVX-512 machines passed.
+TEST_CASE("Block quantization on every vector target this CPU runs: the reference's bits and counts",
+          "[block][fast]") {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(!targets.empty());
+  std::mt19937_64 rng(20261127);
+  const std::vector<float> x = random_blocks(rng, 3001, 1, kE4m3, true);
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const char* name : {"mxfp8-e4m3", "mxfp4", "nvfp4", "fp8-e4m3-1x128"}) {
+      for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
+        INFO("vector target " << hwy::TargetName(target) << ", " << name << " " << to_string(mode));
+        const BlockFormat f = *parse_block_format(name);
+        BlockQuantizeOptions o;
+        o.rounding = Rounding{mode};
+        o.key = {5, 3};
+        const BlockQuantized want = quantize_blocks(f, x, 1, 3001, o);
+        std::vector<float> out(x.size());
+        const BlockSummary got = quantize_blocks(f, x, out, 1, 3001, o);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < x.size(); ++i) {
+          const auto expected = static_cast<float>(want.values[i]);
+          bad += !(std::isnan(expected) ? std::isnan(out[i])
+                                        : std::bit_cast<std::uint32_t>(out[i]) == std::bit_cast<std::uint32_t>(expected));
+        }
+        CHECK(bad == 0);
+        CHECK(got.scale_codes == want.scale_codes);
+        CHECK(got.counts == want.counts);
+        CHECK(got.counts.nonzero > 0);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST_CASE("Block quantization: stochastic indices across a multiple of 2^32 keep the reference's draws", "[block][fast]") {

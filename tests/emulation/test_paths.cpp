@@ -131,16 +131,20 @@ struct Variant {
   Path path;
   int threads;
   bool in_place;
+  Stores stores = Stores::cached;  // streaming: the vector path's non-temporal stores, from a misaligned start
 };
 constexpr Variant kEveryVariant[] = {
     {Path::exact, 1, false},     {Path::scalar, 1, true},     {Path::scalar, 2, false},    {Path::scalar, 2, true},
     {Path::vector, 1, false},    {Path::vector, 1, true},     {Path::vector, 2, false},
     {Path::vector, 2, true},     {Path::automatic, 1, false}, {Path::automatic, 1, true},
     {Path::automatic, 2, false}, {Path::automatic, 2, true},  {Path::automatic, 0, false},
+    {Path::vector, 1, false, Stores::streaming}, {Path::vector, 2, true, Stores::streaming},
 };
-// For the longest arrays: the fast paths, one and two threads, both placements.
+// For the longest arrays: the fast paths, one and two threads, both placements, both kinds of store.
 constexpr Variant kLongVariants[] = {
-    {Path::vector, 1, false}, {Path::vector, 2, true}, {Path::automatic, 0, true}, {Path::automatic, 2, false}};
+    {Path::vector, 1, false},    {Path::vector, 2, true},
+    {Path::automatic, 0, true},  {Path::automatic, 2, false},
+    {Path::vector, 1, false, Stores::streaming}, {Path::automatic, 2, true, Stores::streaming}};
 
 const Rounding kRoundings[] = {
     {RoundingMode::nearest_even},    {RoundingMode::nearest_away},    {RoundingMode::toward_zero},
@@ -185,6 +189,7 @@ std::string run_and_compare(const Format& f, QuantizeOptions options, const Vari
                             const std::vector<T>& expected, const QuantizeCounts& expected_counts) {
   options.path = v.path;
   options.threads = v.threads;
+  options.stores = v.stores;
   // Storage one longer than needed, used from element 1: misaligned like the input.
   std::vector<T> storage(in.size() + 1, std::bit_cast<T>(static_cast<Uint<T>>(0x7FBADBADDEADBEEFull)));
   const std::span<T> out(storage.data() + 1, in.size());
@@ -196,7 +201,9 @@ std::string run_and_compare(const Format& f, QuantizeOptions options, const Vari
     counts = quantize(f, in, out, options);
   }
   std::string where = "path " + path_name(v.path) + ", threads " + std::to_string(v.threads) +
-                      (v.in_place ? ", in place" : ", out of place") + ", length " + std::to_string(in.size());
+                      (v.in_place ? ", in place" : ", out of place") +
+                      (v.stores == Stores::streaming ? ", streaming stores" : "") +
+                      ", length " + std::to_string(in.size());
   for (std::size_t i = 0; i < in.size(); ++i)
     if (bits_of(out[i]) != bits_of(expected[i]))
       return where + ": element " + std::to_string(i) + " input " + hex_bits(in[i]) + " (" + hex_float(in[i]) +

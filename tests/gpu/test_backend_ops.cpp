@@ -1073,6 +1073,92 @@ TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, so
   }
 }
 
+TEST_CASE("attention through batched cuBLAS (train.attention = \"cublas\"): within gamma_k of the CPU, masks exact",
+          "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  b.gpu->set_device_attention(core::DeviceAttention::cublas);
+  CHECK(b.gpu->describe_gemm(core::CpuGemm::ordered, core::DeviceAttention::cublas) == "cuBLAS, attention cublas");
+  const auto absolute = [](FVec v) {
+    for (float& x : v) x = std::fabs(x);
+    return v;
+  };
+  // Each side's sum of k products is within gamma_k * sum |a b| of the exact one in any order (Higham 2002,
+  // eq. 3.5), times the scale once rounded on each side; `magnitude` is the CPU's op on |inputs|, that sum
+  // (itself rounded: the 1.001). Masked entries (-inf logits, zero gradients) must be equal exactly.
+  const auto within = [](const FVec& want, const FVec& magnitude, std::int64_t k) {
+    const double gamma = static_cast<double>(k) * 0x1p-24 / (1 - static_cast<double>(k) * 0x1p-24);
+    return [&want, &magnitude, gamma](std::size_t i) {
+      return 2.0 * gamma * 1.001 * magnitude[i] + 2.0 * ulp_of(want[i]);
+    };
+  };
+  for (const bool causal : {false, true}) {
+    for (const std::int64_t head_dim : {8, 32}) {
+      INFO((causal ? "causal" : "not causal") << ", head_dim " << head_dim);
+      core::AttentionShape s;
+      s.batch = 3;
+      s.tokens = 17;
+      s.heads = 4;
+      s.head_dim = head_dim;
+      s.causal = causal;
+      const std::int64_t rows = s.rows(), cols = 3 * s.width(), score_rows = s.score_rows();
+      const FVec qkv_values = normal_values(static_cast<std::size_t>(rows * cols), 910, 2.0f);
+      const auto qkv = b.upload(qkv_values, {rows, cols}), qkv_abs = b.upload(absolute(qkv_values), {rows, cols});
+      auto scores = b.empty({score_rows, s.tokens}), magnitude = b.empty({score_rows, s.tokens});
+      b.cpu->attention_scores(qkv.cpu, s, scores.cpu);
+      b.cpu->attention_scores(qkv_abs.cpu, s, magnitude.cpu);
+      b.gpu->attention_scores(qkv.gpu, s, scores.gpu);
+      const FVec sc = b.cpu_values(scores.cpu), sm = b.cpu_values(magnitude.cpu);
+      check_close("scores", sc, b.gpu_values(scores.gpu), within(sc, sm, s.head_dim));
+      // Both backends read the CPU's probabilities from here on.
+      auto probs = b.empty({score_rows, s.tokens});
+      b.cpu->softmax_forward(scores.cpu, probs.cpu);
+      const FVec pc = b.cpu_values(probs.cpu);
+      const auto p = b.upload(pc, {score_rows, s.tokens});
+      auto out = b.empty({rows, s.width()}), out_magnitude = b.empty({rows, s.width()});
+      b.cpu->attention_values(p.cpu, qkv.cpu, s, out.cpu);
+      b.cpu->attention_values(p.cpu, qkv_abs.cpu, s, out_magnitude.cpu);
+      b.gpu->attention_values(p.gpu, qkv.gpu, s, out.gpu);
+      const FVec oc = b.cpu_values(out.cpu), om = b.cpu_values(out_magnitude.cpu);
+      check_close("output", oc, b.gpu_values(out.gpu), within(oc, om, s.tokens));
+
+      const FVec dout_values = normal_values(static_cast<std::size_t>(rows * s.width()), 911);
+      const auto dout = b.upload(dout_values, {rows, s.width()});
+      const auto dout_abs = b.upload(absolute(dout_values), {rows, s.width()});
+      auto dprobs = b.empty({score_rows, s.tokens}), dprobs_magnitude = b.empty({score_rows, s.tokens});
+      // NaN first: the two backward calls must write every element of dqkv.
+      auto dqkv = b.upload(FVec(static_cast<std::size_t>(rows * cols), NAN), {rows, cols});
+      auto dqkv_magnitude = b.cpu->from_host(FVec(static_cast<std::size_t>(rows * cols), NAN), {rows, cols});
+      b.cpu->attention_values_backward(p.cpu, qkv.cpu, dout.cpu, s, dprobs.cpu, dqkv.cpu);
+      b.cpu->attention_values_backward(p.cpu, qkv_abs.cpu, dout_abs.cpu, s, dprobs_magnitude.cpu, dqkv_magnitude);
+      b.gpu->attention_values_backward(p.gpu, qkv.gpu, dout.gpu, s, dprobs.gpu, dqkv.gpu);
+      const FVec dpc = b.cpu_values(dprobs.cpu), dpm = b.cpu_values(dprobs_magnitude.cpu);
+      const FVec dpg = b.gpu_values(dprobs.gpu);
+      check_close("dprobs", dpc, dpg, within(dpc, dpm, s.head_dim));
+      std::size_t masked = 0, masked_not_zero = 0;
+      for (std::int64_t r = 0; r < score_rows; ++r)
+        for (std::int64_t j = s.keys_end(r % s.tokens); j < s.tokens; ++j) {
+          ++masked;
+          masked_not_zero += bits_of(dpg[static_cast<std::size_t>(r * s.tokens + j)]) != 0;
+        }
+      CHECK(masked == (causal ? static_cast<std::size_t>(score_rows * (s.tokens - 1) / 2) : 0u));
+      CHECK(masked_not_zero == 0);
+
+      // The logits' gradient from the CPU's softmax backward (zero where masked), read by both.
+      auto dscores = b.cpu->empty({score_rows, s.tokens});
+      b.cpu->softmax_backward(p.cpu, dprobs.cpu, dscores);
+      const FVec dsc = b.cpu_values(dscores);
+      const auto ds = b.upload(dsc, {score_rows, s.tokens}), ds_abs = b.upload(absolute(dsc), {score_rows, s.tokens});
+      b.cpu->attention_scores_backward(ds.cpu, qkv.cpu, s, dqkv.cpu);
+      b.cpu->attention_scores_backward(ds_abs.cpu, qkv_abs.cpu, s, dqkv_magnitude);
+      b.gpu->attention_scores_backward(ds.gpu, qkv.gpu, s, dqkv.gpu);
+      const FVec dc = b.cpu_values(dqkv.cpu), dm = b.values_of(*b.cpu, dqkv_magnitude), dg = b.gpu_values(dqkv.gpu);
+      CHECK(std::none_of(dg.begin(), dg.end(), [](float v) { return std::isnan(v); }));
+      check_close("dqkv", dc, dg, within(dc, dm, s.tokens));
+    }
+  }
+}
+
 TEST_CASE("SGD and Adam updates match the CPU bit for bit", "[gpu][backend][optimizer]") {
   require_device();
   Backends b;

@@ -21,7 +21,10 @@ class ForwardingBackend : public core::Backend {
   bool supports(core::Op op) const override { return inner_->supports(op); }
   void set_threads(int threads) override { inner_->set_threads(threads); }
   void set_cpu_gemm(core::CpuGemm gemm) override { inner_->set_cpu_gemm(gemm); }
-  std::string describe_gemm(core::CpuGemm gemm) const override { return inner_->describe_gemm(gemm); }
+  void set_device_attention(core::DeviceAttention attention) override { inner_->set_device_attention(attention); }
+  std::string describe_gemm(core::CpuGemm gemm, core::DeviceAttention attention) const override {
+    return inner_->describe_gemm(gemm, attention);
+  }
   core::Tensor zeros_impl(const core::Shape& shape) override { return inner_->zeros(shape); }
   core::Tensor empty_impl(const core::Shape& shape) override { return inner_->empty(shape); }
   core::Tensor from_host_impl(std::span<const float> values, const core::Shape& shape) override {

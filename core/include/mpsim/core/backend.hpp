@@ -37,6 +37,14 @@ enum class CpuGemm { ordered, blas };
 inline constexpr EnumNames<CpuGemm, 2> cpu_gemm_names{{"ordered", "blas"}};
 inline std::string_view to_string(CpuGemm gemm) { return cpu_gemm_names(gemm); }
 
+// The CUDA backend's attention products (config `train.attention`):
+// `kernels`, one thread per output summing in the CPU backend's order (the
+// same bits up to expf), or `cublas`, batched cuBLAS GEMMs in binary32 (no
+// TF32) in cuBLAS's order, as a GPU training framework computes them.
+enum class DeviceAttention { kernels, cublas };
+inline constexpr EnumNames<DeviceAttention, 2> device_attention_names{{"kernels", "cublas"}};
+inline std::string_view to_string(DeviceAttention attention) { return device_attention_names(attention); }
+
 struct ConvGeometry {
   std::int64_t batch = 0, channels = 0, height = 0, width = 0;
   std::int64_t kernel = 0, stride = 1, padding = 0;
@@ -165,9 +173,12 @@ class Backend {
   // Which binary32 GEMM the products without an accumulation model use; a
   // backend with one GEMM (the GPU's cuBLAS) ignores it.
   virtual void set_cpu_gemm(CpuGemm) {}
-  // What computes those products under `gemm`, for the log: "ordered
-  // (AVX2)", "blas (OpenBLAS 0.3.21, Zen kernels)", "cuBLAS".
-  virtual std::string describe_gemm(CpuGemm gemm) const = 0;
+  // How attention's products run; a backend with one way (the CPU's) ignores it.
+  virtual void set_device_attention(DeviceAttention) {}
+  // What computes those products under `gemm` and `attention`, for the log:
+  // "ordered (AVX2)", "blas (OpenBLAS 0.3.21, Zen kernels)", "cuBLAS,
+  // attention kernels".
+  virtual std::string describe_gemm(CpuGemm gemm, DeviceAttention attention) const = 0;
 
   // Memory.
   Tensor zeros(const Shape& shape);

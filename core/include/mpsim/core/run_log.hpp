@@ -194,7 +194,7 @@ inline constexpr auto arm_attribute_fields = std::to_array<AttributeField<ArmInf
     {"gemm", &ArmInfo::gemm, "",
      "what computed its binary32 products: `ordered (<SIMD target>)`, mpsim's fixed-order GEMM (the same bits on "
      "every CPU and thread count); `blas (<OpenBLAS build>, <kernel> kernels)` with `train.gemm = \"blas\"`; "
-     "`cuBLAS` on the GPU"},
+     "`cuBLAS, attention kernels` or `cuBLAS, attention cublas` on the GPU (`train.attention`)"},
 });
 
 static_assert(describes_every_member<ExperimentInfo>(experiment_attribute_fields),

@@ -58,6 +58,7 @@ struct TrainSpec {
   std::int64_t shadow_interval = 0;
   int threads = 1;
   CpuGemm gemm = CpuGemm::ordered;  // the CPU backend's binary32 GEMM (backend.hpp)
+  DeviceAttention attention = DeviceAttention::kernels;  // the CUDA backend's attention products (backend.hpp)
   LossDefinition loss;  // config [loss]: reduction and weight (numerics.hpp)
 };
 

@@ -41,11 +41,19 @@ struct StochasticStream {
 // scalar path is tested against.
 enum class Path : std::uint8_t { automatic, scalar, vector, exact };
 
+// How the vector path writes its output: `cached` stores, or `streaming`
+// (non-temporal) stores, which bypass the cache and skip reading each output
+// line first. Streaming pays for a large array nobody reads soon after; in
+// training the next op reads the output at once, from the cache, so cached is
+// the default. No value or counter depends on it (docs/performance.md).
+enum class Stores : std::uint8_t { cached, streaming };
+
 struct QuantizeOptions {
   Rounding rounding;
   StochasticStream stochastic;
   Path path = Path::automatic;
   int threads = 0;  // 0: std::thread::hardware_concurrency() for large arrays; 1: the calling thread only
+  Stores stores = Stores::cached;
 };
 
 // `out` may alias `in` (in place). Sizes must match. A float array requires
