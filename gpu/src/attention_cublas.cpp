@@ -52,7 +52,7 @@ struct Sample {
   std::int64_t qkv_offset(int part) const { return b * s.tokens * qkv_ld() + part * s.width(); }
   std::int64_t scores_offset() const { return b * s.heads * s.tokens * s.tokens; }
   std::int64_t rows_offset() const { return b * s.tokens * s.width(); }
-  Operand part(const float* qkv, int part) const { return {qkv + qkv_offset(part), qkv_ld(), s.head_dim}; }
+  Operand part(const float* qkv, int which) const { return {qkv + qkv_offset(which), qkv_ld(), s.head_dim}; }
   Operand scores(const float* p) const { return {p + scores_offset(), s.tokens, s.tokens * s.tokens}; }
   Operand rows(const float* o) const { return {o + rows_offset(), s.width(), s.head_dim}; }
 };
