@@ -54,6 +54,15 @@ struct Counters {
   std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0, overflow_tally = 0;
 };
 
+// Lanes where v & bits is not zero. Not Highway's TestBit: with several bits
+// it means "any bit set" on AVX-512 but "all bits set" on AVX2, SSE4 and the
+// scalar target (Highway 1.0.3), which made every block's nonzero count 0 on
+// AVX2 CPUs until 2026-11-27.
+template <class D>
+HWY_INLINE hn::Mask<D> AnyBitSet(D d, hn::Vec<D> v, hn::Vec<D> bits) {
+  return hn::Ne(hn::And(v, bits), hn::Zero(d));
+}
+
 // Counts lanes where `mask` holds (mask lanes are all ones: subtracting adds 1).
 template <class D>
 HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
@@ -115,7 +124,7 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
     const auto above_half = hn::Gt(rest, half);
     const auto at_half = hn::And(hn::Eq(rest, half), inexact_rounding);
     if constexpr (kMode == RoundingMode::nearest_even) {
-      up = hn::Or(above_half, hn::And(at_half, hn::Ne(hn::And(q, one), hn::Zero(d))));
+      up = hn::Or(above_half, hn::And(at_half, AnyBitSet(d, q, one)));
     } else {
       up = hn::Or(above_half, at_half);
     }
@@ -211,7 +220,7 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   } else if constexpr (kMode == RoundingMode::toward_zero) {
     r = truncated;
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
-    const auto negative = hn::Ne(hn::And(x, hn::Set(d, L::kSign)), hn::Zero(d));
+    const auto negative = AnyBitSet(d, x, hn::Set(d, L::kSign));
     const V away = hn::AndNot(low, hn::Add(x, low));
     r = kMode == RoundingMode::toward_positive ? hn::IfThenElse(negative, truncated, away)
                                                : hn::IfThenElse(negative, away, truncated);
@@ -351,7 +360,7 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   }
   const V r = hn::IfThenElse(small, small_result, normal);
   // Counters: no lane is NaN, infinite or overflows, and every sign is kept.
-  // (Not TestBit: it means "all bits of the mask set" on some targets.)
+  // (The magnitude itself is used below; see AnyBitSet for why not TestBit.)
   const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
   const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
   c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
@@ -450,22 +459,22 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       j += count;
       low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
     };
+    // Whole vectors, each written by `store` (one loop per kind of store: no branch per vector).
+    auto whole_vectors = [&](auto store) {
+      for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
+        const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
+        const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+        store(hn::BitCast(df, round_vector(d, x, draw, c)), out + i + j);
+      }
+    };
     if (k.streaming_stores) {
       // Streaming stores take whole aligned vectors: the elements up to the first such output go through `partial`.
       const std::size_t vector_bytes = lanes * sizeof(T);
       const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out + i) % vector_bytes;
       if (misaligned != 0) partial(std::min(block, (vector_bytes - misaligned) / sizeof(T)));
-      for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
-        const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
-        const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-        hn::Stream(hn::BitCast(df, round_vector(d, x, draw, c)), df, out + i + j);
-      }
-    }
-    for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
-      const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
-      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-      const V r = round_vector(d, x, draw, c);
-      hn::StoreU(hn::BitCast(df, r), df, out + i + j);
+      whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::Stream(r, df, at); });
+    } else {
+      whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::StoreU(r, df, at); });
     }
     if (j < block) partial(block - j);  // the tail
     HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)];
@@ -608,9 +617,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   }
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
   // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate).
-  // Not TestBit: with a mask of several bits it means "any bit set" on AVX-512 but "all bits set" on AVX2 and
-  // SSE4 (Highway 1.0.3), which made every block's nonzero count 0 on AVX2 CPUs until 2026-11-27.
-  const auto nonzero_x = hn::Ne(hn::And(hn::BitCast(d, x), magnitude), hn::Zero(d));
+  const auto nonzero_x = AnyBitSet(d, hn::BitCast(d, x), magnitude);
   const auto finite_nonzero =
       two_step ? hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu))
                : nonzero_x;
@@ -621,7 +628,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
     if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
     else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
-    lost += hn::CountTrue(d, hn::AndNot(hn::Ne(hn::And(r, magnitude), hn::Zero(d)), nonzero_x));
+    lost += hn::CountTrue(d, hn::AndNot(AnyBitSet(d, r, magnitude), nonzero_x));
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
     lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
     r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
