@@ -9,7 +9,6 @@
 #include <catch2/catch.hpp>
 
 #include <boost/multiprecision/cpp_int.hpp>
-#include <hwy/targets.h>
 
 #include <algorithm>
 #include <bit>
@@ -30,6 +29,7 @@
 #include "mpsim/emulation/pattern_format.hpp"
 #include "mpsim/emulation/hadamard.hpp"
 #include "mpsim/emulation/scale_format.hpp"
+#include "mpsim/emulation/simd.hpp"
 
 namespace mpsim {
 namespace {
@@ -817,15 +817,15 @@ TEST_CASE("Block quantization: the fast path gives the reference's bits, counts,
 // block's nonzero count 0 on AVX2 while AVX-512 machines passed.
 TEST_CASE("Block quantization on every vector target this CPU runs: the reference's bits and counts",
           "[block][fast]") {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  const std::vector<simd::Target> targets = simd::available_targets();
   REQUIRE(!targets.empty());
   std::mt19937_64 rng(20261127);
   const std::vector<float> x = random_blocks(rng, 3001, 1, kE4m3, true);
-  for (std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
+  for (const simd::Target& target : targets) {
+    const simd::ForceTarget forced(target);
     for (const char* name : {"mxfp8-e4m3", "mxfp4", "nvfp4", "fp8-e4m3-1x128"}) {
       for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
-        INFO("vector target " << hwy::TargetName(target) << ", " << name << " " << to_string(mode));
+        INFO("vector target " << target.name << ", " << name << " " << to_string(mode));
         const BlockFormat f = *parse_block_format(name);
         BlockQuantizeOptions o;
         o.rounding = Rounding{mode};
@@ -846,7 +846,6 @@ TEST_CASE("Block quantization on every vector target this CPU runs: the referenc
       }
     }
   }
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 TEST_CASE("Block quantization: stochastic indices across a multiple of 2^32 keep the reference's draws", "[block][fast]") {
