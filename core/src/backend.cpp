@@ -390,6 +390,45 @@ void Backend::attention_scores_backward(const Tensor& dscores, const Tensor& qkv
                     {});
   attention_scores_backward_impl(dscores, qkv, shape, dqkv);
 }
+void Backend::fused_attention_forward(const Tensor& qkv, const AttentionShape& shape, const FusedAttention& fused,
+                                      Tensor& out, Tensor& lse, Tensor& logit_max) {
+  const std::string_view call = "fused_attention_forward";
+  require_attention(shape, call, {{&qkv, "qkv"}}, {}, {{&out, "out"}});
+  require_shape(fused.block >= 1 && fused.block <= FusedAttention::max_block, call,
+                "a tile of " + std::to_string(fused.block) + " keys; tiles hold 1 to " +
+                    std::to_string(FusedAttention::max_block));
+  for (const auto& [t, n] : {std::pair{&lse, "lse"}, {&logit_max, "logit_max"}}) {
+    require_tensor(*t, call, n);
+    require_shape(t->numel() == shape.score_rows(), call, std::string(n) + " needs one value per score row");
+  }
+  fused_attention_forward_impl(qkv, shape, fused, out, lse, logit_max);
+}
+void Backend::fused_attention_probs(const Tensor& scores, const Tensor& lse, Tensor& probs) {
+  const std::string_view call = "fused_attention_probs";
+  require_support(Op::attention, call);
+  for (const auto& [t, n] : {std::pair{&scores, "scores"}, {&lse, "lse"}, {&probs, "probs"}}) require_tensor(*t, call, n);
+  require_shape(same_size({&scores, &probs}) && scores.shape().size() == 2 && lse.numel() == scores.rows(), call,
+                "scores and probs must be the same matrix, lse one value per row");
+  fused_attention_probs_impl(scores, lse, probs);
+}
+void Backend::fused_attention_row_dot(const Tensor& dout, const Tensor& out, const AttentionShape& shape,
+                                      Tensor& dot) {
+  const std::string_view call = "fused_attention_row_dot";
+  require_attention(shape, call, {}, {}, {{&dout, "dout"}, {&out, "out"}});
+  require_tensor(dot, call, "dot");
+  require_shape(dot.numel() == shape.score_rows(), call, "dot needs one value per score row");
+  fused_attention_row_dot_impl(dout, out, shape, dot);
+}
+void Backend::fused_attention_scores_grad(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
+                                          Tensor& dscores) {
+  const std::string_view call = "fused_attention_scores_grad";
+  require_support(Op::attention, call);
+  for (const auto& [t, n] : {std::pair{&probs, "probs"}, {&dprobs, "dprobs"}, {&dot, "dot"}, {&dscores, "dscores"}})
+    require_tensor(*t, call, n);
+  require_shape(same_size({&probs, &dprobs, &dscores}) && probs.shape().size() == 2 && dot.numel() == probs.rows(),
+                call, "probs, dprobs and dscores must be the same matrix, dot one value per row");
+  fused_attention_scores_grad_impl(probs, dprobs, dot, dscores);
+}
 
 void Backend::softmax_forward(const Tensor& x, Tensor& probs, const InternalRounding& low) {
   require_support(Op::softmax, "softmax_forward");

@@ -128,6 +128,7 @@ constexpr Limits finite_at_least(double v) { return {.has_min = true, .finite = 
 constexpr Limits at_least_below(double low, double high) {
   return {.has_min = true, .has_max = true, .max_open = true, .min = low, .max = high};
 }
+constexpr Limits between(double low, double high) { return {.has_min = true, .has_max = true, .min = low, .max = high}; }
 constexpr Limits no_limits{};
 
 template <typename S>
@@ -427,6 +428,17 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
         "vit, gpt: > 0 caps every attention logit at +-this, cap x tanh(logit / cap), after its rounding and before "
         "the softmax (Gemma 2: 50); the logged maximum is the logit before the cap. 0: off",
         finite_at_least(0)),
+    key<&ModelSpec::fused_attention>(
+        "fused_attention", "",
+        "vit, gpt: FlashAttention-2's fused attention (Dao 2023): logits in binary32, never rounded nor stored; an "
+        "online softmax over tiles of attention_tile keys; exp(s - running max) rounded as the value product's "
+        "operand (policy activations); one normalisation at the end; the backward recomputes the probabilities "
+        "from each row's log-sum-exp (docs/transformers.md). Needs unscaled, deterministic activations and "
+        "gradient_operands, no softmax_internals and no attention_dropout"),
+    key<&ModelSpec::attention_tile>(
+        "attention_tile", "keys",
+        "vit, gpt with fused_attention: keys per tile of the online softmax (FlashAttention-2's B_c)",
+        between(1, 256)),
     key<&ModelSpec::logit_softcap>(
         "logit_softcap", "",
         "vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30), a `softcap` layer after the head; the loss "

@@ -406,6 +406,52 @@ class CpuBackend final : public Backend {
         }
       }
   }
+  // Fused attention: numerics_attention.hpp's online softmax row by row, on
+  // the logits attention_scores_impl computes (the same bits as
+  // attention_score's) and the head's v rows copied out contiguously.
+  void fused_attention_forward_impl(const Tensor& qkv, const AttentionShape& s, const FusedAttention& fused,
+                                    Tensor& out, Tensor& lse, Tensor& logit_max) override {
+    const std::int64_t n = s.tokens, d = s.head_dim;
+    const float scale = s.scale();
+    Head head;
+    std::vector<float> logits(static_cast<std::size_t>(n));
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h) {
+        load_head(data(qkv), s, b, h, head);
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t end = s.keys_end(i);
+          dot_rows(head.q.data() + i * d, head.kt.data(), d, n, end, logits.data());
+          for (std::int64_t j = 0; j < end; ++j) logits[static_cast<std::size_t>(j)] *= scale;
+          const FusedAttentionRow row = fused_attention_online(
+              end, d, fused, [&](std::int64_t j) { return logits[static_cast<std::size_t>(j)]; },
+              [&](std::int64_t j) { return head.v.data() + j * d; }, data(out) + s.output_index(b, i, h, 0));
+          const std::int64_t r = (b * s.heads + h) * n + i;
+          data(lse)[r] = row.lse;
+          data(logit_max)[r] = row.logit_max;
+        }
+      }
+  }
+  void fused_attention_probs_impl(const Tensor& scores, const Tensor& lse, Tensor& probs) override {
+    const std::int64_t cols = scores.cols();
+    for (std::int64_t r = 0; r < scores.rows(); ++r)
+      for (std::int64_t j = 0; j < cols; ++j)
+        data(probs)[r * cols + j] = fused_attention_probability(data(scores)[r * cols + j], data(lse)[r]);
+  }
+  void fused_attention_row_dot_impl(const Tensor& dout, const Tensor& out, const AttentionShape& s,
+                                    Tensor& dot) override {
+    for (std::int64_t b = 0; b < s.batch; ++b)
+      for (std::int64_t h = 0; h < s.heads; ++h)
+        for (std::int64_t i = 0; i < s.tokens; ++i)
+          data(dot)[(b * s.heads + h) * s.tokens + i] = attention_row_dot(data(dout), data(out), s, b, h, i);
+  }
+  void fused_attention_scores_grad_impl(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
+                                        Tensor& dscores) override {
+    const std::int64_t cols = probs.cols();
+    for (std::int64_t r = 0; r < probs.rows(); ++r)
+      for (std::int64_t j = 0; j < cols; ++j)
+        data(dscores)[r * cols + j] =
+            fused_attention_score_grad(data(probs)[r * cols + j], data(dprobs)[r * cols + j], data(dot)[r]);
+  }
   // QK-LayerNorm: numerics_attention.hpp's segment rules, rows in order; the
   // parameter gradients per index, as the CUDA kernel's threads sum them.
   void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,

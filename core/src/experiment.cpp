@@ -112,6 +112,34 @@ void check_output(const fs::path& output, bool force) {
                                  dir.string()));
 }
 
+// model.fused_attention rounds inside its kernel (numerics_attention.hpp's
+// FusedAttention), where there is no tensor to scale, no stream of draws, no
+// softmax but binary32's and no dropout mask: refuse what it cannot model.
+void check_fused_attention(const ExperimentConfig& c) {
+  if (c.model.attention_dropout > 0)
+    throw SetupError(fmt::format("model.fused_attention = true has no dropout on the attention probabilities, but "
+                                 "model.attention_dropout = {}: set attention_dropout = 0, or fused_attention = false",
+                                 c.model.attention_dropout));
+  for (const std::string& arm : c.arms) {
+    const auto policy = c.policies.find(arm);
+    if (policy == c.policies.end()) continue;
+    const Policy& p = policy->second;
+    if (!p.softmax_internals.is_identity() && !p.runs_in_fp32("softmax"))
+      throw SetupError(fmt::format("arm '{}' sets softmax_internals = \"{}\", but the fused attention path's softmax "
+                                   "runs in binary32: drop softmax_internals from the policy, or set "
+                                   "model.fused_attention = false",
+                                   arm, to_string(p.softmax_internals)));
+    try {
+      internal_rounding(p, &Policy::activations, "fused attention");
+      internal_rounding(p, &Policy::gradient_operands, "fused attention");
+    } catch (const std::invalid_argument& e) {
+      throw SetupError(fmt::format("arm '{}' cannot run model.fused_attention = true: {}; or set "
+                                   "model.fused_attention = false",
+                                   arm, e.what()));
+    }
+  }
+}
+
 // Sizes and arms a run cannot train with, found before anything is written or removed:
 // a batch larger than the training set, repeated arms, block-scaled GEMMs a
 // backend cannot run, and a model whose
@@ -162,6 +190,7 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
         throw SetupError(fmt::format("model.{} = {} is not a positive binary32 value (the cap runs in binary32): "
                                      "use a cap between 1e-30 and 1e30, or 0 for none",
                                      key, cap));
+    if (m.fused_attention) check_fused_attention(c);
     if (m.positions == PositionKind::rotary && (m.width / m.heads) % 2 != 0)
       throw SetupError(fmt::format("model.positions = \"rotary\" pairs each head's features, but width / heads = {} "
                                    "is odd: use a width that 2 x heads divides",

@@ -235,9 +235,12 @@ class ResidualAdd final : public Layer {
 class SelfAttention final : public Layer {
  public:
   SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap,
-                double dropout)
+                double dropout, std::int64_t fused_tile)
       : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal), softcap_(softcap),
-        dropout_(dropout) {}
+        dropout_(dropout), fused_tile_(fused_tile) {
+    if (fused_tile_ > 0 && dropout_ > 0.0)
+      throw std::invalid_argument(this->name() + ": the fused attention path has no dropout on its probabilities");
+  }
   Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 3}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
@@ -248,6 +251,7 @@ class SelfAttention final : public Layer {
     Backend& b = ctx.backend;
     shape_ = shape_of(x);
     qkv_ = operand(ctx, x, p.activations, Site::input_operand);
+    if (fused_tile_ > 0) return fused_forward(ctx);
     Tensor scores = b.empty({shape_.score_rows(), tokens_});
     b.attention_scores(qkv_, shape_, scores);
     ctx.note_logit_max(scores);
@@ -279,7 +283,9 @@ class SelfAttention final : public Layer {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
     Tensor dqkv;
-    if (need_input_grad) {
+    if (need_input_grad && fused_tile_ > 0) {
+      dqkv = fused_backward(ctx, dy);
+    } else if (need_input_grad) {
       const Tensor dout = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
       Tensor dprobs = b.empty(probs_.shape());
       dqkv = b.empty(qkv_.shape());
@@ -298,11 +304,63 @@ class SelfAttention final : public Layer {
       b.attention_scores_backward(dscores, qkv_, shape_, dqkv);
       ctx.round(dqkv, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
     }
-    qkv_ = probs_ = probs_operand_ = capped_ = Tensor();
+    qkv_ = probs_ = probs_operand_ = capped_ = output_ = lse_ = Tensor();
     return dqkv;
   }
 
  private:
+  // The fused path (numerics_attention.hpp's FusedAttention): q, k, v round
+  // as operands as above; exp(s - m') rounds inside the kernel as the second
+  // product's operand (policy.activations, unscaled and deterministic:
+  // check_fused_attention refuses the rest before a run); the output rounds
+  // as a GEMM's output. Logits and probabilities are never stored: the
+  // logged logit maximum comes from the kernel's rows.
+  Tensor fused_forward(StepContext& ctx) {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    const FusedAttention fused{fused_tile_, softcap_, fused_operand(p, &Policy::activations)};
+    Tensor y = b.empty({shape_.rows(), shape_.width()});
+    lse_ = b.empty({shape_.score_rows(), 1});
+    Tensor logit_max = b.empty({shape_.score_rows(), 1});
+    b.fused_attention_forward(qkv_, shape_, fused, y, lse_, logit_max);
+    ctx.note_logit_max(logit_max);
+    ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
+    output_ = b.empty(y.shape());  // the stored O that the backward's D reads, as FlashAttention-2 keeps it
+    b.copy(y, output_);
+    return y;
+  }
+  // FlashAttention-2's backward: the logits recomputed in binary32, p from
+  // the stored lse, p rounded as dV's operand, dp = dout v^T in binary32,
+  // ds = p (dp - D) rounded as the operand of dQ's and dK's products.
+  Tensor fused_backward(StepContext& ctx, const Tensor& dy) {
+    const Policy& p = ctx.policy;
+    Backend& b = ctx.backend;
+    const Tensor dout = operand(ctx, dy, p.gradient_operands, Site::output_grad_operand);
+    Tensor scores = b.empty({shape_.score_rows(), tokens_});
+    b.attention_scores(qkv_, shape_, scores);
+    if (softcap_ > 0.0f) {
+      capped_ = b.empty(scores.shape());
+      b.soft_cap_forward(scores, softcap_, true, capped_);
+      scores = capped_;
+    }
+    Tensor probs = b.empty(scores.shape());
+    b.fused_attention_probs(scores, lse_, probs);
+    const Tensor probs_operand = operand(ctx, probs, p.activations, std::nullopt, Site::attention_probs_operand);
+    Tensor dprobs = b.empty(probs.shape()), dqkv = b.empty(qkv_.shape());
+    b.attention_values_backward(probs_operand, qkv_, dout, shape_, dprobs, dqkv);
+    Tensor dot = b.empty({shape_.score_rows(), 1});
+    b.fused_attention_row_dot(dout, output_, shape_, dot);
+    Tensor dscores = b.empty(probs.shape());
+    b.fused_attention_scores_grad(probs, dprobs, dot, dscores);
+    if (softcap_ > 0.0f) b.soft_cap_backward(capped_, dscores, softcap_, dscores);
+    ctx.round(dscores, p.gradient_operands, std::nullopt, Site::attention_scores_grad);
+    b.attention_scores_backward(dscores, qkv_, shape_, dqkv);
+    ctx.round(dqkv, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    return dqkv;
+  }
+  static InternalRounding fused_operand(const Policy& p, const RoundingPoint Policy::*point) {
+    return internal_rounding(p, point, "fused attention");
+  }
   static RoundingPoint softmax_point(const Policy& p) {
     return p.runs_in_fp32("softmax") ? RoundingPoint{} : p.elementwise;
   }
@@ -325,10 +383,12 @@ class SelfAttention final : public Layer {
   bool causal_;
   float softcap_;  // > 0: the logits soft-capped at +-softcap before the softmax
   double dropout_;  // > 0: dropout on the probabilities in training
+  std::int64_t fused_tile_;  // > 0: the fused path with tiles of this many keys
   bool dropping_ = false;
   DropoutMask mask_;
   AttentionShape shape_;
   Tensor qkv_, probs_, probs_operand_, capped_;
+  Tensor output_, lse_;  // the fused path's
 };
 
 // Dropout in training (numerics_layers.hpp's dropout_value; identity in
@@ -538,8 +598,8 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
   return {std::make_unique<ResidualBranch>(branch_name, state), std::make_unique<ResidualAdd>(add_name, state)};
 }
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
-                                           float softcap, double dropout) {
-  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap, dropout);
+                                           float softcap, double dropout, std::int64_t fused_tile) {
+  return std::make_unique<SelfAttention>(std::move(name), tokens, heads, causal, softcap, dropout, fused_tile);
 }
 DropoutMask dropout_mask(const StochasticStream& stream, double p) {
   if (!(p >= 0.0 && p < 1.0)) throw std::invalid_argument("dropout probability " + std::to_string(p) + " is not in [0, 1)");

@@ -171,7 +171,8 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         if (spec.positions == PositionKind::rotary)  // after QK-LayerNorm, as OLMo 2 orders them
           layers.push_back(make_rotary(b + "rope", tokens, spec.heads, d / spec.heads, spec.rotary_base));
         layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal,
-                                             static_cast<float>(spec.attention_softcap), spec.attention_dropout));
+                                             static_cast<float>(spec.attention_softcap), spec.attention_dropout,
+                                             spec.fused_attention ? spec.attention_tile : 0));
         layers.push_back(make_linear(b + "proj", d, d));
         if (spec.dropout > 0) layers.push_back(make_dropout(b + "drop1", spec.dropout));
         layers.push_back(std::move(attention.add));

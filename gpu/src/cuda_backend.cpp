@@ -52,6 +52,7 @@ namespace {
 using core::Activation;
 using core::AttentionShape;
 using core::ConvGeometry;
+using core::FusedAttention;
 using core::Counter;
 using core::InternalRounding;
 using core::RoundingPoint;
@@ -606,6 +607,25 @@ class CudaBackend final : public core::Backend {
     const Input d = in(dscores), q = in(qkv);
     if (attention_on_cublas(s)) return detail::cublas_attention_scores_backward(blas_.handle, d, q, s, inout(dqkv));
     kernels::attention_scores_backward(d, q, s, inout(dqkv), stream());
+  }
+  void fused_attention_forward_impl(const Tensor& qkv, const AttentionShape& s, const FusedAttention& fused,
+                                    Tensor& o, Tensor& lse, Tensor& logit_max) override {
+    const Input q = in(qkv);
+    kernels::fused_attention_forward(q, s, fused, out(o), out(lse), out(logit_max), stream());
+  }
+  void fused_attention_probs_impl(const Tensor& scores, const Tensor& lse, Tensor& probs) override {
+    const Input x = in(scores), l = in(lse);
+    kernels::fused_attention_probs(x, l, scores.rows(), scores.cols(), out(probs), stream());
+  }
+  void fused_attention_row_dot_impl(const Tensor& dout, const Tensor& o, const AttentionShape& s,
+                                    Tensor& dot) override {
+    const Input g = in(dout), y = in(o);
+    kernels::fused_attention_row_dot(g, y, s, out(dot), stream());
+  }
+  void fused_attention_scores_grad_impl(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
+                                        Tensor& dscores) override {
+    const Input p = in(probs), g = in(dprobs), d = in(dot);
+    kernels::fused_attention_scores_grad(p, g, d, probs.rows(), probs.cols(), out(dscores), stream());
   }
   void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
                             float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) override {

@@ -66,6 +66,15 @@ void attention_values_backward(const float* probs, const float* qkv, const float
                                float* dprobs, float* dqkv, cudaStream_t stream);
 void attention_scores_backward(const float* dscores, const float* qkv, const core::AttentionShape& s, float* dqkv,
                                cudaStream_t stream);
+// Fused attention (numerics_attention.hpp's fused_attention_row and its backward's pieces).
+void fused_attention_forward(const float* qkv, const core::AttentionShape& s, const core::FusedAttention& fused,
+                             float* out, float* lse, float* logit_max, cudaStream_t stream);
+void fused_attention_probs(const float* scores, const float* lse, std::int64_t rows, std::int64_t cols, float* probs,
+                           cudaStream_t stream);
+void fused_attention_row_dot(const float* dout, const float* out, const core::AttentionShape& s, float* dot,
+                             cudaStream_t stream);
+void fused_attention_scores_grad(const float* probs, const float* dprobs, const float* dot, std::int64_t rows,
+                                 std::int64_t cols, float* dscores, cudaStream_t stream);
 // Causal shapes: every entry whose key comes after its query set to `value` (-inf logits, zero gradients).
 void attention_mask(float* scores, const core::AttentionShape& s, float value, cudaStream_t stream);
 void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,

@@ -120,6 +120,32 @@ __global__ void rotary_kernel(const float* qkv, core::AttentionShape s, core::Ro
   }
 }
 
+// Fused attention: a thread per score row (the CPU's loop body), a thread per element for the backward's pieces.
+__global__ void fused_attention_kernel(const float* qkv, core::AttentionShape s, core::FusedAttention fused,
+                                       float* out, float* lse, float* logit_max) {
+  for (std::int64_t r = thread_index(); r < s.score_rows(); r += thread_count()) {
+    const std::int64_t i = r % s.tokens, h = r / s.tokens % s.heads, b = r / (s.tokens * s.heads);
+    const core::FusedAttentionRow row = core::fused_attention_row(qkv, s, fused, b, h, i, out + s.output_index(b, i, h, 0));
+    lse[r] = row.lse;
+    logit_max[r] = row.logit_max;
+  }
+}
+__global__ void fused_attention_probs_kernel(const float* scores, const float* lse, std::int64_t rows,
+                                             std::int64_t cols, float* probs) {
+  for (std::int64_t t = thread_index(); t < rows * cols; t += thread_count())
+    probs[t] = core::fused_attention_probability(scores[t], lse[t / cols]);
+}
+__global__ void fused_attention_row_dot_kernel(const float* dout, const float* out, core::AttentionShape s,
+                                               float* dot) {
+  for (std::int64_t r = thread_index(); r < s.score_rows(); r += thread_count())
+    dot[r] = core::attention_row_dot(dout, out, s, r / (s.tokens * s.heads), r / s.tokens % s.heads, r % s.tokens);
+}
+__global__ void fused_attention_scores_grad_kernel(const float* probs, const float* dprobs, const float* dot,
+                                                   std::int64_t rows, std::int64_t cols, float* dscores) {
+  for (std::int64_t t = thread_index(); t < rows * cols; t += thread_count())
+    dscores[t] = core::fused_attention_score_grad(probs[t], dprobs[t], dot[t / cols]);
+}
+
 __global__ void dropout_kernel(const float* x, core::DropoutMask mask, std::int64_t n, float* y) {
   for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::dropout_value(x[i], mask, i);
 }
@@ -213,6 +239,34 @@ void attention_scores_backward(const float* dscores, const float* qkv, const cor
   const std::int64_t n = s.rows() * s.width();
   if (n <= 0) return;
   attention_qk_grad_kernel<<<blocks(n), threads, 0, stream>>>(dscores, qkv, s, dqkv);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+
+void fused_attention_forward(const float* qkv, const core::AttentionShape& s, const core::FusedAttention& fused,
+                             float* out, float* lse, float* logit_max, cudaStream_t stream) {
+  const std::int64_t n = s.score_rows();
+  if (n <= 0) return;
+  fused_attention_kernel<<<blocks(n), threads, 0, stream>>>(qkv, s, fused, out, lse, logit_max);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+void fused_attention_probs(const float* scores, const float* lse, std::int64_t rows, std::int64_t cols, float* probs,
+                           cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  fused_attention_probs_kernel<<<blocks(rows * cols), threads, 0, stream>>>(scores, lse, rows, cols, probs);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+void fused_attention_row_dot(const float* dout, const float* out, const core::AttentionShape& s, float* dot,
+                             cudaStream_t stream) {
+  const std::int64_t n = s.score_rows();
+  if (n <= 0) return;
+  fused_attention_row_dot_kernel<<<blocks(n), threads, 0, stream>>>(dout, out, s, dot);
+  MPSIM_CUDA_CHECK_LAUNCH();
+}
+void fused_attention_scores_grad(const float* probs, const float* dprobs, const float* dot, std::int64_t rows,
+                                 std::int64_t cols, float* dscores, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  fused_attention_scores_grad_kernel<<<blocks(rows * cols), threads, 0, stream>>>(probs, dprobs, dot, rows, cols,
+                                                                                   dscores);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

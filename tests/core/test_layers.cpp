@@ -1223,17 +1223,37 @@ struct AttentionRef {
   }
 };
 
-TEST_CASE("Self-attention forward and backward match binary64 references", "[layers][transformer]") {
-  for (const bool causal : {false, true}) {
-    const AttentionRef a{2, 5, 2, 4, causal};
-    Rng rng{causal ? 81u : 80u};
-    const Shape shape{a.batch * a.tokens, 3 * a.width()};
-    const FVec x = uniform(rng, size_of(shape), -1.5, 1.5);
-    auto layer = make_self_attention("attn", a.tokens, a.heads, causal);
-    // Bounds: a binary32 sum of at most n = tokens + dim terms of the
-    // magnitudes the reference adds up, 2 (n + 6) u of them, plus the
-    // probabilities' own relative error (prob_error) on the same magnitudes.
-    const double k = 2.0 * static_cast<double>(a.tokens + a.dim + 6) * u;
+// Self-attention's layer (unfused, or fused with tiles of `tile` keys) against
+// AttentionRef's binary64 values and finite differences. Returns the output.
+FVec check_attention_layer(bool causal, Index tile) {
+  const AttentionRef a{2, 5, 2, 4, causal};
+  Rng rng{causal ? 81u : 80u};
+  const Shape shape{a.batch * a.tokens, 3 * a.width()};
+  const FVec x = uniform(rng, size_of(shape), -1.5, 1.5);
+  auto layer = make_self_attention("attn", a.tokens, a.heads, causal, 0.0f, 0.0, tile);
+  // Bounds: a binary32 sum of at most n = tokens + dim terms of the
+  // magnitudes the reference adds up, 2 (n + 6) u of them, plus the
+  // probabilities' own relative error (prob_error) on the same magnitudes.
+  // The fused path adds its binary32 sum of the exponentials (tokens terms),
+  // a rescaling exp(m - m') per tile, the reciprocal, and (backward) the
+  // error of lse = m + log(l), at most (|logit| + log(tokens) + 2) u of
+  // absolute error in each exponent.
+  double k = 2.0 * static_cast<double>(a.tokens + a.dim + 6) * u;
+  if (tile > 0) {
+    const double tiles = std::ceil(static_cast<double>(a.tokens) / static_cast<double>(tile));
+    const Vec xd(x.begin(), x.end());
+    double logit = 0.0;
+    for (Index b = 0; b < a.batch; ++b)
+      for (Index h = 0; h < a.heads; ++h)
+        for (Index i = 0; i < a.tokens; ++i)
+          for (Index j = 0; j < a.tokens; ++j) {
+            double d = 0.0;
+            for (Index c = 0; c < a.dim; ++c) d += std::fabs(a.at(xd, b, i, 0, h, c) * a.at(xd, b, j, 1, h, c));
+            logit = std::max(logit, d / std::sqrt(static_cast<double>(a.dim)));
+          }
+    k += 2.0 * (static_cast<double>(a.tokens) + 3.0 * tiles + 4.0 + logit + std::log(a.tokens) + 2.0) * u;
+  }
+  {
     Reference ref;
     ref.forward = [a](const std::vector<Vec>& args) { return a.forward(args[0]); };
     ref.forward_bound = [a, k](const std::vector<Vec>& args) {
@@ -1255,14 +1275,51 @@ TEST_CASE("Self-attention forward and backward match binary64 references", "[lay
     ref.grad_bound = [a, k](std::size_t, const std::vector<Vec>& args, const Vec& dy, const Fd&) {
       return scaled(a.gradient_magnitudes(args[0], dy), k + 2.0 * a.prob_error(args[0]));
     };
-    const FVec y = check_layer(causal ? "causal attention" : "attention", *layer, x, shape, {}, ref, 82);
+    const std::string what = std::string(causal ? "causal attention" : "attention") +
+                             (tile > 0 ? ", fused, tiles of " + std::to_string(tile) : std::string());
+    const FVec y = check_layer(what, *layer, x, shape, {}, ref, 82);
     if (causal) {
       // The first query sees only itself: its output is its own v.
       for (Index h = 0; h < a.heads; ++h)
         for (Index c = 0; c < a.dim; ++c)
           CHECK(y[static_cast<std::size_t>(h * a.dim + c)] == x[static_cast<std::size_t>(2 * a.width() + h * a.dim + c)]);
     }
+    return y;
   }
+}
+
+TEST_CASE("Self-attention forward and backward match binary64 references", "[layers][transformer]") {
+  for (const bool causal : {false, true}) check_attention_layer(causal, 0);
+}
+
+TEST_CASE("Fused attention (FlashAttention-2's online softmax) matches the binary64 references and finite "
+          "differences at every tile size", "[layers][transformer]") {
+  for (const bool causal : {false, true})
+    for (const Index tile : {1, 2, 5, 64}) check_attention_layer(causal, tile);
+}
+
+TEST_CASE("Fused attention keeps its logits in binary32: a BF16 logit quantum that moves the unfused "
+          "probabilities leaves the fused ones within BF16's own rounding", "[layers][transformer]") {
+  // One sample, two tokens, one head of two features (scale 1/sqrt(2)), not
+  // causal. Query 0 is (1, 1), keys (108.5, 0) and (108.5, 0.75), all BF16
+  // values: logits 76.72 and 77.25, which bfloat16 (quantum 0.5 there)
+  // rounds to 76.5 and 77.5, doubling their difference. v_0 = (1, 0),
+  // v_1 = (0, 0): output 0 of query 0 is its probability of key 0.
+  const FVec x{1, 1, 108.5f, 0, 1, 0,  //
+               1, 1, 108.5f, 0.75f, 0, 0};
+  const double scale = 1.0 / std::sqrt(2.0), s0 = 108.5 * scale, s1 = 109.25 * scale;
+  const double want = 1.0 / (1.0 + std::exp(s1 - s0));  // 0.3704
+  const auto probability = [&](Index tile) {
+    Fixture f("bf16-mixed");
+    auto layer = make_self_attention("attn", 2, 1, false, 0.0f, 0.0, tile);
+    return static_cast<double>(f.host(layer->forward(f.ctx, f.tensor(x, {2, 6})))[0]);
+  };
+  const double unfused = probability(0), fused = probability(64);
+  INFO("binary64 " << want << ", unfused bf16-mixed " << unfused << ", fused bf16-mixed " << fused);
+  // Unfused: 1 / (1 + e^1) = 0.2689 before the last roundings, 0.10 below.
+  CHECK(std::fabs(unfused - want) > 0.09);
+  // Fused: exp(s0 - s1) rounded to BF16 (2^-9 relative), the output rounded to BF16 (2^-9), binary32 elsewhere.
+  CHECK(std::fabs(fused - want) <= (std::ldexp(1.0, -9) * 2 + 1e-6) * want);
 }
 
 // Runs layers as one: forward in order, backward in reverse (a residual

@@ -14,6 +14,7 @@
 
 #include "mpsim/core/backend.hpp"
 #include "mpsim/core/numerics_attention.hpp"
+#include "mpsim/core/policy.hpp"
 
 namespace {
 
@@ -125,6 +126,46 @@ TEST_CASE("CPU attention ops equal numerics_attention.hpp's per-output functions
     cpu->attention_scores_backward(dscores_t, qkv_t, s, dqkv_t);
     check_bits("dqkv", dqkv, host(*cpu, dqkv_t));
   }
+}
+
+TEST_CASE("CPU fused attention equals numerics_attention.hpp's fused_attention_row bit for bit, every tile size, "
+          "rounded or not, capped or not", "[backend][transformer]") {
+  auto cpu = make_cpu_backend();
+  // bfloat16, nearest even (bf16-mixed's activations): the fused kernel's rounding of exp(s - m).
+  const InternalRounding bf16 = internal_rounding(*preset_policy("bf16-mixed"), &Policy::activations, "fused attention");
+  REQUIRE(bf16.enabled);
+  for (const bool causal : {false, true})
+    for (const std::int64_t tile : {1, 4, 13, 256})
+      for (const bool rounded : {false, true})
+        for (const float cap : {0.0f, 2.0f}) {
+          INFO((causal ? "causal" : "not causal") << ", tiles of " << tile << (rounded ? ", bfloat16" : "")
+                                                  << ", cap " << cap);
+          AttentionShape s;
+          s.batch = 2;
+          s.tokens = 13;
+          s.heads = 3;
+          s.head_dim = 7;
+          s.causal = causal;
+          const std::int64_t rows = s.rows(), cols = 3 * s.width(), score_rows = s.score_rows();
+          const FVec qkv = normal_values(static_cast<std::size_t>(rows * cols), 13, 3.0f);
+          const FusedAttention fused{tile, cap, rounded ? bf16 : InternalRounding{}};
+          FVec out(static_cast<std::size_t>(rows * s.width())), lse(static_cast<std::size_t>(score_rows)),
+              logit_max(lse.size());
+          for (std::int64_t b = 0; b < s.batch; ++b)
+            for (std::int64_t h = 0; h < s.heads; ++h)
+              for (std::int64_t i = 0; i < s.tokens; ++i) {
+                const FusedAttentionRow row =
+                    fused_attention_row(qkv.data(), s, fused, b, h, i, out.data() + s.output_index(b, i, h, 0));
+                lse[static_cast<std::size_t>((b * s.heads + h) * s.tokens + i)] = row.lse;
+                logit_max[static_cast<std::size_t>((b * s.heads + h) * s.tokens + i)] = row.logit_max;
+              }
+          Tensor out_t = cpu->empty({rows, s.width()}), lse_t = cpu->empty({score_rows, 1}),
+                 max_t = cpu->empty({score_rows, 1});
+          cpu->fused_attention_forward(cpu->from_host(qkv, {rows, cols}), s, fused, out_t, lse_t, max_t);
+          check_bits("fused output", out, host(*cpu, out_t));
+          check_bits("fused lse", lse, host(*cpu, lse_t));
+          check_bits("fused logit maxima", logit_max, host(*cpu, max_t));
+        }
 }
 
 TEST_CASE("CPU embedding and sequence-mean ops equal their per-output functions bit for bit",

@@ -1073,6 +1073,74 @@ TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, so
   }
 }
 
+TEST_CASE("fused attention (model.fused_attention): the CPU's rows within expf's bounds, its pieces bit for bit",
+          "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  const core::InternalRounding bf16 =
+      core::internal_rounding(*core::preset_policy("bf16-mixed"), &core::Policy::activations, "fused attention");
+  REQUIRE(bf16.enabled);
+  for (const bool causal : {false, true})
+    for (const bool rounded : {false, true}) {
+      INFO((causal ? "causal" : "not causal") << (rounded ? ", exp(s - m) rounded to bfloat16" : ", binary32"));
+      core::AttentionShape s;
+      s.batch = 3;
+      s.tokens = 17;
+      s.heads = 4;
+      s.head_dim = 8;
+      s.causal = causal;
+      const std::int64_t rows = s.rows(), cols = 3 * s.width(), score_rows = s.score_rows();
+      const FVec values = normal_values(static_cast<std::size_t>(rows * cols), 910, 2.0f);
+      FVec magnitudes = values;  // v replaced by |v|: the CPU's output on it bounds sum_j p_j |v_j|
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t c = 2 * s.width(); c < cols; ++c)
+          magnitudes[static_cast<std::size_t>(r * cols + c)] = std::fabs(magnitudes[static_cast<std::size_t>(r * cols + c)]);
+      const auto qkv = b.upload(values, {rows, cols}), qkv_abs = b.upload(magnitudes, {rows, cols});
+      const core::FusedAttention fused{5, 0.0f, rounded ? bf16 : core::InternalRounding{}};
+      auto out = b.empty({rows, s.width()}), lse = b.empty({score_rows, 1}), logit_max = b.empty({score_rows, 1});
+      auto magnitude = b.empty({rows, s.width()}), lse_abs = b.empty({score_rows, 1}), max_abs = b.empty({score_rows, 1});
+      b.cpu->fused_attention_forward(qkv.cpu, s, fused, out.cpu, lse.cpu, logit_max.cpu);
+      b.gpu->fused_attention_forward(qkv.gpu, s, fused, out.gpu, lse.gpu, logit_max.gpu);
+      b.cpu->fused_attention_forward(qkv_abs.cpu, s, core::FusedAttention{5, 0.0f, {}}, magnitude.cpu, lse_abs.cpu,
+                                     max_abs.cpu);
+      // The logits are the same binary32 dot products on both: their maxima agree exactly.
+      check_same("fused attention logit maxima", b, logit_max);
+      // Each exponential and each of the 4 tiles' rescalings differ by at most 3 ulps (CUDA's expf 2, glibc's
+      // 1): 64 * 2^-24 of sum_j p_j |v_j| covers them and the sums; a bfloat16 rounding of exp(s - m) that one
+      // such ulp moves across a tie changes that term by 2^-8 of it.
+      const FVec oc = b.cpu_values(out.cpu), m = b.cpu_values(magnitude.cpu);
+      check_close("fused attention output", oc, b.gpu_values(out.gpu), [&](std::size_t i) {
+        return ((rounded ? 0x1p-8 : 0.0) + 64 * 0x1p-24) * m[i] + 2 * ulp_of(oc[i]);
+      });
+      const FVec lc = b.cpu_values(lse.cpu);
+      check_close("fused attention lse", lc, b.gpu_values(lse.gpu),
+                  [&](std::size_t i) { return 64 * 0x1p-24 + 4 * ulp_of(lc[i]); });
+      // The backward's pieces, from the CPU's values on both sides.
+      auto scores = b.empty({score_rows, s.tokens}), probs = b.empty({score_rows, s.tokens});
+      b.cpu->attention_scores(qkv.cpu, s, scores.cpu);
+      b.gpu->attention_scores(qkv.gpu, s, scores.gpu);
+      const auto l = b.upload(lc, {score_rows, 1});
+      b.cpu->fused_attention_probs(scores.cpu, l.cpu, probs.cpu);
+      b.gpu->fused_attention_probs(scores.gpu, l.gpu, probs.gpu);
+      const FVec pc = b.cpu_values(probs.cpu);
+      check_close("fused attention probabilities", pc, b.gpu_values(probs.gpu),
+                  [&](std::size_t i) { return 3 * ulp_of(pc[i]); });
+      const auto o = b.upload(oc, {rows, s.width()}), p = b.upload(pc, {score_rows, s.tokens});
+      const auto dout = b.upload(normal_values(static_cast<std::size_t>(rows * s.width()), 911), {rows, s.width()});
+      auto dot = b.empty({score_rows, 1});
+      b.cpu->fused_attention_row_dot(dout.cpu, o.cpu, s, dot.cpu);
+      b.gpu->fused_attention_row_dot(dout.gpu, o.gpu, s, dot.gpu);
+      check_same("fused attention row dot", b, dot);
+      const auto dprobs = b.upload(normal_values(static_cast<std::size_t>(score_rows * s.tokens), 912),
+                                   {score_rows, s.tokens});
+      auto dscores = b.empty({score_rows, s.tokens});
+      const auto d = b.upload(b.cpu_values(dot.cpu), {score_rows, 1});
+      b.cpu->fused_attention_scores_grad(p.cpu, dprobs.cpu, d.cpu, dscores.cpu);
+      b.gpu->fused_attention_scores_grad(p.gpu, dprobs.gpu, d.gpu, dscores.gpu);
+      check_same("fused attention score gradients", b, dscores);
+    }
+}
+
 TEST_CASE("attention through batched cuBLAS (train.attention = \"cublas\"): within gamma_k of the CPU, masks exact",
           "[gpu][backend][transformer]") {
   require_device();

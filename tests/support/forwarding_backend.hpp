@@ -97,6 +97,22 @@ class ForwardingBackend : public core::Backend {
                                       const core::AttentionShape& s, core::Tensor& dqkv) override {
     inner_->attention_scores_backward(dscores, qkv, s, dqkv);
   }
+  void fused_attention_forward_impl(const core::Tensor& qkv, const core::AttentionShape& s,
+                                    const core::FusedAttention& fused, core::Tensor& out, core::Tensor& lse,
+                                    core::Tensor& logit_max) override {
+    inner_->fused_attention_forward(qkv, s, fused, out, lse, logit_max);
+  }
+  void fused_attention_probs_impl(const core::Tensor& scores, const core::Tensor& lse, core::Tensor& probs) override {
+    inner_->fused_attention_probs(scores, lse, probs);
+  }
+  void fused_attention_row_dot_impl(const core::Tensor& dout, const core::Tensor& out, const core::AttentionShape& s,
+                                    core::Tensor& dot) override {
+    inner_->fused_attention_row_dot(dout, out, s, dot);
+  }
+  void fused_attention_scores_grad_impl(const core::Tensor& probs, const core::Tensor& dprobs,
+                                        const core::Tensor& dot, core::Tensor& dscores) override {
+    inner_->fused_attention_scores_grad(probs, dprobs, dot, dscores);
+  }
   void rms_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, float eps, core::Tensor& y,
                              core::Tensor& rstd, const core::InternalRounding& low) override {
     inner_->rms_norm_forward(x, gamma, eps, y, rstd, low);

@@ -127,6 +127,16 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
+    // FlashAttention-2's fused path (numerics_attention.hpp's FusedAttention): tiles of 5 keys over contexts of
+    // 16, so rows are rescaled up to three times, with rotary positions and capped attention logits. PyTorch's
+    // unfused attention computes the same function.
+    Case c = all.at("rotary_softcap_adamw");
+    c.name = "fused_rotary_softcap_adamw";
+    c.model.fused_attention = true;
+    c.model.attention_tile = 5;
+    all.emplace(c.name, c);
+  }
+  {
     // GPT-2's dropout: after the embeddings and each block's two branches, and on the attention probabilities.
     // PyTorch applies the masks mpsim drew (DropoutRecorder), so the check is of the arithmetic around them.
     Case c = all.at("gpt_adamw");

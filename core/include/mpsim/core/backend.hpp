@@ -248,6 +248,17 @@ class Backend {
                                  const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv);
   void attention_scores_backward(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
                                  Tensor& dqkv);
+  // Fused attention (numerics_attention.hpp's fused_attention_row): out as
+  // attention_values lays it out; lse and logit_max one value per score row.
+  void fused_attention_forward(const Tensor& qkv, const AttentionShape& shape, const FusedAttention& fused,
+                               Tensor& out, Tensor& lse, Tensor& logit_max);
+  // Its backward's own pieces (the products are attention_values_backward's
+  // and attention_scores_backward's): probs = exp(scores - lse) row by row
+  // (masked entries 0), dot = sum_c dout o per score row, and
+  // dscores = probs (dprobs - dot).
+  void fused_attention_probs(const Tensor& scores, const Tensor& lse, Tensor& probs);
+  void fused_attention_row_dot(const Tensor& dout, const Tensor& out, const AttentionShape& shape, Tensor& dot);
+  void fused_attention_scores_grad(const Tensor& probs, const Tensor& dprobs, const Tensor& dot, Tensor& dscores);
   // QK-LayerNorm on [q | k | v] rows (numerics_attention.hpp): y holds the
   // normalised q and k and v unchanged; mean and rstd one value per (row,
   // q or k, head); gamma, beta, dgamma, dbeta 2 x head_dim values. Backward
@@ -374,6 +385,14 @@ class Backend {
                                               const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv) = 0;
   virtual void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
                                               Tensor& dqkv) = 0;
+  virtual void fused_attention_forward_impl(const Tensor& qkv, const AttentionShape& shape,
+                                            const FusedAttention& fused, Tensor& out, Tensor& lse,
+                                            Tensor& logit_max) = 0;
+  virtual void fused_attention_probs_impl(const Tensor& scores, const Tensor& lse, Tensor& probs) = 0;
+  virtual void fused_attention_row_dot_impl(const Tensor& dout, const Tensor& out, const AttentionShape& shape,
+                                            Tensor& dot) = 0;
+  virtual void fused_attention_scores_grad_impl(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
+                                                Tensor& dscores) = 0;
   virtual void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta,
                                     const AttentionShape& shape, float eps, Tensor& y, Tensor& mean, Tensor& rstd,
                                     const InternalRounding& low) = 0;

@@ -200,6 +200,8 @@ struct ModelSpec {
   double attention_dropout = 0.0;     // vit, gpt: on the attention probabilities
   double rotary_base = 10000.0;       // vit, gpt with rotary positions: theta_c = base^(-2c/head_dim)
   double attention_softcap = 0.0;     // vit, gpt: > 0 caps the attention logits at +-this (Gemma 2: 50)
+  bool fused_attention = false;       // vit, gpt: FlashAttention-2's fused path (numerics_attention.hpp)
+  std::int64_t attention_tile = 64;   // vit, gpt with fused_attention: keys per tile
   double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
@@ -261,9 +263,11 @@ struct ResidualLayers {
 };
 ResidualLayers make_residual(const std::string& branch_name, const std::string& add_name);
 // Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp);
-// softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax.
+// softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax;
+// fused_tile > 0 runs FlashAttention-2's fused path with tiles of that many
+// keys (FusedAttention; no dropout there).
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
-                                           float softcap = 0.0f, double dropout = 0.0);
+                                           float softcap = 0.0f, double dropout = 0.0, std::int64_t fused_tile = 0);
 // Rotary position embeddings on [q | k | v] rows (numerics_attention.hpp), and
 // their table: cos and sin of theta = i base^(-2c/head_dim), [2][tokens][head_dim / 2].
 std::unique_ptr<Layer> make_rotary(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,

@@ -207,6 +207,98 @@ MPSIM_HOST_DEVICE inline float soft_cap_grad(float y, float dy, float cap) {
   return y == -INFINITY ? 0.0f : dy * (1.0f - t * t);
 }
 
+// --- Fused attention: FlashAttention-2's online softmax (Dao, "FlashAttention-2", 2023, Algorithms 1 and 2) ---
+// The fused kernel never stores the logits nor the probabilities: a query's
+// row walks its keys a tile of `block` keys at a time (FlashAttention's B_c)
+// and keeps, in binary32, the running maximum m, the running sum l of
+// exp(s - m) and the unnormalised output o. At each tile:
+//   m' = max(m, the tile's largest logit);  a = exp(m - m') (0 at the first tile)
+//   l  = a l + sum_j exp(s_j - m')          (binary32, increasing j; unrounded exponentials)
+//   o  = a o + sum_j P(exp(s_j - m')) v_j  (P: the exponential rounded to the second product's operand format)
+// and at the end o * (1 / l) (FlashAttention-2 multiplies by the reciprocal)
+// and lse = m + log(l), the one value per row that the backward keeps.
+// Where this differs from the unfused path (SelfAttention's other branch):
+// the logits are binary32 dot products that are never rounded to a GEMM's
+// output format (no overflow of FP16 logits, no BF16 quantum on them); the
+// softmax is always binary32; the operand rounding hits exp(s - m'), whose
+// row maximum is exactly 1, not the normalised probabilities; and the
+// normalisation happens once, after the sum. This is a model of the
+// algorithm, not of one kernel's bits: a real kernel splits the sums across
+// threads in its own order (and uses exp2 with log2(e) folded into the scale).
+// The backward (Algorithm 2) recomputes the logits, p = exp(s - lse), rounds
+// p as dV's operand, and forms ds = p (dp - D) with D = sum_c dout_c o_c
+// (binary32, increasing c) instead of softmax's sum_j p_j dp_j.
+struct FusedAttention {
+  static constexpr std::int64_t max_block = 256;  // a tile's logits live in a thread's registers
+  std::int64_t block = 64;  // keys per tile, 1 to max_block
+  float softcap = 0.0f;     // > 0: cap tanh(s / cap) on each logit, in binary32 (soft_cap)
+  InternalRounding probs;   // exp(s - m') as the second product reads it; disabled: binary32
+};
+struct FusedAttentionRow {
+  float lse;        // m + log(l): the backward's p = exp(s - lse)
+  float logit_max;  // the largest finite |s| of the row before any cap, as the unfused path logs it
+};
+// One row's online softmax and value sum: logit(j) gives the binary32
+// logit of key j (before any cap), value(j) points at v_j's head_dim
+// values; the keys are 0..end-1; writes the outputs at out[0..dim).
+template <typename Logit, typename Value>
+MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_online(std::int64_t end, std::int64_t dim,
+                                                                  const FusedAttention& f, Logit logit, Value value,
+                                                                  float* out) {
+  float tile[FusedAttention::max_block];
+  float m = -INFINITY, l = 0.0f, logit_max = 0.0f;
+  for (std::int64_t c = 0; c < dim; ++c) out[c] = 0.0f;
+  for (std::int64_t j0 = 0; j0 < end; j0 += f.block) {
+    const std::int64_t j1 = j0 + f.block < end ? j0 + f.block : end;
+    float tile_max = -INFINITY;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      float x = logit(j);
+      const float magnitude = x < 0.0f ? -x : x;
+      if (magnitude <= 3.40282347e38f && magnitude > logit_max) logit_max = magnitude;
+      if (f.softcap > 0.0f) x = soft_cap(x, f.softcap, true);
+      tile[j - j0] = x;
+      if (x > tile_max) tile_max = x;
+    }
+    const float m_new = tile_max > m ? tile_max : m;
+    const float a = m == -INFINITY ? 0.0f : expf(m - m_new);
+    l *= a;
+    for (std::int64_t c = 0; c < dim; ++c) out[c] *= a;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      const float e = expf(tile[j - j0] - m_new);
+      l += e;
+      const float operand = f.probs.enabled ? static_cast<float>(f.probs(e)) : e;
+      const float* v = value(j);
+      for (std::int64_t c = 0; c < dim; ++c) out[c] += operand * v[c];
+    }
+    m = m_new;
+  }
+  const float inverse = 1.0f / l;
+  for (std::int64_t c = 0; c < dim; ++c) out[c] *= inverse;
+  return {m + logf(l), logit_max};
+}
+// Row i of head h of sample b from the [q | k | v] rows (attention_score's
+// logits): writes the head_dim outputs at out[0..head_dim).
+MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_row(const float* qkv, const AttentionShape& s,
+                                                               const FusedAttention& f, std::int64_t b,
+                                                               std::int64_t h, std::int64_t i, float* out) {
+  return fused_attention_online(
+      s.keys_end(i), s.head_dim, f, [&](std::int64_t j) { return attention_score(qkv, s, b, h, i, j); },
+      [&](std::int64_t j) { return qkv + s.qkv_index(b, j, attention_v, h, 0); }, out);
+}
+// The backward's probability from a recomputed (capped) logit; masked keys (-inf) give 0.
+MPSIM_HOST_DEVICE inline float fused_attention_probability(float logit, float lse) {
+  return logit == -INFINITY ? 0.0f : expf(logit - lse);
+}
+// D of score row (b, h, i): sum_c dout_ic o_ic in binary32, increasing c.
+MPSIM_HOST_DEVICE inline float attention_row_dot(const float* dout, const float* out, const AttentionShape& s,
+                                                 std::int64_t b, std::int64_t h, std::int64_t i) {
+  float sum = 0.0f;
+  for (std::int64_t c = 0; c < s.head_dim; ++c) sum += dout[s.output_index(b, i, h, c)] * out[s.output_index(b, i, h, c)];
+  return sum;
+}
+// The logit's gradient from p, dp = dout . v_j and the row's D.
+MPSIM_HOST_DEVICE inline float fused_attention_score_grad(float p, float dp, float dot) { return p * (dp - dot); }
+
 // --- QK-LayerNorm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"; Wortsman et al.
 // 2023): LayerNorm over each head's q and each head's k, head_dim features each, before the logits, so that
 // they cannot grow without bound. gamma and beta hold 2 x head_dim values (q's, then k's), shared by the
