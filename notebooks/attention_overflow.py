@@ -49,26 +49,30 @@ def describe(f, arm: str) -> dict:
             "qk_norm": point.get("qk_norm", "false") == "true"}
 
 
+def arm_findings(f, arm: str) -> dict:
+    """One arm's outcome: its largest attention logit and when it passed 65504, skipped steps, the first
+    non-finite loss, the final loss scale and validation loss."""
+    info = ml.arm_info(f, arm)
+    entry = {"arm": arm, "seed": int(info["seed"]), "status": info["status"]}
+    logits = attention_logit_max(f, arm)
+    entry["max_attention_logit"] = float(np.nanmax(logits["max"])) if len(logits["max"]) else math.nan
+    above = np.flatnonzero(logits["max"] > FP16_MAX)
+    entry["first_stats_step_above_fp16_max"] = int(logits["step"][above[0]]) if len(above) else None
+    st = ml.steps(f, arm)
+    entry["steps"] = int(len(st["step"]))
+    entry["skipped_steps"] = int(np.count_nonzero(st["skipped"]))
+    skipped = np.flatnonzero(st["skipped"])
+    entry["first_skipped_step"] = int(st["step"][skipped[0]]) if len(skipped) else None
+    bad = np.flatnonzero(~np.isfinite(st["loss"]))
+    entry["first_nonfinite_loss_step"] = int(st["step"][bad[0]]) if len(bad) else None
+    entry["final_loss_scale"] = float(st["loss_scale"][-1]) if len(st["loss_scale"]) else math.nan
+    evals = ml.evals(f, arm)
+    entry["final_test_loss"] = float(evals["test_loss"][-1]) if len(evals["test_loss"]) else math.nan
+    return entry
+
+
 def findings(f) -> dict:
-    arms = []
-    for arm in ml.arms(f):
-        info = ml.arm_info(f, arm)
-        entry = {"arm": arm, "seed": int(info["seed"]), "status": info["status"], **describe(f, arm)}
-        logits = attention_logit_max(f, arm)
-        entry["max_attention_logit"] = float(np.nanmax(logits["max"])) if len(logits["max"]) else math.nan
-        above = np.flatnonzero(logits["max"] > FP16_MAX)
-        entry["first_stats_step_above_fp16_max"] = int(logits["step"][above[0]]) if len(above) else None
-        st = ml.steps(f, arm)
-        entry["steps"] = int(len(st["step"]))
-        entry["skipped_steps"] = int(np.count_nonzero(st["skipped"]))
-        skipped = np.flatnonzero(st["skipped"])
-        entry["first_skipped_step"] = int(st["step"][skipped[0]]) if len(skipped) else None
-        bad = np.flatnonzero(~np.isfinite(st["loss"]))
-        entry["first_nonfinite_loss_step"] = int(st["step"][bad[0]]) if len(bad) else None
-        entry["final_loss_scale"] = float(st["loss_scale"][-1]) if len(st["loss_scale"]) else math.nan
-        evals = ml.evals(f, arm)
-        entry["final_test_loss"] = float(evals["test_loss"][-1]) if len(evals["test_loss"]) else math.nan
-        arms.append(entry)
+    arms = [{**arm_findings(f, arm), **describe(f, arm)} for arm in ml.arms(f)]
     # Per setting (format, QK-LayerNorm) over the seeds: how many runs overflowed and how many failed.
     settings = []
     for fmt, qk in sorted({(a["format"], a["qk_norm"]) for a in arms}, key=lambda k: (k[0] != "binary32", k[1])):
