@@ -82,8 +82,8 @@ const TrainTest& tokens() {
   return d;
 }
 
-// args: policy index, instrument (0/1), threads
-void BM_gpt_step(benchmark::State& state) {
+// args: policy index, instrument (0/1), threads; `fused`: model.fused_attention (tiles of 64 keys)
+void gpt_step(benchmark::State& state, bool fused) {
   const Policy policy = *preset_policy(gpt_policies[state.range(0)]);
   ArmSetup setup;
   setup.policy = &policy;
@@ -95,6 +95,7 @@ void BM_gpt_step(benchmark::State& state) {
   setup.model.activation = Activation::gelu;
   setup.model.init = InitScheme::normal;
   setup.model.init_scale = 0.02;
+  setup.model.fused_attention = fused;
   setup.optimizer.kind = OptimizerKind::adamw;
   setup.optimizer.lr = 3e-3;
   setup.optimizer.weight_decay = 0.1;
@@ -105,8 +106,11 @@ void BM_gpt_step(benchmark::State& state) {
   setup.train.threads = static_cast<int>(state.range(2));
   setup.seed = 1;
   for (auto _ : state) state.SetIterationTime(seconds_per_step(setup, tokens(), gpt_warmup));
-  state.SetLabel(policy.name + (state.range(1) ? " +stats" : ""));
+  state.SetLabel(policy.name + (state.range(1) ? " +stats" : "") + (fused ? " fused" : ""));
 }
+void BM_gpt_step(benchmark::State& state) { gpt_step(state, false); }
+// The same step with FlashAttention-2's fused path (docs/transformers.md), without statistics.
+void BM_gpt_step_fused(benchmark::State& state) { gpt_step(state, true); }
 
 void gpt_arguments(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
@@ -119,4 +123,10 @@ void gpt_arguments(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_train_step)->Apply(arguments)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 BENCHMARK(BM_gpt_step)->Apply(gpt_arguments)->UseManualTime()->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_gpt_step_fused)
+    ->ArgsProduct({{0, 1, 2}, {0}, {1, 2}})
+    ->ArgNames({"policy", "stats", "threads"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(1);
 BENCHMARK_MAIN();
