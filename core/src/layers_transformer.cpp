@@ -231,7 +231,8 @@ class ResidualAdd final : public Layer {
 // operand; the output as a GEMM's output. Backward: the output gradient as
 // an operand, the probabilities' gradient as a GEMM's result
 // (activation_grads), the logits' gradient as an operand, dqkv as
-// activation_grads.
+// activation_grads. With a fused tile (model.fused_attention), FlashAttention-2's
+// path instead: fused_forward and fused_backward below.
 class SelfAttention final : public Layer {
  public:
   SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap,
