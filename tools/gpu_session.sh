@@ -312,7 +312,8 @@ stage_block() {
 # The ViT on Fashion-MNIST and the GPT on the bundle's copy of the fortunes
 # text (the device has no Debian packages), each at smoke size on the CPU
 # emulator and on the cuda backend: the first run of the transformer kernels;
-# then the GPT on cuda with train.attention = "cublas".
+# then the GPT on cuda with train.attention = "cublas", and the GPT with
+# model.fused_attention on both backends.
 stage_transformer() {
   run_stage=transformer
   mkdir -p "$work/gpu-transformer"
@@ -327,6 +328,10 @@ stage_transformer() {
     # log and time compare with the cuda arm above (the kernels, the CPU's sums).
     mpsim_run charlm_cublas_attention_smoke experiments/configs/charlm.toml --smoke 'backends=["cuda"]' \
       train.attention=cublas || rc=$?
+    # FlashAttention-2's fused path (model.fused_attention) on the CPU and on cuda side by side: the first run
+    # of the fused kernels in training.
+    mpsim_run charlm_fused_vs_gpu_smoke experiments/configs/charlm.toml --smoke 'backends=["cpu","cuda"]' \
+      model.fused_attention=true || rc=$?
   else
     add_row "  charlm_vs_gpu_smoke" "" "" "not run: no text in $text"; rc=1
   fi
