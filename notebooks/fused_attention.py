@@ -136,10 +136,12 @@ def logits_figure(f, found: dict) -> Figure:
     top = max(trained) + 0.1 if trained else 1.0
     for i, x in enumerate(found["settings"]):
         runs = [a for a in found["arms"] if a["format"] == x["format"] and a["fused"] == x["fused"]]
-        ys = [a["final_test_loss"] if not failed(a) and np.isfinite(a["final_test_loss"]) else top for a in runs]
-        marks = ["o" if not failed(a) else "x" for a in runs]
-        for y, m in zip(ys, marks):
-            loss_ax.scatter([i], [y], marker=m, color="C3" if m == "x" else "C0")
+        trained_runs = [a["final_test_loss"] for a in runs if not failed(a) and np.isfinite(a["final_test_loss"])]
+        loss_ax.scatter([i] * len(trained_runs), trained_runs, marker="o", color="C0")
+        if len(trained_runs) < len(runs):  # the failed runs as one cross, with their count
+            loss_ax.scatter([i], [top], marker="x", color="C3")
+            loss_ax.annotate(f"{len(runs) - len(trained_runs)} of {len(runs)} failed", (i, top),
+                             textcoords="offset points", xytext=(6, -3), fontsize=8)
     loss_ax.set_xticks(range(len(found["settings"])), [x["label"] for x in found["settings"]], fontsize=8)
     loss_ax.set_ylabel("final validation loss (nats/char); x: loss not finite")
     for ax in (logit_ax, loss_ax):
