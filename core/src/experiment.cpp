@@ -124,7 +124,7 @@ void check_fused_attention(const ExperimentConfig& c) {
     const auto policy = c.policies.find(arm);
     if (policy == c.policies.end()) continue;
     const Policy& p = policy->second;
-    if (!p.softmax_internals.is_identity() && !p.runs_in_fp32("softmax"))
+    if (internal_rounding(p, &Policy::softmax_internals, "softmax").enabled)
       throw SetupError(fmt::format("arm '{}' sets softmax_internals = \"{}\", but the fused attention path's softmax "
                                    "runs in binary32: drop softmax_internals from the policy, or set "
                                    "model.fused_attention = false",

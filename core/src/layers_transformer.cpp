@@ -326,8 +326,7 @@ class SelfAttention final : public Layer {
     b.fused_attention_forward(qkv_, shape_, fused, y, lse_, logit_max);
     ctx.note_logit_max(logit_max);
     ctx.round(y, p.gemm_output, TensorKind::activations, Site::output);
-    output_ = b.empty(y.shape());  // the stored O that the backward's D reads, as FlashAttention-2 keeps it
-    b.copy(y, output_);
+    output_ = y;  // the stored O that the backward's D reads, as FlashAttention-2 keeps it (layers never write their input)
     return y;
   }
   // FlashAttention-2's backward: the logits recomputed in binary32, p from
@@ -351,7 +350,7 @@ class SelfAttention final : public Layer {
     b.attention_values_backward(probs_operand, qkv_, dout, shape_, dprobs, dqkv);
     Tensor dot = b.empty({shape_.score_rows(), 1});
     b.fused_attention_row_dot(dout, output_, shape_, dot);
-    Tensor dscores = b.empty(probs.shape());
+    Tensor dscores = dprobs;  // element by element, in place
     b.fused_attention_scores_grad(probs, dprobs, dot, dscores);
     if (softcap_ > 0.0f) b.soft_cap_backward(capped_, dscores, softcap_, dscores);
     ctx.round(dscores, p.gradient_operands, std::nullopt, Site::attention_scores_grad);

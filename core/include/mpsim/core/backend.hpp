@@ -255,7 +255,7 @@ class Backend {
   // Its backward's own pieces (the products are attention_values_backward's
   // and attention_scores_backward's): probs = exp(scores - lse) row by row
   // (masked entries 0), dot = sum_c dout o per score row, and
-  // dscores = probs (dprobs - dot).
+  // dscores = probs (dprobs - dot) (dscores may be dprobs).
   void fused_attention_probs(const Tensor& scores, const Tensor& lse, Tensor& probs);
   void fused_attention_row_dot(const Tensor& dout, const Tensor& out, const AttentionShape& shape, Tensor& dot);
   void fused_attention_scores_grad(const Tensor& probs, const Tensor& dprobs, const Tensor& dot, Tensor& dscores);
