@@ -139,16 +139,6 @@ QuantizeCounts quantize_any(const Format& f, std::span<const T> in, std::span<T>
 
 }  // namespace
 
-QuantizeCounts& QuantizeCounts::operator+=(const QuantizeCounts& o) {
-  elements += o.elements;
-  inexact += o.inexact;
-  flushed_to_zero += o.flushed_to_zero;
-  subnormal += o.subnormal;
-  overflow += o.overflow;
-  nan += o.nan;
-  return *this;
-}
-
 QuantizeCounts quantize(const Format& f, std::span<const float> in, std::span<float> out, const QuantizeOptions& o) {
   return quantize_any<float>(f, in, out, o);
 }

@@ -11,33 +11,18 @@ namespace mpsim::oracle {
 
 // --- Real ------------------------------------------------------------------------
 Real::Real() {
-  mpfr_init2(value_, kPrecision);
-  mpfr_set_zero(value_, 1);
+  static_assert(mpfr_custom_get_size(kPrecision) <= sizeof limbs_);
+  mpfr_custom_init(limbs_, kPrecision);
+  mpfr_custom_init_set(value_, MPFR_ZERO_KIND, 0, kPrecision, limbs_);  // +0
 }
-Real::Real(double value) {
-  mpfr_init2(value_, kPrecision);
+Real::Real(double value) : Real() {
   mpfr_set_d(value_, value, MPFR_RNDN);  // exact: 53 <= kPrecision
 }
-Real::Real(const Real& other) {
-  mpfr_init2(value_, mpfr_get_prec(other.value_));
-  mpfr_set(value_, other.value_, MPFR_RNDN);
-}
-Real::Real(Real&& other) noexcept {
-  mpfr_init2(value_, mpfr_get_prec(other.value_));
-  mpfr_swap(value_, other.value_);
-}
+Real::Real(const Real& other) : Real() { mpfr_set(value_, other.value_, MPFR_RNDN); }
 Real& Real::operator=(const Real& other) {
-  if (this != &other) {
-    mpfr_set_prec(value_, mpfr_get_prec(other.value_));
-    mpfr_set(value_, other.value_, MPFR_RNDN);
-  }
+  mpfr_set(value_, other.value_, MPFR_RNDN);  // exact: same precision
   return *this;
 }
-Real& Real::operator=(Real&& other) noexcept {
-  mpfr_swap(value_, other.value_);
-  return *this;
-}
-Real::~Real() { mpfr_clear(value_); }
 
 namespace {
 

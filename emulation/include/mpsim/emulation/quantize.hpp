@@ -22,7 +22,16 @@ struct QuantizeCounts {
   std::uint64_t overflow = 0;         // IEEE overflow: became infinity, NaN (no infinity), or saturated
   std::uint64_t nan = 0;              // NaN input or result (overflow in a format with NaN but no infinity);
                                       // a format with no NaN holds a NaN input as +largest finite
-  QuantizeCounts& operator+=(const QuantizeCounts& other);
+  // Inline: callers add one element's counts at a time in their loops.
+  QuantizeCounts& operator+=(const QuantizeCounts& o) {
+    elements += o.elements;
+    inexact += o.inexact;
+    flushed_to_zero += o.flushed_to_zero;
+    subnormal += o.subnormal;
+    overflow += o.overflow;
+    nan += o.nan;
+    return *this;
+  }
   friend bool operator==(const QuantizeCounts&, const QuantizeCounts&) = default;
 };
 
