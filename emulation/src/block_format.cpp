@@ -360,6 +360,10 @@ class FastQuantizer {
   // blocks, one pass over the data; 1 x N blocks find their own scales, a row
   // of 2-D tiles takes theirs from params_.
   void quantize_rows() {
+    if (!f_.element.floating) {
+      quantize_rows_by_block();
+      return;
+    }
     QuantizeOptions q;
     q.rounding = o_.rounding;
     q.stochastic = {o_.key, 0};
@@ -386,6 +390,35 @@ class FastQuantizer {
         summary_.counts.scale_clamped += counts.clamped;
       }
     }
+  }
+
+  // Integer elements (MXINT8, int8, int4), for which there is no vector
+  // kernel: block by block through quantize_block_row, the routine the CUDA
+  // kernels run (block_scaling.hpp), on the integer grid's pattern format.
+  void quantize_rows_by_block() {
+    const PatternFormat<std::uint32_t> element = detail::element_pattern_format(f_.element);
+    const PatternRounding rounding = pattern_rounding(o_.rounding);
+    const DrawKey key = make_draw_key(o_.key);
+    std::vector<float> scratch(out_ ? 0 : static_cast<std::size_t>(f_.block_cols));  // values nobody asked for
+    detail::BlockRowCounts counts;
+    for (std::int64_t r = 0; r < rows_; ++r)
+      for (std::int64_t b = 0; b < grid_cols_; ++b) {
+        const std::int64_t c0 = b * f_.block_cols;
+        const auto at = static_cast<std::size_t>(r * cols_ + c0);
+        const Params* given =
+            params_.empty() ? nullptr : params_.data() + static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + b);
+        const Params p = detail::quantize_block_row(
+            rule_, given, element, rounding, key, o_.first_index + at, x_.data() + at, out_ ? out_ + at : scratch.data(),
+            static_cast<int>(std::min<std::int64_t>(f_.block_cols, cols_ - c0)), counts,
+            elements_ ? elements_ + at : nullptr);
+        if (given != nullptr) continue;  // a tile's scale and clamp were recorded with params_
+        summary_.scale_codes.push_back(p.code);
+        summary_.counts.scale_clamped += p.clamped;
+      }
+    summary_.counts.nonzero += counts.nonzero;
+    summary_.counts.flushed += counts.flushed;
+    summary_.counts.saturated += counts.saturated;
+    summary_.counts.nan += counts.nan;
   }
 
   using Params = detail::BlockParams;
@@ -480,7 +513,8 @@ BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
                  : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
                                                                              : BlockKind::power_of_two,
                  f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
-                 static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3)};
+                 static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3),
+                 !f.element.floating};
   if (rule.kind != BlockKind::nvfp4) return rule;
   // NVFP4's tensor scale (arXiv 2509.25149): S_enc = 2688 / amax, at most
   // FLT_MAX, 1 when amax is 0 or infinite; any NaN makes the tensor NaN.
@@ -495,6 +529,10 @@ BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
   rule.tensor_scale = 1.0f / encode;
   rule.tensor_nan = m > 0x7F800000u;
   return rule;
+}
+
+PatternFormat<std::uint32_t> element_pattern_format(const ElementFormat& e) {
+  return e.floating ? binary32_pattern_format(*e.floating) : integer_pattern_format(e.integer_bits, e.fraction_bits);
 }
 
 }  // namespace detail
@@ -525,11 +563,6 @@ BlockSummary quantize_blocks(const BlockFormat& format_in, std::span<const float
   if (options.rounding.mode != RoundingMode::nearest_even && options.rounding.mode != RoundingMode::stochastic)
     throw std::invalid_argument("quantize_blocks: elements round to nearest-even or stochastic, not " +
                                 std::string(to_string(options.rounding.mode)));
-  if (!format.element.floating) {  // integers: the reference, rounded once to binary32
-    const BlockQuantized q = quantize_blocks(format, in, rows, cols, options);
-    for (std::size_t i = 0; i < in.size(); ++i) out[i] = static_cast<float>(q.values[i]);
-    return {q.counts, q.scale_codes, q.tensor_scale};
-  }
   // In place is safe: pass 1 reads everything first, pass 2 writes an element only after reading it.
   return FastQuantizer(format, in, out.data(), nullptr, rows, cols, options).run();
 }
@@ -563,8 +596,7 @@ BlockOperand quantize_block_operand(const BlockFormat& format_in, std::span<cons
                                     std::int64_t cols, const BlockQuantizeOptions& options) {
   check_shape(format_in, in.size(), rows, cols);
   const BlockFormat format = format_in.for_shape(rows, cols);
-  if (!format.element.floating || (options.rounding.mode != RoundingMode::nearest_even &&
-                                   options.rounding.mode != RoundingMode::stochastic))
+  if (options.rounding.mode != RoundingMode::nearest_even && options.rounding.mode != RoundingMode::stochastic)
     return to_block_operand(format, quantize_blocks(format, in, rows, cols, options));  // the reference's path
   std::vector<float> elements(in.size());
   BlockSummary s = FastQuantizer(format, in, nullptr, elements.data(), rows, cols, options).run();

@@ -1,6 +1,7 @@
 #include "mpsim/emulation/pattern_format.hpp"
 
 #include <bit>
+#include <cmath>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -55,6 +56,30 @@ PatternFormat<std::uint32_t> binary32_pattern_format(const Format& format) {
 
 PatternFormat<std::uint64_t> binary64_pattern_format(const Format& format) {
   return pattern_format<double>(format, "binary64_pattern_format");
+}
+
+PatternFormat<std::uint32_t> integer_pattern_format(int bits, int fraction_bits) {
+  const int top = bits - 1 - fraction_bits;  // the grid ends below 2^top, binary32's normal there
+  if (bits < 2 || bits > 16 || top < -126 || top > 127)
+    throw std::invalid_argument("integer_pattern_format: int" + std::to_string(bits) + " with 2^-" +
+                                std::to_string(fraction_bits) +
+                                " needs 2..16 bits and a grid within binary32's normal range");
+  using L = StorageLayout<std::uint32_t>;
+  auto pattern = [](double value) { return std::bit_cast<std::uint32_t>(static_cast<float>(value)); };
+  PatternFormat<std::uint32_t> p{};
+  p.exponent_bits = 1;  // as Format{1, bits - 1}: one binade of subnormals, the integers
+  p.mantissa_bits = bits - 1;
+  p.flush_to_zero = false;
+  p.saturate = true;
+  p.has_infinity = false;
+  p.has_nan = true;  // a NaN stays NaN (block quantization makes its block NaN before rounding)
+  p.shift = static_cast<std::uint32_t>(L::trailing_bits - (bits - 1));
+  p.min_normal_exponent = static_cast<std::uint32_t>(top + 127);
+  p.smallest_normal = pattern(std::ldexp(1.0, top));
+  p.smallest_subnormal = pattern(std::ldexp(1.0, -fraction_bits));
+  p.largest_finite = pattern(std::ldexp(std::ldexp(1.0, bits - 1) - 1, -fraction_bits));
+  p.nan_keep = L::sign;
+  return p;
 }
 
 PatternRounding pattern_rounding(const Rounding& r) {

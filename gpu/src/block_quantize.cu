@@ -92,8 +92,6 @@ BlockSummary run_on_device(const BlockFormat& format_in, std::span<const float> 
                            std::span<float> elements, std::int64_t rows, std::int64_t cols,
                            const BlockQuantizeOptions& options) {
   const BlockFormat format = format_in.for_shape(rows, cols);
-  if (!format.element.floating)
-    throw std::invalid_argument("quantize_blocks_on_device: floating-point elements only, not " + format.name());
   if (rows < 0 || cols < 0 || in.size() != static_cast<std::size_t>(rows * cols) || out.size() != in.size() ||
       (!elements.empty() && elements.size() != in.size()))
     throw std::invalid_argument("quantize_blocks_on_device: sizes do not match");
@@ -120,7 +118,7 @@ BlockSummary run_on_device(const BlockFormat& format_in, std::span<const float> 
   }
   if (segments > 0) {
     quantize_block_rows_kernel<<<grid_for(segments), kThreads>>>(
-        rule, binary32_pattern_format(*format.element.floating), pattern_rounding(options.rounding),
+        rule, mpsim::detail::element_pattern_format(format.element), pattern_rounding(options.rounding),
         make_draw_key(options.key), options.first_index, d_in.p, d_out.p, elements.empty() ? nullptr : d_elements.p,
         rows, cols, format.block_cols, format.block_rows, tiled ? d_tiles.p : nullptr, d_codes.p, d_counts.p);
     MPSIM_CUDA_CHECK(cudaGetLastError());
@@ -181,9 +179,6 @@ __global__ void per_tensor_gemm_kernel(const float* a, const double* a_scales, i
 }  // namespace
 
 std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b, int k) {
-  for (const BlockFormat* f : {&a, &b})
-    if (!f->element.floating)
-      return f->name() + " has integer elements; the device kernels quantize floating-point elements only";
   if ((a.scale == ScaleFormat::binary32) != (b.scale == ScaleFormat::binary32))
     return "one operand has binary32 scales and the other not; the device GEMM takes both or neither";
   if (a.scale == ScaleFormat::binary32) {

@@ -499,12 +499,7 @@ class CudaBackend final : public core::Backend {
   // numerics path, not a fast one (docs/gpu.md).
   std::string block_gemm_refusal(const core::BlockPoint& a, const core::BlockPoint& b,
                                  const std::optional<TensorCoreModel>& promotion) const override {
-    if (promotion) {
-      // The quantizer's kernels must take both operands too (k = 0: any, as the GEMM runs one block at a time).
-      for (const BlockFormat* f : {&a.format, &b.format})
-        if (!f->element.floating) return f->name() + " has integer elements; the device kernels quantize floating-point elements only";
-      return tensor_core_block_gemm_refusal(a.format, b.format, *promotion);
-    }
+    if (promotion) return tensor_core_block_gemm_refusal(a.format, b.format, *promotion);  // FP8 elements only
     return block_gemm_refusal_on_device(a.format, b.format);
   }
   void block_scaled_gemm_staged(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,

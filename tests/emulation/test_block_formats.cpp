@@ -750,7 +750,7 @@ TEST_CASE("Block quantization: stochastic elements are reproducible and pick a n
 TEST_CASE("Block quantization: the fast path gives the reference's bits, counts, scales and draws", "[block][fast]") {
   std::mt19937_64 rng(20261129);
   for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8", "nvfp4",
-                           "fp8-e4m3-1x128", "fp8-e4m3-128x128", "int4"}) {
+                           "fp8-e4m3-1x128", "fp8-e4m3-128x128", "int8", "int4"}) {
     for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
       for (int round = 0; round < 6; ++round) {
         BlockFormat f = *parse_block_format(name);
@@ -808,6 +808,67 @@ TEST_CASE("Block quantization: the fast path gives the reference's bits, counts,
             FAIL_CHECK("value " << i << ": element x scales " << value << ", reference " << want.values[i]);
         }
       }
+    }
+  }
+}
+
+TEST_CASE("Integer elements (MXINT8, int8, int4): the fast path's ties, saturation and unsigned zeros are the reference's",
+          "[block][fast]") {
+  // The fast path rounds integer elements on the integer grid's pattern format (integer_pattern_format), the
+  // reference by its own integer rule (round_integer): every value here sits on the grid, a quarter, a half or
+  // three quarters of a unit off it, or just beside a half, at a scale of exactly 1 (each block starts with its
+  // amax: MXINT8's 1.999 gives 2^0; int8's 127 and int4's 7 give amax / largest = 1). Negatives that round to
+  // zero must give +0 (an integer code holds no -0), and values beyond the largest integer saturate.
+  struct Case {
+    const char* name;
+    float anchor;  // the block's amax
+    int largest;   // the largest integer k
+    float unit;    // the grid's unit at scale 1
+  };
+  for (const Case& c : {Case{"mxint8", 1.999f, 127, 0x1p-6f}, Case{"int8", 127.0f, 127, 1.0f},
+                        Case{"int4", 7.0f, 7, 1.0f}}) {
+    const BlockFormat f = *parse_block_format(c.name);
+    const int block = f.block_cols;
+    std::vector<float> x;
+    for (int k = -c.largest - 1; k <= c.largest + 1; ++k)
+      for (const float offset : {0.0f, 0.25f, 0.5f, 0.75f, 0.5f - 0x1p-12f, 0.5f + 0x1p-12f}) {
+        if (x.size() % static_cast<std::size_t>(block) == 0) x.push_back(c.anchor);
+        const float v = (static_cast<float>(k) + offset) * c.unit;
+        if (std::fabs(v) <= c.anchor) x.push_back(v);
+      }
+    for (const float tiny : {-0.0f, 0.0f, -0.25f * c.unit, -0.5f * c.unit, -0x1p-30f, 0x1p-30f}) {
+      if (x.size() % static_cast<std::size_t>(block) == 0) x.push_back(c.anchor);
+      x.push_back(tiny);
+    }
+    while (x.size() % static_cast<std::size_t>(block) != 0) x.push_back(-0.25f * c.unit);
+    const auto cols = static_cast<std::int64_t>(x.size());
+    for (const RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
+      INFO(c.name << " " << to_string(mode));
+      BlockQuantizeOptions o;
+      o.rounding = Rounding{mode};
+      o.key = {17, 4};
+      const BlockQuantized want = quantize_blocks(f, x, 1, cols, o);
+      std::vector<float> out(x.size());
+      const BlockSummary got = quantize_blocks(f, x, out, 1, cols, o);
+      const BlockOperand op = quantize_block_operand(f, x, 1, cols, o), ref = to_block_operand(f, want);
+      std::size_t bad = 0, negative_zeros = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const bool ok = std::bit_cast<std::uint32_t>(out[i]) == std::bit_cast<std::uint32_t>(static_cast<float>(want.values[i])) &&
+                        std::bit_cast<std::uint32_t>(op.elements[i]) == std::bit_cast<std::uint32_t>(ref.elements[i]);
+        if (!ok && bad++ < 5)
+          FAIL_CHECK("x " << x[i] << ": fast " << out[i] << " (element " << op.elements[i] << "), reference "
+                          << want.values[i] << " (element " << ref.elements[i] << ")");
+        negative_zeros += std::signbit(out[i]) && out[i] == 0;
+      }
+      CHECK(bad == 0);
+      CHECK(negative_zeros == 0);
+      CHECK(got.scale_codes == want.scale_codes);
+      CHECK(got.counts == want.counts);
+      CHECK(op.counts == want.counts);
+      // MXINT8's power-of-two scale leaves values beyond the largest integer (127.5 units and up), which
+      // saturate; int8's and int4's amax / largest never does. Every format sees values below half a unit.
+      if (f.scale == ScaleFormat::e8m0) CHECK(got.counts.saturated > 0);
+      CHECK(got.counts.flushed > 0);
     }
   }
 }
@@ -988,7 +1049,7 @@ TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) give
   // itself equal to the exact reference (above). Rows of 1 x N blocks with a partial last block.
   std::mt19937_64 rng(20261202);
   for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "nvfp4", "nvfp4-te",
-                           "fp8-e4m3-1x128", "mxfp4-ceil"}) {
+                           "fp8-e4m3-1x128", "mxfp4-ceil", "mxint8", "int8", "int4"}) {
     const std::string text(name);
     BlockFormat f = *parse_block_format(text == "nvfp4-te" ? "nvfp4" : text == "mxfp4-ceil" ? "mxfp4" : text);
     if (text == "nvfp4-te") f.rule = ScaleRule::nvfp4_te;
@@ -1005,7 +1066,7 @@ TEST_CASE("quantize_block_row (the host/device routine of the CUDA kernels) give
         const BlockSummary want = quantize_blocks(f, x, fast, rows, cols, options);
 
         const detail::BlockRule rule = detail::block_rule(f, x);
-        const PatternFormat<std::uint32_t> element = binary32_pattern_format(*f.element.floating);
+        const PatternFormat<std::uint32_t> element = detail::element_pattern_format(f.element);
         const PatternRounding rounding = pattern_rounding(options.rounding);
         const DrawKey key = make_draw_key(options.key);
         std::vector<float> got(x.size()), got_elements(x.size());

@@ -35,11 +35,16 @@ struct BlockRule {
   float tensor_scale = 1;          // nvfp4: 1 / S_enc
   bool tensor_nan = false;         // nvfp4: a NaN anywhere
   PatternFormat<std::uint32_t> ue4m3{};  // nvfp4: E4M3 on binary32 patterns (saturating)
+  bool integer_elements = false;         // a zero element is +0: an integer code holds no -0
 };
 
 // A format's rule for one tensor (host only): NVFP4's tensor scale comes from
 // the whole tensor's largest magnitude.
 BlockRule block_rule(const BlockFormat& format, std::span<const float> tensor);
+
+// The element format on binary32 patterns (host only): binary32_pattern_format
+// of a floating-point element, integer_pattern_format of an integer one.
+PatternFormat<std::uint32_t> element_pattern_format(const ElementFormat& element);
 
 struct BlockParams {
   bool nan = false;        // every value of the block is NaN
@@ -192,8 +197,9 @@ MPSIM_HOST_DEVICE inline BlockParams quantize_block_row(const BlockRule& rule, c
     }
     const float y = tile ? (p.zero_tile && x == 0.0f ? x : x / p.factor) : x * p.factor;
     const std::uint32_t draw = rounding.mode == pattern_mode::stochastic ? random_draw(key, first_index + i) : 0;
-    const RoundedValue<std::uint32_t> r = round_pattern<std::uint32_t>(std::bit_cast<std::uint32_t>(y), element,
-                                                                      rounding, draw);
+    RoundedValue<std::uint32_t> r = round_pattern<std::uint32_t>(std::bit_cast<std::uint32_t>(y), element,
+                                                                rounding, draw);
+    if (rule.integer_elements && (r.value & 0x7FFFFFFFu) == 0) r.value = 0;  // the integer 0 has no sign
     counts.saturated += r.overflow;
     if (elements != nullptr) elements[i] = std::bit_cast<float>(r.value);
     float v = std::bit_cast<float>(r.value) * p.dequant;

@@ -20,15 +20,14 @@
 namespace mpsim::gpu {
 
 // quantize_blocks(format, in, out, rows, cols, options) with the work on the
-// device: the same values, scale codes and counts (integer elements are
-// refused with std::invalid_argument). `in` and `out` are host
+// device: the same values, scale codes and counts, floating-point and
+// integer elements alike (quantize_block_row). `in` and `out` are host
 // memory; the call copies, runs and waits.
 BlockSummary quantize_blocks_on_device(const BlockFormat& format, std::span<const float> in, std::span<float> out,
                                        std::int64_t rows, std::int64_t cols, const BlockQuantizeOptions& options = {});
 
 // quantize_block_operand(format, in, rows, cols, options) with the work on
-// the device: the same elements, scale codes, scales and counts (the same
-// refusals as above).
+// the device: the same elements, scale codes, scales and counts.
 BlockOperand quantize_block_operand_on_device(const BlockFormat& format, std::span<const float> in, std::int64_t rows,
                                               std::int64_t cols, const BlockQuantizeOptions& options = {});
 
@@ -43,7 +42,7 @@ void block_gemm_on_device(const BlockFormat& a_format, const BlockOperand& a, co
 
 // Why block_gemm_on_device (with the quantizer before it) cannot take
 // operands in formats a and b with k products per output (0: any k); empty
-// when it can. Refused: integer elements; binary32 scales on blocks shorter
+// when it can. Refused: binary32 scales on blocks shorter
 // than k (DeepSeek-V3's tiles, which take a tensor-core promotion model); and
 // E8M0/UE4M3 blocks of different lengths along k or whose sums can exceed
 // binary64 (block_partials_fit_binary64: MXFP8 E5M2). Binary32 scales per
