@@ -352,7 +352,7 @@ int blocks_side_by_side(int repetitions, int passes) {
     std::vector<double> rates, ratios;
   };
   std::vector<BlockRow> rows;
-  const char* names[] = {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128"};
+  const char* names[] = {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128", "mxint8"};
   for (const char* name : names)
     for (Data data : {Data::normal, Data::gradients})
       for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) rows.push_back({name, mode, data, {}, {}});

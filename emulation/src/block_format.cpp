@@ -360,14 +360,13 @@ class FastQuantizer {
   // blocks, one pass over the data; 1 x N blocks find their own scales, a row
   // of 2-D tiles takes theirs from params_.
   void quantize_rows() {
-    if (!f_.element.floating) {
-      quantize_rows_by_block();
-      return;
-    }
     QuantizeOptions q;
     q.rounding = o_.rounding;
     q.stochastic = {o_.key, 0};
-    const detail::KernelFor<float> kernel = detail::make_kernel<float>(*f_.element.floating, q);
+    // Integer elements (MXINT8, int8, int4) round on the integer grid's pattern format (integer_pattern_format).
+    const detail::KernelFor<float> kernel =
+        f_.element.floating ? detail::make_kernel<float>(*f_.element.floating, q)
+                            : detail::make_integer_kernel(f_.element.integer_bits, f_.element.fraction_bits, q);
     const std::size_t block = static_cast<std::size_t>(f_.block_cols);
     const std::size_t per_run = std::max<std::size_t>(1, (std::size_t{1} << 20) / block);  // lane counters < 2^28
     std::vector<std::uint32_t> codes(per_run);
@@ -382,6 +381,7 @@ class FastQuantizer {
         detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_ ? out_ + first : nullptr,
                                        elements_ ? elements_ + first : nullptr, n, block, o_.first_index + first,
                                        codes.data(), counts);
+        if (!f_.element.floating) unsign_zeros(first, n);
         if (given == nullptr) summary_.scale_codes.insert(summary_.scale_codes.end(), codes.begin(), codes.begin() + (b1 - b0));
         summary_.counts.nonzero += counts.nonzero;
         summary_.counts.flushed += counts.flushed + counts.lost;
@@ -392,33 +392,15 @@ class FastQuantizer {
     }
   }
 
-  // Integer elements (MXINT8, int8, int4), for which there is no vector
-  // kernel: block by block through quantize_block_row, the routine the CUDA
-  // kernels run (block_scaling.hpp), on the integer grid's pattern format.
-  void quantize_rows_by_block() {
-    const PatternFormat<std::uint32_t> element = detail::element_pattern_format(f_.element);
-    const PatternRounding rounding = pattern_rounding(o_.rounding);
-    const DrawKey key = make_draw_key(o_.key);
-    std::vector<float> scratch(out_ ? 0 : static_cast<std::size_t>(f_.block_cols));  // values nobody asked for
-    detail::BlockRowCounts counts;
-    for (std::int64_t r = 0; r < rows_; ++r)
-      for (std::int64_t b = 0; b < grid_cols_; ++b) {
-        const std::int64_t c0 = b * f_.block_cols;
-        const auto at = static_cast<std::size_t>(r * cols_ + c0);
-        const Params* given =
-            params_.empty() ? nullptr : params_.data() + static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + b);
-        const Params p = detail::quantize_block_row(
-            rule_, given, element, rounding, key, o_.first_index + at, x_.data() + at, out_ ? out_ + at : scratch.data(),
-            static_cast<int>(std::min<std::int64_t>(f_.block_cols, cols_ - c0)), counts,
-            elements_ ? elements_ + at : nullptr);
-        if (given != nullptr) continue;  // a tile's scale and clamp were recorded with params_
-        summary_.scale_codes.push_back(p.code);
-        summary_.counts.scale_clamped += p.clamped;
-      }
-    summary_.counts.nonzero += counts.nonzero;
-    summary_.counts.flushed += counts.flushed;
-    summary_.counts.saturated += counts.saturated;
-    summary_.counts.nan += counts.nan;
+  // An integer element's zero has no sign (its code holds no -0; the
+  // reference's round_integer), where the pattern rounding keeps the input's:
+  // as quantize_block_row does for the CUDA kernels.
+  void unsign_zeros(std::size_t first, std::size_t n) {
+    for (float* p : {out_, elements_}) {
+      if (p == nullptr) continue;
+      for (std::size_t i = first; i < first + n; ++i)
+        if (std::bit_cast<std::uint32_t>(p[i]) == 0x80000000u) p[i] = 0.0f;
+    }
   }
 
   using Params = detail::BlockParams;

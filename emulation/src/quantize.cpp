@@ -151,15 +151,17 @@ std::string_view vector_target_name() { return detail::vector_target(); }
 
 namespace detail {
 
+namespace {
+
+// The kernel of a format given on the storage pattern: `quantum_exponent` is
+// the exponent of its subnormal quantum 2^(emin - M), `gradual` whether it has
+// subnormals, `has_mantissa` whether M > 0.
 template <class T>
-KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
+KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>>& p,
+                       int quantum_exponent, bool gradual, bool has_mantissa, const QuantizeOptions& o) {
   using U = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
   constexpr int storage_mantissa = std::numeric_limits<T>::digits - 1;
   auto pattern_of = [](double value) { return std::bit_cast<U>(static_cast<T>(value)); };
-  // The format on the storage pattern, as the scalar path and the GPU see it.
-  PatternFormat<U> p;
-  if constexpr (sizeof(T) == 4) p = binary32_pattern_format(f);
-  else p = binary64_pattern_format(f);
   KernelFor<T> k{};
   k.mode = o.rounding.mode;
   k.format = p;
@@ -170,8 +172,7 @@ KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
   // current mode: usable for nearest-even when that mode is to-nearest and every
   // input that could round to nonzero is a normal number of the storage (so
   // denormals-are-zero settings cannot change it).
-  const int quantum_exponent = f.emin() - f.mantissa_bits;
-  if (o.rounding.mode == RoundingMode::nearest_even && f.subnormals == Subnormals::gradual && f.mantissa_bits > 0 &&
+  if (o.rounding.mode == RoundingMode::nearest_even && gradual && has_mantissa &&
       quantum_exponent - 1 >= std::numeric_limits<T>::min_exponent - 1 && std::fegetround() == FE_TONEAREST)
     k.subnormal_magic = pattern_of(std::ldexp(1.0, quantum_exponent + storage_mantissa));
   // Below the smallest normal every mode rounds |x| * 2^(M - emin) to an
@@ -180,13 +181,31 @@ KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
   // 2^(emin - M) is a normal number of the storage: the kernel takes the path
   // only for lanes that are zero or normal in the storage, so every operand and
   // result is normal (or zero) and the scalings by powers of two are exact.
-  if (f.subnormals == Subnormals::gradual && quantum_exponent >= std::numeric_limits<T>::min_exponent - 1) {
+  if (gradual && quantum_exponent >= std::numeric_limits<T>::min_exponent - 1) {
     k.subnormal_scale = pattern_of(std::ldexp(1.0, -quantum_exponent));
     k.subnormal_quantum = pattern_of(std::ldexp(1.0, quantum_exponent));
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);
   return k;
+}
+
+}  // namespace
+
+template <class T>
+KernelFor<T> make_kernel(const Format& f, const QuantizeOptions& o) {
+  // The format on the storage pattern, as the scalar path and the GPU see it.
+  if constexpr (sizeof(T) == 4)
+    return kernel_of<T>(binary32_pattern_format(f), f.emin() - f.mantissa_bits, f.subnormals == Subnormals::gradual,
+                        f.mantissa_bits > 0, o);
+  else
+    return kernel_of<T>(binary64_pattern_format(f), f.emin() - f.mantissa_bits, f.subnormals == Subnormals::gradual,
+                        f.mantissa_bits > 0, o);
+}
+
+KernelFor<float> make_integer_kernel(int bits, int fraction_bits, const QuantizeOptions& o) {
+  // Every value of the grid lies below its "smallest normal": one subnormal quantum, 2^-fraction_bits.
+  return kernel_of<float>(integer_pattern_format(bits, fraction_bits), -fraction_bits, true, bits > 1, o);
 }
 
 template KernelFor<float> make_kernel<float>(const Format&, const QuantizeOptions&);

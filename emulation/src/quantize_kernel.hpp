@@ -41,6 +41,9 @@ using KernelFor = Kernel<std::conditional_t<std::is_same_v<T, float>, std::uint3
 
 template <class T>
 KernelFor<T> make_kernel(const Format& format, const QuantizeOptions& options);
+// The kernel of integer_pattern_format(bits, fraction_bits) (pattern_format.hpp):
+// integer block elements. Its zeros keep their sign; the caller drops it.
+KernelFor<float> make_integer_kernel(int bits, int fraction_bits, const QuantizeOptions& options);
 
 // Quantizes n elements; element i uses random index first_index + i.
 QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,

@@ -884,7 +884,7 @@ TEST_CASE("Block quantization on every vector target this CPU runs: the referenc
   const std::vector<float> x = random_blocks(rng, 3001, 1, kE4m3, true);
   for (const simd::Target& target : targets) {
     const simd::ForceTarget forced(target);
-    for (const char* name : {"mxfp8-e4m3", "mxfp4", "nvfp4", "fp8-e4m3-1x128"}) {
+    for (const char* name : {"mxfp8-e4m3", "mxfp4", "nvfp4", "fp8-e4m3-1x128", "mxint8", "int4"}) {
       for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
         INFO("vector target " << target.name << ", " << name << " " << to_string(mode));
         const BlockFormat f = *parse_block_format(name);
