@@ -11,10 +11,11 @@
 // the general path.
 //
 //   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock] [--compare-stores]
-//   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock]
+//   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock] [--formats=a,b,...]
 //
 // --blocks: the bar of issue #19 §8, the same pairing for block-scaled formats
-// (quantize_blocks' fast path, counts on, 16M floats as one 1 x 16M tensor).
+// (quantize_blocks' fast path, counts on, 16M floats as one 1 x 16M tensor);
+// --formats limits it to some presets (to profile one).
 //
 // The bar of issue #17 instead: 16M floats, one thread, memcpy and every format,
 // mode and data set in one run. Each repetition times every row once, in a
@@ -37,6 +38,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -342,8 +344,17 @@ void print_table(const std::vector<Row>& rows) {
               worst_deterministic, worst_stochastic);
 }
 
+// "a,b,c" -> {"a", "b", "c"}.
+std::vector<std::string> split_names(const std::string& list) {
+  std::vector<std::string> names;
+  std::istringstream stream(list);
+  for (std::string name; std::getline(stream, name, ',');)
+    if (!name.empty()) names.push_back(name);
+  return names;
+}
+
 // Block-scaled formats beside memcpy, paired as in side_by_side.
-int blocks_side_by_side(int repetitions, int passes) {
+int blocks_side_by_side(int repetitions, int passes, const std::vector<std::string>& only) {
   const std::size_t n = large;
   struct BlockRow {
     std::string name;
@@ -352,8 +363,16 @@ int blocks_side_by_side(int repetitions, int passes) {
     std::vector<double> rates, ratios;
   };
   std::vector<BlockRow> rows;
-  const char* names[] = {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128", "mxint8"};
-  for (const char* name : names)
+  std::vector<std::string> names{"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp4", "nvfp4", "fp8-e4m3-1x128", "mxint8"};
+  if (!only.empty()) {
+    for (const std::string& name : only)
+      if (!mpsim::parse_block_format(name)) {
+        std::fprintf(stderr, "bench_quantize --blocks: unknown block format %s in --formats\n", name.c_str());
+        return 2;
+      }
+    names = only;
+  }
+  for (const std::string& name : names)
     for (Data data : {Data::normal, Data::gradients})
       for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) rows.push_back({name, mode, data, {}, {}});
   const auto& normal = input(n, Data::normal);
@@ -413,19 +432,21 @@ int main(int argc, char** argv) {
     const bool blocks = std::string(argv[1]) == "--blocks";
     int repetitions = 11, passes = 2;
     std::vector<mpsim::Stores> kinds{mpsim::Stores::cached};
+    std::vector<std::string> formats;
     for (int a = 2; a < argc; ++a) {
       const std::string arg = argv[a];
       if (arg.rfind("--repetitions=", 0) == 0) repetitions = std::stoi(arg.substr(14));
       else if (arg.rfind("--passes=", 0) == 0) passes = std::stoi(arg.substr(9));
       else if (arg == "--wall-clock") use_wall_clock = true;
       else if (arg == "--compare-stores" && !blocks) kinds = {mpsim::Stores::cached, mpsim::Stores::streaming};
+      else if (arg.rfind("--formats=", 0) == 0 && blocks) formats = split_names(arg.substr(10));
       else {
         std::fprintf(stderr, "bench_quantize %s: unknown option %s (accepted: --repetitions=N --passes=P "
-                     "--wall-clock%s)\n", argv[1], arg.c_str(), blocks ? "" : " --compare-stores");
+                     "--wall-clock%s)\n", argv[1], arg.c_str(), blocks ? " --formats=a,b" : " --compare-stores");
         return 2;
       }
     }
-    if (blocks) return blocks_side_by_side(std::max(1, repetitions), std::max(1, passes));
+    if (blocks) return blocks_side_by_side(std::max(1, repetitions), std::max(1, passes), formats);
     return side_by_side(std::max(1, repetitions), std::max(1, passes), kinds);
   }
   benchmark::Initialize(&argc, argv);

@@ -369,7 +369,7 @@ class FastQuantizer {
                             : detail::make_integer_kernel(f_.element.integer_bits, f_.element.fraction_bits, q);
     const std::size_t block = static_cast<std::size_t>(f_.block_cols);
     const std::size_t per_run = std::max<std::size_t>(1, (std::size_t{1} << 20) / block);  // lane counters < 2^28
-    std::vector<std::uint32_t> codes(per_run);
+    std::vector<std::uint32_t> codes(std::min(per_run, static_cast<std::size_t>(grid_cols_)));
     for (std::int64_t r = 0; r < rows_; ++r) {
       for (std::int64_t b0 = 0; b0 < grid_cols_; b0 += static_cast<std::int64_t>(per_run)) {
         const std::int64_t b1 = std::min(grid_cols_, b0 + static_cast<std::int64_t>(per_run));
@@ -381,7 +381,6 @@ class FastQuantizer {
         detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_ ? out_ + first : nullptr,
                                        elements_ ? elements_ + first : nullptr, n, block, o_.first_index + first,
                                        codes.data(), counts);
-        if (!f_.element.floating) unsign_zeros(first, n);
         if (given == nullptr) summary_.scale_codes.insert(summary_.scale_codes.end(), codes.begin(), codes.begin() + (b1 - b0));
         summary_.counts.nonzero += counts.nonzero;
         summary_.counts.flushed += counts.flushed + counts.lost;
@@ -389,17 +388,6 @@ class FastQuantizer {
         summary_.counts.nan += counts.nan;
         summary_.counts.scale_clamped += counts.clamped;
       }
-    }
-  }
-
-  // An integer element's zero has no sign (its code holds no -0; the
-  // reference's round_integer), where the pattern rounding keeps the input's:
-  // as quantize_block_row does for the CUDA kernels.
-  void unsign_zeros(std::size_t first, std::size_t n) {
-    for (float* p : {out_, elements_}) {
-      if (p == nullptr) continue;
-      for (std::size_t i = first; i < first + n; ++i)
-        if (std::bit_cast<std::uint32_t>(p[i]) == 0x80000000u) p[i] = 0.0f;
     }
   }
 

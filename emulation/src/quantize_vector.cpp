@@ -69,6 +69,34 @@ HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
   counter = hn::Sub(counter, hn::VecFromMask(d, mask));
 }
 
+// A count of mask lanes, kept the way the target counts cheapest. AVX-512
+// keeps masks in k registers: their population count is scalar work beside
+// the busy vector units. Other targets hold masks as vectors: subtracting the
+// all-ones lanes is one vector operation where movemask, popcnt and add were
+// three, one of them a read-modify-write of a counter the compiler kept in
+// memory (AVX2, 2026-11-28: MXFP8 nearest-even 1.3x faster). Per-lane counts
+// hold below 2^32 lanes' worth: callers flush them within 2^28 elements.
+template <class D>
+struct Tally {
+  hn::Vec<D> lanes;
+  std::uint64_t scalar = 0;
+
+  HWY_INLINE void add(D d, hn::Mask<D> mask) {
+#if HWY_TARGET <= HWY_AVX3
+    scalar += hn::CountTrue(d, mask);
+#else
+    Count(d, lanes, mask);
+#endif
+  }
+  std::uint64_t total(D d) const {
+    HWY_ALIGN hn::TFromD<D> counts[HWY_MAX_BYTES / sizeof(hn::TFromD<D>)];
+    hn::Store(lanes, d, counts);
+    std::uint64_t sum = scalar;
+    for (std::size_t l = 0; l < hn::Lanes(d); ++l) sum += counts[l];
+    return sum;
+  }
+};
+
 // Stochastic rounding's decision: keep the draw's and the fraction's top
 // random bits (a 0.32 fraction in the low 32 bits of each lane) and round away
 // from zero when their sum carries out of 32 bits.
@@ -532,29 +560,38 @@ QuantizeCounts QuantizeDouble(const Kernel<std::uint64_t>& k, const double* in, 
 // saturate whatever they round to, so they are first clamped there (the sum
 // stays finite). A sum above the largest element is an overflow (saturated).
 // The sign goes back on last (-0 for negative values that round to zero).
-// |y|'s pattern clamped to 2^(emax + 1), where every element saturates.
+// |y|'s pattern, clamped to 2^(emax + 1) where every element saturates (the
+// sum stays finite) when `capped`: NVFP4's clamped block scales and a tile's
+// underflowed scale can take |y| there; the MX rules keep |y| below 2^(emax + 1).
 template <class D>
-HWY_INLINE hn::Vec<D> CappedMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y) {
-  return hn::Min(hn::And(y, hn::Set(d, 0x7FFFFFFFu)), hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23));
+HWY_INLINE hn::Vec<D> BlockMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, bool capped) {
+  const auto a = hn::And(y, hn::Set(d, 0x7FFFFFFFu));
+  return capped ? hn::Min(a, hn::Set(d, ((k.format.largest_finite >> 23) + 1) << 23)) : a;
 }
 
 // The rounded magnitude r saturated to the largest element (counting the
-// overflows), with y's sign back on.
+// overflows) into `element_magnitude`; returns it with y's sign back on.
 template <class D, class VF>
-HWY_INLINE hn::Vec<D> SaturateWithSign(D d, const Kernel<std::uint32_t>& k, VF r, hn::Vec<D> y, Counters<D>& c) {
+HWY_INLINE hn::Vec<D> SaturateWithSign(D d, const Kernel<std::uint32_t>& k, VF r, hn::Vec<D> y, Tally<D>& saturated,
+                                       VF& element_magnitude) {
   const hn::RebindToFloat<D> df;
   const auto largest = hn::BitCast(df, hn::Set(d, k.format.largest_finite));
-  c.overflow_tally += hn::CountTrue(df, hn::Gt(r, largest));
-  return hn::Or(hn::BitCast(d, hn::Min(r, largest)), hn::And(y, hn::Set(d, 0x80000000u)));
+  saturated.add(d, hn::RebindMask(d, hn::Gt(r, largest)));
+  element_magnitude = hn::Min(r, largest);
+  return hn::Or(hn::BitCast(d, element_magnitude), hn::And(y, hn::Set(d, 0x80000000u)));
 }
 
-template <class D>
-HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, Counters<D>& c) {
+// M's pattern from |y|'s: |y|'s exponent field (at least emin's), plus 23 -
+// mantissa bits in the exponent.
+template <class D, class VF>
+HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, bool capped,
+                                           Tally<D>& saturated, VF& element_magnitude) {
   const hn::RebindToFloat<D> df;
-  const auto a = hn::BitCast(df, CappedMagnitude(d, k, y));
-  const auto binade = hn::Max(hn::ShiftRight<23>(hn::BitCast(d, a)), hn::Set(d, k.format.min_normal_exponent));
-  const auto magic = hn::BitCast(df, hn::ShiftLeft<23>(hn::Add(binade, hn::Set(d, 23u - k.format.mantissa_bits))));
-  return SaturateWithSign(d, k, hn::Sub(hn::Add(a, magic), magic), y, c);
+  const auto a = BlockMagnitude(d, k, y, capped);
+  const auto binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.format.min_normal_exponent << 23));
+  const auto magic = hn::BitCast(df, hn::Add(binade, hn::Set(d, (23u - k.format.mantissa_bits) << 23)));
+  const auto fa = hn::BitCast(df, a);
+  return SaturateWithSign(d, k, hn::Sub(hn::Add(fa, magic), magic), y, saturated, element_magnitude);
 }
 
 // Block elements rounded stochastically, saturating (the same formats): the
@@ -564,13 +601,13 @@ HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, 
 // bits, more below the element's emin), the kept part is |y| with its low s
 // bits cleared (zero once s >= 24: |y| below one quantum), and a carry adds
 // one quantum, 2^(binade - mantissa bits), in binary32 exactly.
-template <class D>
+template <class D, class VF>
 HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, hn::Vec<D> draw,
-                                              Counters<D>& c) {
+                                              bool capped, Tally<D>& saturated, VF& element_magnitude) {
   const hn::RebindToFloat<D> df;
   const hn::RebindToSigned<D> di;
   const auto one = hn::Set(d, 1u);
-  const auto a = CappedMagnitude(d, k, y);
+  const auto a = BlockMagnitude(d, k, y, capped);
   const auto field = hn::Max(hn::ShiftRight<23>(a), one);  // binary32 subnormals: the pattern's binade 1
   const auto binade = hn::Max(field, hn::Set(d, k.format.min_normal_exponent));
   const auto shift = hn::Add(hn::Set(d, 23u - k.format.mantissa_bits), hn::Sub(binade, field));
@@ -588,7 +625,8 @@ HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& 
                                        hn::AndNot(low_mask, a));
   const auto quantum = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(binade, hn::Set(d, k.format.mantissa_bits))));
   const auto carry = hn::RebindMask(df, Carry(d, k, fraction, draw));
-  return SaturateWithSign(d, k, hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(carry, quantum)), y, c);
+  return SaturateWithSign(d, k, hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(carry, quantum)), y, saturated,
+                          element_magnitude);
 }
 
 // Whether NearestBlockElements (nearest-even) or StochasticBlockElements
@@ -599,13 +637,24 @@ inline bool DirectBlockElements(const Kernel<std::uint32_t>& k) {
          k.format.saturate && k.format.mantissa_bits <= 22 && (k.format.largest_finite >> 23) + 1 < 255 - 23;
 }
 
+// A block kernel's counts (Tally: lanes or scalars, per target). Zeros, not
+// nonzeros, are counted: on AVX2 "not equal" is an equality and a negation.
+// The nonzero count is then the lanes looked at less `zeros`.
+template <class D>
+struct BlockTallies {
+  Tally<D> zeros, lost, saturated;  // zeros: x zero or (NVFP4) not finite, padding lanes included
+  std::uint64_t lanes = 0;          // lanes looked at, padding included
+};
+
 // One vector of a block: y = x op scale, its counts, its element (`count`
-// valid lanes; the rest are padding zeros) into `element`, and the dequantized value.
+// valid lanes; the rest are padding zeros) into `element`, and the dequantized
+// value. An integer element's zero is +0 (its code holds no -0; the
+// reference's round_integer), where the pattern rounding keeps y's sign.
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
                           Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
-                          bool two_step, bool direct_elements, hn::Vec<D> draw, std::size_t count,
-                          std::uint64_t& nonzero, std::uint64_t& lost, VF& element) {
+                          bool two_step, bool direct_elements, bool integer_elements, hn::Vec<D> draw,
+                          std::size_t count, BlockTallies<D>& t, VF& element) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   VF y;
@@ -617,22 +666,27 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   }
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
   // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate).
-  const auto nonzero_x = AnyBitSet(d, hn::BitCast(d, x), magnitude);
-  const auto finite_nonzero =
-      two_step ? hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu))
-               : nonzero_x;
-  // (Padding lanes are zeros: nothing to count.) Counted by mask population counts: scalar work beside
-  // the vector units, which are the bottleneck here.
-  nonzero += hn::CountTrue(d, finite_nonzero);
+  const auto zero_x = hn::RebindMask(d, hn::Eq(x, hn::Zero(df)));
+  const auto uncounted =
+      two_step ? hn::Not(hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu)))
+               : zero_x;
+  t.zeros.add(d, uncounted);
   V r;
   if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
-    if constexpr (kMode == RoundingMode::stochastic) r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, c);
-    else r = NearestBlockElements(d, k, hn::BitCast(d, y), c);
-    lost += hn::CountTrue(d, hn::AndNot(AnyBitSet(d, r, magnitude), nonzero_x));
+    const bool capped = tile || two_step;
+    VF r_magnitude;
+    if constexpr (kMode == RoundingMode::stochastic)
+      r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, capped, t.saturated, r_magnitude);
+    else
+      r = NearestBlockElements(d, k, hn::BitCast(d, y), capped, t.saturated, r_magnitude);
+    const auto zero_r = hn::RebindMask(d, hn::Eq(r_magnitude, hn::Zero(df)));
+    t.lost.add(d, hn::AndNot(zero_x, zero_r));
+    if (integer_elements) r = hn::IfThenZeroElse(zero_r, r);
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
-    lost += hn::CountTrue(d, hn::And(finite_nonzero, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
+    t.lost.add(d, hn::AndNot(uncounted, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
     r = count == hn::Lanes(d) ? round_vector(d, hn::BitCast(d, y), draw, c)
                               : QuantizeLanes<kMode>(d, k, hn::BitCast(d, y), draw, hn::FirstN(d, count), c);
+    if (integer_elements) r = hn::IfThenZeroElse(hn::Eq(hn::And(r, magnitude), hn::Zero(d)), r);
   }
   element = hn::BitCast(df, r);
   VF v = hn::Mul(element, dequant);
@@ -758,6 +812,13 @@ HWY_INLINE std::size_t GroupParams(D d, const BlockRule& rule, hn::Vec<D> amax, 
   return clamped;
 }
 
+// Which loop quantizes a run of blocks: `general` tests the flags per vector
+// (any element rounding); the others round elements directly
+// (DirectBlockElements) with one kind of scale.
+enum class BlockLoop { general, power_of_two, nvfp4, tile };
+template <BlockLoop kLoop>
+using LoopTag = std::integral_constant<BlockLoop, kLoop>;
+
 template <RoundingMode kMode>
 void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
                         const float* in, float* out, float* elements, std::size_t n, std::size_t block,
@@ -772,9 +833,10 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   const std::size_t lanes = hn::Lanes(d);
   const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
   Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
-  std::uint64_t nonzero = 0, lost = 0;
+  BlockTallies<D> tallies{{hn::Zero(d)}, {hn::Zero(d)}, {hn::Zero(d)}, 0};
+  std::uint64_t nan_nonzero = 0;  // finite nonzero values of NaN blocks
   const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
-  const bool direct_elements = DirectBlockElements(k);
+  const bool direct_elements = DirectBlockElements(k), integer_elements = rule.integer_elements;
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
@@ -785,52 +847,79 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     else return hn::Zero(d);
   };
   // The elements of blocks [begin, end), block i with scale ps[i]; `tail_in`: the last block's last
-  // (end - begin) mod lanes values, zero-padded. Counters, kernel and rounder are copied into locals for the
-  // run: vector stores through `out` may alias any memory, which would keep them in memory, not registers.
-  const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in) {
+  // (end - begin) mod lanes values, zero-padded. Counters, kernel, rounder and the arrays' addresses are
+  // copied into locals for the run: vector stores through `out` may alias any memory, which would keep them
+  // in memory, reloaded or updated there for every vector, instead of in registers.
+  // The common loops (elements rounded directly, one kind of scale) are compiled each with its flags
+  // constant: a loop that tests them per vector keeps too many values live for AVX2's 16 registers.
+  const auto quantize_run_as = [&](auto loop, std::size_t begin, std::size_t end, const BlockParams* ps,
+                                   const float* tail_in) {
+    constexpr BlockLoop kLoop = decltype(loop)::value;
     const Kernel<U> lk = k;
     const VectorRounder<kMode, D> rounder{lk};
     Counters<D> lc = c;
-    std::uint64_t run_nonzero = 0, run_lost = 0;
+    BlockTallies<D> lt = tallies;
+    const float* const x_in = in;
+    float* const x_out = out;
+    float* const x_elements = elements;
+    const bool l_tile = kLoop == BlockLoop::general ? tile : kLoop == BlockLoop::tile;
+    const bool l_two_step = kLoop == BlockLoop::general ? two_step : kLoop == BlockLoop::nvfp4;
+    const bool l_direct = kLoop != BlockLoop::general, l_integer = integer_elements;
+    const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
     for (std::size_t first = begin, i = 0; first < end; first += block, ++i) {
       const std::size_t last = std::min(end, first + block);
       const BlockParams& p = ps[i];
       if (p.nan) {  // count before writing: `out` may be `in`
         for (std::size_t x = first; x < last; ++x)
-          run_nonzero += ((std::bit_cast<U>(in[x]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
-        if (out != nullptr) std::fill(out + first, out + last, std::numeric_limits<float>::quiet_NaN());
-        if (elements != nullptr) std::fill(elements + first, elements + last, std::numeric_limits<float>::quiet_NaN());
+          nan_nonzero += ((std::bit_cast<U>(x_in[x]) & 0x7FFFFFFFu) - 1u) < 0x7F7FFFFFu;
+        if (x_out != nullptr) std::fill(x_out + first, x_out + last, std::numeric_limits<float>::quiet_NaN());
+        if (x_elements != nullptr)
+          std::fill(x_elements + first, x_elements + last, std::numeric_limits<float>::quiet_NaN());
         total.nan += last - first;
         continue;
       }
       const VF factor = hn::Set(df, p.factor), dequant = hn::Set(df, p.dequant);
+      const bool zero_tile = p.zero_tile;
+      lt.lanes += (last - first + lanes - 1) / lanes * lanes;
       VF element;
       std::size_t j = first;
       for (; j + lanes <= last; j += lanes) {
-        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, in + j), factor, dequant, ts, tile,
-                                        p.zero_tile, two_step, direct_elements, draw_at(j), lanes, run_nonzero,
-                                        run_lost, element);
-        if (out != nullptr) hn::StoreU(v, df, out + j);
-        if (elements != nullptr) hn::StoreU(element, df, elements + j);
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j), factor, dequant, ts, l_tile,
+                                        zero_tile, l_two_step, l_direct, l_integer, draw_at(j), lanes,
+                                        lt, element);
+        if (x_out != nullptr) hn::StoreU(v, df, x_out + j);
+        if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
       }
       if (j < last) {
         HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
-        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, tile,
-                                        p.zero_tile, two_step, direct_elements, draw_at(j), last - j, run_nonzero,
-                                        run_lost, element);
-        if (out != nullptr) {
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, l_tile,
+                                        zero_tile, l_two_step, l_direct, l_integer, draw_at(j), last - j,
+                                        lt, element);
+        if (x_out != nullptr) {
           hn::Store(v, df, tail_out);
-          std::memcpy(out + j, tail_out, (last - j) * sizeof(float));
+          std::memcpy(x_out + j, tail_out, (last - j) * sizeof(float));
         }
-        if (elements != nullptr) {
+        if (x_elements != nullptr) {
           hn::Store(element, df, tail_out);
-          std::memcpy(elements + j, tail_out, (last - j) * sizeof(float));
+          std::memcpy(x_elements + j, tail_out, (last - j) * sizeof(float));
         }
       }
     }
     c = lc;
-    nonzero += run_nonzero;
-    lost += run_lost;
+    tallies = lt;
+  };
+  const BlockLoop loop = !direct_elements ? BlockLoop::general
+                         : tile           ? BlockLoop::tile
+                         : two_step       ? BlockLoop::nvfp4
+                                          : BlockLoop::power_of_two;
+  const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in) {
+    switch (loop) {
+      case BlockLoop::power_of_two:
+        return quantize_run_as(LoopTag<BlockLoop::power_of_two>{}, begin, end, ps, tail_in);
+      case BlockLoop::nvfp4: return quantize_run_as(LoopTag<BlockLoop::nvfp4>{}, begin, end, ps, tail_in);
+      case BlockLoop::tile: return quantize_run_as(LoopTag<BlockLoop::tile>{}, begin, end, ps, tail_in);
+      case BlockLoop::general: return quantize_run_as(LoopTag<BlockLoop::general>{}, begin, end, ps, tail_in);
+    }
   };
   std::size_t b = 0, begin = 0;
   // Whole groups of `lanes` blocks of whole vectors: their scales computed together on vectors (GroupAmax,
@@ -879,13 +968,13 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   hn::Store(c.flushed, d, lane_counts[0]);
   hn::Store(c.overflow, d, lane_counts[1]);
   total.flushed += c.flushed_tally;
-  total.saturated += c.overflow_tally;
+  total.saturated += c.overflow_tally + tallies.saturated.total(d);
   for (std::size_t l = 0; l < lanes; ++l) {
     total.flushed += lane_counts[0][l];
     total.saturated += lane_counts[1][l];
   }
-  total.nonzero += nonzero;
-  total.lost += lost;
+  total.nonzero += nan_nonzero + tallies.lanes - tallies.zeros.total(d);
+  total.lost += tallies.lost.total(d);
 }
 
 void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const BlockParams* given,
