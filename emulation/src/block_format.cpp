@@ -483,7 +483,7 @@ BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
                  : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
                                                                              : BlockKind::power_of_two,
                  f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),
-                 static_cast<float>(f.element.largest()), 1, 1, false, binary32_pattern_format(formats::e4m3),
+                 static_cast<float>(f.element.largest()), 1, 1, false, false, binary32_pattern_format(formats::e4m3),
                  !f.element.floating};
   if (rule.kind != BlockKind::nvfp4) return rule;
   // NVFP4's tensor scale (arXiv 2509.25149): S_enc = 2688 / amax, at most
@@ -498,6 +498,7 @@ BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
   rule.encode = encode;
   rule.tensor_scale = 1.0f / encode;
   rule.tensor_nan = m > 0x7F800000u;
+  rule.tensor_finite = m < 0x7F800000u;
   return rule;
 }
 

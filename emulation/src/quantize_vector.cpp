@@ -653,8 +653,8 @@ struct BlockTallies {
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
                           Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
-                          bool two_step, bool direct_elements, bool integer_elements, hn::Vec<D> draw,
-                          std::size_t count, BlockTallies<D>& t, VF& element) {
+                          bool two_step, bool infinities, bool direct_elements, bool integer_elements,
+                          hn::Vec<D> draw, std::size_t count, BlockTallies<D>& t, VF& element) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   VF y;
@@ -665,11 +665,11 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
     y = hn::Mul(x, factor);
   }
   const V magnitude = hn::Set(d, 0x7FFFFFFFu);
-  // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate).
+  // A block that is not NaN holds no NaN, and no infinity but under NVFP4 (whose block scales saturate):
+  // `infinities` where the tensor holds some.
   const auto zero_x = hn::RebindMask(d, hn::Eq(x, hn::Zero(df)));
   const auto uncounted =
-      two_step ? hn::Not(hn::Lt(hn::Sub(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 1u)), hn::Set(d, 0x7F7FFFFFu)))
-               : zero_x;
+      infinities ? hn::Or(zero_x, hn::Eq(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 0x7F800000u))) : zero_x;
   t.zeros.add(d, uncounted);
   V r;
   if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
@@ -814,8 +814,9 @@ HWY_INLINE std::size_t GroupParams(D d, const BlockRule& rule, hn::Vec<D> amax, 
 
 // Which loop quantizes a run of blocks: `general` tests the flags per vector
 // (any element rounding); the others round elements directly
-// (DirectBlockElements) with one kind of scale.
-enum class BlockLoop { general, power_of_two, nvfp4, tile };
+// (DirectBlockElements) with one kind of scale (NVFP4's split by whether the
+// tensor holds infinities, which are neither zero nor counted as nonzero).
+enum class BlockLoop { general, power_of_two, nvfp4, nvfp4_infinities, tile };
 template <BlockLoop kLoop>
 using LoopTag = std::integral_constant<BlockLoop, kLoop>;
 
@@ -837,6 +838,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   std::uint64_t nan_nonzero = 0;  // finite nonzero values of NaN blocks
   const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
   const bool direct_elements = DirectBlockElements(k), integer_elements = rule.integer_elements;
+  const bool infinities = two_step && !rule.tensor_finite;
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
@@ -852,8 +854,11 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   // in memory, reloaded or updated there for every vector, instead of in registers.
   // The common loops (elements rounded directly, one kind of scale) are compiled each with its flags
   // constant: a loop that tests them per vector keeps too many values live for AVX2's 16 registers.
+  // With `group_factor` and `group_dequant` instead of `ps` (direct loops): a group of `lanes` whole blocks
+  // of a power-of-two number of vectors, none NaN, in one flat loop, each vector's scale broadcast from the
+  // group's arrays (a block of NVFP4 on AVX2 is two vectors: a loop per block costs as much again).
   const auto quantize_run_as = [&](auto loop, std::size_t begin, std::size_t end, const BlockParams* ps,
-                                   const float* tail_in) {
+                                   const float* tail_in, const float* group_factor, const float* group_dequant) {
     constexpr BlockLoop kLoop = decltype(loop)::value;
     const Kernel<U> lk = k;
     const VectorRounder<kMode, D> rounder{lk};
@@ -863,9 +868,30 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     float* const x_out = out;
     float* const x_elements = elements;
     const bool l_tile = kLoop == BlockLoop::general ? tile : kLoop == BlockLoop::tile;
-    const bool l_two_step = kLoop == BlockLoop::general ? two_step : kLoop == BlockLoop::nvfp4;
+    const bool l_two_step = kLoop == BlockLoop::general
+                                ? two_step
+                                : kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities;
+    const bool l_infinities = kLoop == BlockLoop::general ? infinities : kLoop == BlockLoop::nvfp4_infinities;
     const bool l_direct = kLoop != BlockLoop::general, l_integer = integer_elements;
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
+    if constexpr (kLoop != BlockLoop::general && kLoop != BlockLoop::tile) {
+      if (group_factor != nullptr) {
+        const int shift = std::countr_zero(block / lanes);
+        for (std::size_t v = 0, j = begin; v < block; ++v, j += lanes) {
+          VF element;
+          const VF value = BlockVector<kMode>(
+              d, lk, rounder, lc, hn::LoadU(df, x_in + j), hn::Set(df, group_factor[v >> shift]),
+              hn::Set(df, group_dequant[v >> shift]), ts, false, false, l_two_step, l_infinities, true, l_integer,
+              draw_at(j), lanes, lt, element);
+          if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
+          if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
+        }
+        lt.lanes += block * lanes;
+        c = lc;
+        tallies = lt;
+        return;
+      }
+    }
     for (std::size_t first = begin, i = 0; first < end; first += block, ++i) {
       const std::size_t last = std::min(end, first + block);
       const BlockParams& p = ps[i];
@@ -885,7 +911,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       std::size_t j = first;
       for (; j + lanes <= last; j += lanes) {
         const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j), factor, dequant, ts, l_tile,
-                                        zero_tile, l_two_step, l_direct, l_integer, draw_at(j), lanes,
+                                        zero_tile, l_two_step, l_infinities, l_direct, l_integer, draw_at(j), lanes,
                                         lt, element);
         if (x_out != nullptr) hn::StoreU(v, df, x_out + j);
         if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
@@ -893,7 +919,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       if (j < last) {
         HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
         const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, l_tile,
-                                        zero_tile, l_two_step, l_direct, l_integer, draw_at(j), last - j,
+                                        zero_tile, l_two_step, l_infinities, l_direct, l_integer, draw_at(j), last - j,
                                         lt, element);
         if (x_out != nullptr) {
           hn::Store(v, df, tail_out);
@@ -910,15 +936,23 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   };
   const BlockLoop loop = !direct_elements ? BlockLoop::general
                          : tile           ? BlockLoop::tile
+                         : infinities     ? BlockLoop::nvfp4_infinities
                          : two_step       ? BlockLoop::nvfp4
                                           : BlockLoop::power_of_two;
-  const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in) {
+  const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in,
+                                const float* group_factor = nullptr, const float* group_dequant = nullptr) {
     switch (loop) {
       case BlockLoop::power_of_two:
-        return quantize_run_as(LoopTag<BlockLoop::power_of_two>{}, begin, end, ps, tail_in);
-      case BlockLoop::nvfp4: return quantize_run_as(LoopTag<BlockLoop::nvfp4>{}, begin, end, ps, tail_in);
-      case BlockLoop::tile: return quantize_run_as(LoopTag<BlockLoop::tile>{}, begin, end, ps, tail_in);
-      case BlockLoop::general: return quantize_run_as(LoopTag<BlockLoop::general>{}, begin, end, ps, tail_in);
+        return quantize_run_as(LoopTag<BlockLoop::power_of_two>{}, begin, end, ps, tail_in, group_factor,
+                               group_dequant);
+      case BlockLoop::nvfp4:
+        return quantize_run_as(LoopTag<BlockLoop::nvfp4>{}, begin, end, ps, tail_in, group_factor, group_dequant);
+      case BlockLoop::nvfp4_infinities:
+        return quantize_run_as(LoopTag<BlockLoop::nvfp4_infinities>{}, begin, end, ps, tail_in, group_factor,
+                               group_dequant);
+      case BlockLoop::tile: return quantize_run_as(LoopTag<BlockLoop::tile>{}, begin, end, ps, tail_in, nullptr, nullptr);
+      case BlockLoop::general:
+        return quantize_run_as(LoopTag<BlockLoop::general>{}, begin, end, ps, tail_in, nullptr, nullptr);
     }
   };
   std::size_t b = 0, begin = 0;
@@ -931,8 +965,13 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     HWY_ALIGN float factor[kMaxLanes], dequant[kMaxLanes];
     HWY_ALIGN U nan[kMaxLanes];
     BlockParams ps[kMaxLanes];
+    const bool flat = direct_elements && std::has_single_bit(block / lanes);
     for (; begin + lanes * block <= n; begin += lanes * block, b += lanes) {
       total.clamped += GroupParams(d, rule, GroupAmax(d, in + begin, block), factor, dequant, codes + b, nan);
+      if (flat && hn::AllTrue(d, hn::Eq(hn::Load(d, nan), hn::Zero(d)))) {
+        quantize_run(begin, begin + lanes * block, nullptr, nullptr, factor, dequant);
+        continue;
+      }
       for (std::size_t l = 0; l < lanes; ++l) {
         ps[l].nan = nan[l] != 0;
         ps[l].factor = factor[l];

@@ -34,6 +34,7 @@ struct BlockRule {
   float encode = 1;                // nvfp4: S_enc
   float tensor_scale = 1;          // nvfp4: 1 / S_enc
   bool tensor_nan = false;         // nvfp4: a NaN anywhere
+  bool tensor_finite = false;      // nvfp4: no infinity and no NaN anywhere
   PatternFormat<std::uint32_t> ue4m3{};  // nvfp4: E4M3 on binary32 patterns (saturating)
   bool integer_elements = false;         // a zero element is +0: an integer code holds no -0
 };
