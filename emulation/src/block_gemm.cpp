@@ -70,7 +70,7 @@ bool block_sums_fit(const Matrix& ea, const Matrix& eb, int k0, int width) {
   return (top_a + top_b) - (lsb_a + lsb_b) + static_cast<int>(std::ceil(std::log2(width))) <= 53;
 }
 
-// acc = RN32(acc + sum_k a_k b_k 2^(e_a + e_b)) for block kb, exactly, when the// acc = RN32(acc + sum_k a_k b_k 2^(e_a + e_b)) for block kb, exactly, when the
+// acc = RN32(acc + sum_k a_k b_k 2^(e_a + e_b)) for block kb, exactly, when the
 // block sum is wider than binary64 (MXFP8 E5M2): every element is an integer
 // times 2^(its format's smallest exponent), every product an integer of at most
 // 64 bits, added with the scale exponents to a 640-bit fixed-point sum.

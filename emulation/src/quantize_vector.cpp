@@ -962,8 +962,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
                        !(rule.kind == BlockKind::nvfp4 && rule.tensor_nan);
   if (grouped) {
     constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(U);
-    HWY_ALIGN float factor[kMaxLanes], dequant[kMaxLanes];
-    HWY_ALIGN U nan[kMaxLanes];
+    HWY_ALIGN float factor[kMaxLanes] = {}, dequant[kMaxLanes] = {};
+    HWY_ALIGN U nan[kMaxLanes] = {};
     BlockParams ps[kMaxLanes];
     const bool flat = direct_elements && std::has_single_bit(block / lanes);
     for (; begin + lanes * block <= n; begin += lanes * block, b += lanes) {
@@ -980,11 +980,11 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       quantize_run(begin, begin + lanes * block, ps, nullptr);
     }
   }
+  HWY_ALIGN float tail_in[HWY_MAX_BYTES / sizeof(float)] = {};
   for (; begin < n; ++b, begin += block) {
     const std::size_t end = std::min(n, begin + block);
     // The block's scale: given (a row's part of a 2-D tile), or from its largest magnitude.
     std::size_t j = begin;
-    HWY_ALIGN float tail_in[HWY_MAX_BYTES / sizeof(float)];
     const std::size_t tail = (end - begin) % lanes;
     if (tail != 0) {  // the tail through a zero-padded buffer
       std::fill(tail_in, tail_in + lanes, 0.0f);
