@@ -842,12 +842,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   // Stochastic rounding: each vector's draws computed where they are used (a
   // separate pass over a buffer of draws measured slower, 2026-11-26).
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
-  const VF ts = hn::Set(df, rule.tensor_scale);
+  const float tensor_scale = rule.tensor_scale;
   const V iota = hn::Iota(d, 0);
-  const auto draw_at = [&](std::size_t at) {
-    if constexpr (stochastic) return BlockDraws(d, k.key, first_index + at, iota);
-    else return hn::Zero(d);
-  };
   // The elements of blocks [begin, end), block i with scale ps[i]; `tail_in`: the last block's last
   // (end - begin) mod lanes values, zero-padded. Counters, kernel, rounder and the arrays' addresses are
   // copied into locals for the run: vector stores through `out` may alias any memory, which would keep them
@@ -874,10 +870,19 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     const bool l_infinities = kLoop == BlockLoop::general ? infinities : kLoop == BlockLoop::nvfp4_infinities;
     const bool l_direct = kLoop != BlockLoop::general, l_integer = integer_elements;
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
+    const std::size_t l_block = block;
+    const VF ts = hn::Set(df, tensor_scale);
+    const DrawKey key = lk.key;
+    const std::uint64_t l_first_index = first_index;
+    const V l_iota = iota;
+    const auto draw_at = [=](std::size_t at) {
+      if constexpr (stochastic) return BlockDraws(d, key, l_first_index + at, l_iota);
+      else return hn::Zero(d);
+    };
     if constexpr (kLoop != BlockLoop::general && kLoop != BlockLoop::tile) {
       if (group_factor != nullptr) {
-        const int shift = std::countr_zero(block / lanes);
-        for (std::size_t v = 0, j = begin; v < block; ++v, j += lanes) {
+        const int shift = std::countr_zero(l_block / lanes);
+        for (std::size_t v = 0, j = begin; v < l_block; ++v, j += lanes) {
           VF element;
           const VF value = BlockVector<kMode>(
               d, lk, rounder, lc, hn::LoadU(df, x_in + j), hn::Set(df, group_factor[v >> shift]),
@@ -886,14 +891,14 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
           if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
           if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
         }
-        lt.lanes += block * lanes;
+        lt.lanes += l_block * lanes;
         c = lc;
         tallies = lt;
         return;
       }
     }
-    for (std::size_t first = begin, i = 0; first < end; first += block, ++i) {
-      const std::size_t last = std::min(end, first + block);
+    for (std::size_t first = begin, i = 0; first < end; first += l_block, ++i) {
+      const std::size_t last = std::min(end, first + l_block);
       const BlockParams& p = ps[i];
       if (p.nan) {  // count before writing: `out` may be `in`
         for (std::size_t x = first; x < last; ++x)
