@@ -96,7 +96,11 @@ void accumulate_wide(const Matrix& ea, const Matrix& eb, const Matrix& sa, const
         s = std::numeric_limits<float>::quiet_NaN();
         continue;
       }
-      if (!nonzero || std::isinf(s)) continue;  // a zero partial leaves acc; inf stays
+      if (!nonzero) {  // a zero partial adds +0 (-0 becomes +0), as the binary64 path's partial + 0.0
+        s += 0.0f;
+        continue;
+      }
+      if (std::isinf(s)) continue;  // inf stays
       if (s != 0) {
         int e = 0;
         const double mantissa = std::frexp(static_cast<double>(s), &e);  // s = mantissa 2^e, |mantissa| in [0.5, 1)
@@ -208,6 +212,11 @@ bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int
   // The products lie on the grid 2^(e_a + e_b) below 2^(emax_a + emax_b + 2), and `block` of them add at most
   // log2(block) bits.
   return integer_span(a.element) + integer_span(b.element) + carry_bits(block) <= 53;
+}
+
+bool block_partials_fit_int128(const BlockFormat& a, const BlockFormat& b, int block) {
+  const int span = integer_span(a.element) + integer_span(b.element);
+  return span <= 64 && span + carry_bits(block) <= 127;
 }
 
 namespace {

@@ -143,16 +143,22 @@ BlockSummary run_on_device(const BlockFormat& format_in, std::span<const float> 
   return summary;
 }
 
-__global__ void block_gemm_kernel(const float* a, const double* a_scales, int a_block_rows, const float* b,
-                                  const double* b_scales, int b_block_rows, float* c, int m, int n, int k, int block,
-                                  int grid_cols, float alpha) {
+// `exact`: blocks whose sums can exceed binary64 (MXFP8 E5M2) through
+// block_scaled_dot_exact's 128-bit integer sums, with min_a and min_b the
+// formats' smallest exponents; otherwise block_scaled_dot's binary64 sums.
+__global__ void block_gemm_kernel(const float* a, const double* a_scales, int a_block_rows, int min_a, const float* b,
+                                  const double* b_scales, int b_block_rows, int min_b, float* c, int m, int n, int k,
+                                  int block, int grid_cols, bool exact, float alpha) {
   const std::int64_t total = static_cast<std::int64_t>(m) * n;
   for (std::int64_t idx = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const int i = static_cast<int>(idx / n), j = static_cast<int>(idx % n);
-    float d = block_scaled_dot(a + static_cast<std::int64_t>(i) * k, a_scales + static_cast<std::int64_t>(i / a_block_rows) * grid_cols,
-                               b + static_cast<std::int64_t>(j) * k, b_scales + static_cast<std::int64_t>(j / b_block_rows) * grid_cols,
-                               k, block);
+    const float* a_row = a + static_cast<std::int64_t>(i) * k;
+    const float* b_row = b + static_cast<std::int64_t>(j) * k;
+    const double* sa = a_scales + static_cast<std::int64_t>(i / a_block_rows) * grid_cols;
+    const double* sb = b_scales + static_cast<std::int64_t>(j / b_block_rows) * grid_cols;
+    float d = exact ? block_scaled_dot_exact(a_row, sa, min_a, b_row, sb, min_b, k, block)
+                    : block_scaled_dot(a_row, sa, b_row, sb, k, block);
     if (alpha != 1.0f) d = d * alpha;
     c[idx] = d;
   }
@@ -195,9 +201,14 @@ std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat
     return {};
   }
   if (a.block_cols != b.block_cols) return "the operands' blocks along k differ";
-  if (!block_partials_fit_binary64(a, b, a.block_cols))
-    return "block sums of " + a.element.name() + " and " + b.element.name() +
-           " can exceed binary64, which the device GEMM sums them in";
+  if (!block_partials_fit_binary64(a, b, a.block_cols)) {
+    // Summed as 128-bit integers (block_scaled_dot_exact), as block_gemm's wide path: power-of-two scales only.
+    if (a.scale != ScaleFormat::e8m0 || b.scale != ScaleFormat::e8m0)
+      return "block sums of " + a.element.name() + " and " + b.element.name() +
+             " exceed binary64; their exact sums take E8M0 (power-of-two) scales only, as block_gemm's";
+    if (!block_partials_fit_int128(a, b, a.block_cols))
+      return "block sums of " + a.element.name() + " and " + b.element.name() + " can exceed the device's 128-bit sum";
+  }
   return {};
 }
 
@@ -244,8 +255,10 @@ void block_gemm_on_device(const BlockFormat& fa_in, const BlockOperand& a, const
                                                    d_sb.p, fb.block_rows, smallest_exponent(fb.element), d_c.p, m, n, k,
                                                    alpha);
     else
-      block_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, d_b.p, d_sb.p, fb.block_rows, d_c.p, m, n,
-                                              k, fa.block_cols, grid_cols, alpha);
+      block_gemm_kernel<<<blocks, kThreads>>>(d_a.p, d_sa.p, fa.block_rows, smallest_exponent(fa.element), d_b.p,
+                                              d_sb.p, fb.block_rows, smallest_exponent(fb.element), d_c.p, m, n, k,
+                                              fa.block_cols, grid_cols,
+                                              !block_partials_fit_binary64(fa, fb, fa.block_cols), alpha);
     MPSIM_CUDA_CHECK(cudaGetLastError());
   }
   MPSIM_CUDA_CHECK(cudaMemcpy(c, d_c.p, outputs * sizeof(float), cudaMemcpyDeviceToHost));

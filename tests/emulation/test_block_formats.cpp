@@ -1245,6 +1245,177 @@ TEST_CASE("block_scaled_dot (the host/device routine of the CUDA block GEMM) giv
         1.0f + 0x1p-23f);
 }
 
+// v rounded to binary32, nearest even, from the exact rational: the quantum
+// 2^q at v's binade (2^-149 below the normal range), the remainder against one
+// half; an overflow is infinity, zero is +0.
+float nearest_binary32(const Q& v) {
+  if (v == 0) return 0.0f;
+  const bool negative = v < 0;
+  const Q a = negative ? Q(-v) : v;
+  const Z num = boost::multiprecision::numerator(a), den = boost::multiprecision::denominator(a);
+  int e = static_cast<int>(boost::multiprecision::msb(num)) - static_cast<int>(boost::multiprecision::msb(den));
+  if (pow2(e) > a) --e;  // now 2^e <= a < 2^(e + 1)
+  const int q = std::max(e - 23, -149);
+  const Q n = a / pow2(q);
+  Z t = boost::multiprecision::numerator(n) / boost::multiprecision::denominator(n);
+  const Q rest = n - Q(t);
+  if (rest > Q(1, 2) || (rest == Q(1, 2) && (t & 1) != 0)) ++t;
+  float r = Q(t) * pow2(q) >= pow2(128) ? std::numeric_limits<float>::infinity()
+                                         : std::ldexp(static_cast<float>(static_cast<std::int64_t>(t)), q);
+  return negative ? -r : r;
+}
+
+TEST_CASE("add_exactly_to_binary32 (acc + a 128-bit partial, one rounding) against exact rationals",
+          "[block][gemm][device]") {
+  std::mt19937_64 rng(20261128);
+  const auto pick_acc = [&]() -> float {
+    switch (rng() % 6) {
+      case 0: return 0.0f;
+      case 1: return std::bit_cast<float>(static_cast<std::uint32_t>(rng() % 0x800000u));  // subnormal
+      case 2: return std::bit_cast<float>(static_cast<std::uint32_t>(0x7F000000u + rng() % 0x7FFFFFu));  // near FLT_MAX
+      default: return std::ldexp(std::uniform_real_distribution<float>(0.5f, 1.0f)(rng), static_cast<int>(rng() % 160) - 80);
+    }
+  };
+  std::size_t checked = 0, bad = 0, cancelled = 0, subnormal = 0, overflow = 0;
+  for (int c = 0; c < 20000; ++c) {
+    float acc = pick_acc();
+    if (rng() & 1) acc = -acc;
+    // P: 1 to 128 bits, mostly dense, sometimes a single bit or a run of ones.
+    const int bits = 1 + static_cast<int>(rng() % 128);
+    std::uint64_t hi = bits > 64 ? rng() : 0, lo = rng();
+    if (bits > 64) hi &= bits == 128 ? ~0ull : (1ull << (bits - 64)) - 1;
+    else lo &= bits == 64 ? ~0ull : (1ull << bits) - 1;
+    if (rng() % 8 == 0) (bits > 64 ? hi : lo) |= 1ull << ((bits - 1) % 64);
+    if (hi == 0 && lo == 0) lo = 1;
+    const int hi_bit = hi != 0 ? 64 + std::bit_width(hi) : std::bit_width(lo);
+    bool negative = (rng() & 1) != 0;
+    int e = 0;
+    if (acc != 0 && rng() % 3 == 0) {
+      // Near cancellation: P 2^e close to -acc (acc's significand shifted up, plus a small change).
+      int acc_e = 0;
+      const float m = std::frexp(std::fabs(acc), &acc_e);
+      const int shift = static_cast<int>(rng() % 100);
+      const auto significand = static_cast<std::uint64_t>(std::ldexp(m, 24));
+      hi = shift >= 64 ? significand << (shift - 64) : (shift > 40 ? significand >> (64 - shift) : 0);
+      lo = shift >= 64 ? 0 : significand << shift;
+      const std::uint64_t delta = rng() % 5;
+      if (rng() & 1) {
+        hi += lo + delta < lo ? 1 : 0;
+        lo += delta;
+      } else if (lo >= delta || hi != 0) {
+        hi -= lo < delta ? 1 : 0;
+        lo -= delta;
+      }
+      if (hi == 0 && lo == 0) lo = 1;
+      e = acc_e - 24 - shift;
+      negative = !(acc < 0);
+    } else {
+      e = static_cast<int>(rng() % 360) - 200 - hi_bit / 2;
+    }
+    const float got = add_exactly_to_binary32(acc, negative, hi, lo, e);
+    Q p = Q(Z(hi)) * pow2(64) + Q(Z(lo));
+    const Q sum = exact(acc) + (negative ? Q(-p) : p) * pow2(e);
+    const float want = nearest_binary32(sum);
+    ++checked;
+    cancelled += sum != 0 && std::fabs(want) < std::fabs(acc) / 1024;
+    subnormal += want != 0 && std::fabs(want) < FLT_MIN;
+    overflow += std::isinf(want);
+    if (std::bit_cast<std::uint32_t>(got) != std::bit_cast<std::uint32_t>(want) && bad++ < 5)
+      FAIL_CHECK("acc " << acc << " + " << (negative ? "-" : "") << "(" << hi << " 2^64 + " << lo << ") 2^" << e
+                        << ": got " << got << ", exact rounding " << want);
+  }
+  CHECK(bad == 0);
+  // The test reaches the cases that matter: cancellation, subnormal results and overflow.
+  CHECK(cancelled > 100);
+  CHECK(subnormal > 100);
+  CHECK(overflow > 10);
+  UNSCOPED_INFO(checked << " sums; " << cancelled << " cancelling, " << subnormal << " subnormal, " << overflow
+                        << " overflowing");
+  // By hand: 1 + 2^-24 + 2^-80 is above the tie, up to 1 + 2^-23; 1 + 2^-24 is the tie, to even; 1 - 1 is +0;
+  // 2^-150 is half the smallest subnormal, to even (0); FLT_MAX + half its ulp is the tie, to even (infinity).
+  CHECK(add_exactly_to_binary32(1.0f, false, 0, (1ull << 56) + 1, -80) == 1.0f + 0x1p-23f);
+  CHECK(add_exactly_to_binary32(1.0f, false, 0, 1ull << 56, -80) == 1.0f);
+  CHECK(add_exactly_to_binary32(1.0f, true, 0, 1, 0) == 0.0f);
+  CHECK(!std::signbit(add_exactly_to_binary32(-1.0f, false, 0, 1, 0)));
+  CHECK(add_exactly_to_binary32(0.0f, false, 0, 1, -149) == std::bit_cast<float>(1u));
+  CHECK(add_exactly_to_binary32(0.0f, false, 0, 1, -150) == 0.0f);
+  CHECK(std::isinf(add_exactly_to_binary32(FLT_MAX, false, 0, 1, 103)));
+}
+
+TEST_CASE("block_scaled_dot_exact (the CUDA block GEMM's routine for MXFP8 E5M2) gives block_gemm's bits",
+          "[block][gemm][device]") {
+  std::mt19937_64 rng(20261129);
+  const std::pair<const char*, const char*> pairs[] = {
+      {"mxfp8-e5m2", "mxfp8-e5m2"}, {"mxfp8-e5m2", "mxfp8-e4m3"}, {"mxfp8-e4m3", "mxfp8-e4m3"}, {"mxfp4", "mxfp6-e3m2"}};
+  std::size_t wide_pairs = 0;
+  for (const auto& [a_name, b_name] : pairs) {
+    const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+    const int m = 6, n = 29, k = 4 * fa.block_cols + 5;  // a partial last block
+    for (int trial = 0; trial < 3; ++trial) {
+      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+      // Elements spread over many binades inside a block, so that E5M2's block sums span more than 53 bits.
+      for (float& v : x) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 30) - 15);
+      for (float& v : y) v = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), static_cast<int>(rng() % 30) - 15);
+      if (trial == 1) {
+        x[static_cast<std::size_t>(k) + 3] = NAN;                     // a NaN block in row 1
+        std::fill(y.begin(), y.begin() + fb.block_cols, 0.0f);       // an all-zero block in row 0 of B
+        for (int t = 0; t < k; ++t) x[static_cast<std::size_t>(2 * k) + t] = std::ldexp(x[t], 100);  // scales 2^100
+        // C(3, 1): every block's products cancel exactly (a nonzero block whose sum is 0).
+        const int half = fa.block_cols / 2;
+        for (int k0 = 0; k0 + fa.block_cols <= k; k0 += fa.block_cols)
+          for (int t = 0; t < half; ++t) {
+            x[static_cast<std::size_t>(3 * k + k0 + half + t)] = x[static_cast<std::size_t>(3 * k + k0 + t)];
+            y[static_cast<std::size_t>(k + k0 + half + t)] = -y[static_cast<std::size_t>(k + k0 + t)];
+          }
+      }
+      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+      std::vector<float> want(static_cast<std::size_t>(m) * n);
+      block_gemm({}, fa, a, fb, bt, want.data(), m, n, k);
+      const int grid_cols = (k + fa.block_cols - 1) / fa.block_cols;
+      std::size_t bad = 0;
+      for (int i = 0; i < m; ++i)
+        for (int j = 0; j < n; ++j) {
+          const float got = block_scaled_dot_exact(
+              a.elements.data() + static_cast<std::size_t>(i) * k, a.scales.data() + static_cast<std::size_t>(i) * grid_cols,
+              smallest_exponent(fa.element), bt.elements.data() + static_cast<std::size_t>(j) * k,
+              bt.scales.data() + static_cast<std::size_t>(j) * grid_cols, smallest_exponent(fb.element), k, fa.block_cols);
+          const float expected = want[static_cast<std::size_t>(i) * n + j];
+          if (!same(static_cast<double>(got), static_cast<double>(expected)) && bad++ < 3)
+            FAIL_CHECK(a_name << " x " << b_name << " C(" << i << ", " << j << "): exact dot " << got << ", block_gemm "
+                              << expected);
+        }
+      CHECK(bad == 0);
+    }
+    wide_pairs += !block_partials_fit_binary64(fa, fb, fa.block_cols);
+    CHECK(block_partials_fit_int128(fa, fb, fa.block_cols));
+  }
+  CHECK(wide_pairs >= 1);  // E5M2 x E5M2 takes block_gemm's 640-bit sums, which this routine must match
+
+  // A zero block adds +0 on both of block_gemm's paths: C(0, 0)'s first block underflows to -0 (a product of
+  // -2^-286), its second block is zero while row 1's second block spans 64 bits (57344^2 and 2^-32), which sends
+  // that block column through the 640-bit path; there -0 + 0 is +0 as in binary64.
+  const BlockFormat f = *parse_block_format("mxfp8-e5m2");
+  BlockOperand a, bt;
+  a.elements.assign(128, 0.0f);
+  bt.elements.assign(64, 0.0f);
+  a.elements[0] = -0x1p-16f;
+  bt.elements[0] = 0x1p-16f;
+  a.elements[64 + 32] = bt.elements[32] = 57344.0f;
+  a.elements[64 + 33] = bt.elements[33] = 0x1p-16f;
+  a.scales = {0x1p-127, 1.0, 1.0, 1.0};
+  a.scale_codes = {0, 127, 127, 127};
+  bt.scales = {0x1p-127, 1.0};
+  bt.scale_codes = {0, 127};
+  std::vector<float> c(2);
+  block_gemm({}, f, a, f, bt, c.data(), 2, 1, 64);
+  CHECK(std::bit_cast<std::uint32_t>(c[0]) == 0u);
+  CHECK(std::bit_cast<std::uint32_t>(block_scaled_dot_exact(a.elements.data(), a.scales.data(), -16, bt.elements.data(),
+                                                            bt.scales.data(), -16, 64, 32)) == 0u);
+  CHECK(c[1] == block_scaled_dot_exact(a.elements.data() + 64, a.scales.data() + 2, -16, bt.elements.data(),
+                                       bt.scales.data(), -16, 64, 32));
+  CHECK(c[1] == 57344.0f * 57344.0f);  // 3288334336 + 2^-32 rounds to 57344^2 (exact in binary32)
+}
+
 TEST_CASE("per_tensor_exact_dot (the CUDA per-tensor FP8 GEMM's routine) gives block_gemm's bits, E5M2 included",
           "[block][gemm][device]") {
   // Against the exact rational reference of the per-tensor product (the sum rounded once to binary32, times

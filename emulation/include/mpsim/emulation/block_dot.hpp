@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "mpsim/emulation/exact_add.hpp"
 #include "mpsim/emulation/host_device.hpp"
 #include "mpsim/emulation/round_to_odd.hpp"
 
@@ -104,6 +105,58 @@ MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, c
   const int e = shift + min_a + min_b;
   const float value = static_cast<float>(significand) * std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
   return negative ? -value : value;
+}
+
+// block_scaled_dot where a block's sum can exceed binary64 (MXFP8 E5M2,
+// block_partials_fit_int128 in block_gemm.hpp): each block's products summed
+// exactly as 128-bit integers (as per_tensor_exact_dot), times both blocks'
+// power-of-two (E8M0) scales, added to the binary32 accumulator with one
+// rounding (add_exactly_to_binary32). block_gemm gives the same bits whichever
+// of its two sums it takes for a block: its binary64 one where the block's
+// actual values fit (exact, then rounded once through rounding to odd) and its
+// 640-bit one where not. A block without a nonzero product adds +0 (so -0
+// becomes +0, as block_scaled_dot's partial + 0.0 does); a NaN element or
+// scale makes the output NaN; an infinite accumulator stays.
+MPSIM_HOST_DEVICE inline float block_scaled_dot_exact(const float* a, const double* a_scales, int min_a, const float* b,
+                                                      const double* b_scales, int min_b, int k, int block) {
+  const auto exponent_of = [](double power_of_two) {  // a normal binary64 power of two
+    return static_cast<int>((std::bit_cast<std::uint64_t>(power_of_two) >> 52) & 0x7FF) - 1023;
+  };
+  float acc = 0.0f;
+  for (int k0 = 0, kb = 0; k0 < k; k0 += block, ++kb) {
+    const double sa = a_scales[kb], sb = b_scales[kb];
+    if (sa != sa || sb != sb) return std::numeric_limits<float>::quiet_NaN();
+    const int end = k0 + block < k ? k0 + block : k;
+    std::uint64_t hi = 0, lo = 0;  // the block's sum, two's complement
+    bool nonzero = false;
+    for (int t = k0; t < end; ++t) {
+      const float x = a[t], y = b[t];
+      if (x != x || y != y) return std::numeric_limits<float>::quiet_NaN();
+      if (x == 0.0f || y == 0.0f) continue;
+      nonzero = true;
+      const std::uint64_t p = integer_of(x, min_a) * integer_of(y, min_b);
+      if ((x < 0.0f) == (y < 0.0f)) {
+        const std::uint64_t sum = lo + p;
+        hi += sum < p ? 1u : 0u;
+        lo = sum;
+      } else {
+        hi -= lo < p ? 1u : 0u;
+        lo -= p;
+      }
+    }
+    if (!nonzero || (hi == 0 && lo == 0)) {  // acc + 0 exactly (-0 + +0 is +0)
+      acc = acc + 0.0f;
+      continue;
+    }
+    if ((std::bit_cast<std::uint32_t>(acc) & 0x7FFFFFFFu) == 0x7F800000u) continue;  // infinite: stays
+    const bool negative = (hi >> 63) != 0;
+    if (negative) {
+      lo = ~lo + 1;
+      hi = ~hi + (lo == 0 ? 1u : 0u);
+    }
+    acc = add_exactly_to_binary32(acc, negative, hi, lo, min_a + min_b + exponent_of(sa) + exponent_of(sb));
+  }
+  return acc;
 }
 
 }  // namespace mpsim

@@ -50,6 +50,10 @@ int smallest_exponent(const ElementFormat& e);
 // Whether the exact sum of `block` element products of these formats always
 // fits binary64 (every preset pair but MXFP8 E5M2 x E5M2; block_dot.hpp).
 bool block_partials_fit_binary64(const BlockFormat& a, const BlockFormat& b, int block);
+// Whether block_scaled_dot_exact (block_dot.hpp) sums `block` products of
+// these formats exactly: each product of the elements' integers within 64
+// bits, their sum within 128 (every preset pair, MXFP8 E5M2 included).
+bool block_partials_fit_int128(const BlockFormat& a, const BlockFormat& b, int block);
 // Whether per_tensor_exact_dot (block_dot.hpp) sums k products of these
 // element formats exactly and returns a normal binary32: each product of the
 // elements' integers within 64 bits, their sum within 128; every FP8, FP6 and

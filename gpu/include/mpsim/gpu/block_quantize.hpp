@@ -44,10 +44,11 @@ void block_gemm_on_device(const BlockFormat& a_format, const BlockOperand& a, co
 // operands in formats a and b with k products per output (0: any k); empty
 // when it can. Refused: binary32 scales on blocks shorter
 // than k (DeepSeek-V3's tiles, which take a tensor-core promotion model); and
-// E8M0/UE4M3 blocks of different lengths along k or whose sums can exceed
-// binary64 (block_partials_fit_binary64: MXFP8 E5M2). Binary32 scales per
-// tensor (one block spans k) are summed exactly in 128-bit fixed point
-// (per_tensor_exact_dot), E5M2 included.
+// E8M0/UE4M3 blocks of different lengths along k. Block sums that can exceed
+// binary64 (MXFP8 E5M2) are summed as 128-bit integers and added to the
+// accumulator with one rounding (block_scaled_dot_exact), with E8M0 scales
+// (block_gemm refuses other scales there too); binary32 scales per tensor (one
+// block spans k) in 128-bit fixed point (per_tensor_exact_dot), E5M2 included.
 std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat& b, int k = 0);
 
 // block_gemm(model, ...) for DeepSeek-V3's recipe on an H100 or H200: FP8
