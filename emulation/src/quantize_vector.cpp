@@ -46,14 +46,6 @@ struct Layout {
   static constexpr U kHidden = U{1} << kMantissa;
 };
 
-template <class D>
-struct Counters {
-  hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
-  // The short paths count with the mask's population count instead: scalar
-  // work that runs beside the vector units.
-  std::uint64_t inexact_tally = 0, flushed_tally = 0, subnormal_tally = 0, overflow_tally = 0;
-};
-
 // Lanes where v & bits is not zero. Not Highway's TestBit: with several bits
 // it means "any bit set" on AVX-512 but "all bits set" on AVX2, SSE4 and the
 // scalar target (Highway 1.0.3), which made every block's nonzero count 0 on
@@ -94,6 +86,20 @@ struct Tally {
     std::uint64_t sum = scalar;
     for (std::size_t l = 0; l < hn::Lanes(d); ++l) sum += counts[l];
     return sum;
+  }
+};
+
+// The general lane code counts in vectors; the short paths in Tallies (a
+// population count on AVX-512, vector lanes elsewhere). Start every member
+// at zero: Counters<D>::zero(d).
+template <class D>
+struct Counters {
+  hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
+  Tally<D> inexact_tally, flushed_tally, subnormal_tally, overflow_tally;
+
+  static Counters zero(D d) {
+    const hn::Vec<D> z = hn::Zero(d);
+    return {z, z, z, z, z, {z}, {z}, {z}, {z}};
   }
 };
 
@@ -265,9 +271,9 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
 
 template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw,
-                                            std::uint64_t& inexact) {
+                                            Tally<D>& inexact) {
   const hn::Vec<D> r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
-  inexact += hn::CountTrue(d, hn::Ne(r, x));
+  inexact.add(d, hn::Ne(r, x));
   return r;
 }
 
@@ -391,9 +397,9 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   // (The magnitude itself is used below; see AnyBitSet for why not TestBit.)
   const V magnitude = hn::And(r, hn::Set(d, L::kMagnitude));
   const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
-  c.inexact_tally += hn::CountTrue(d, hn::Ne(r, x));
-  c.flushed_tally += hn::CountTrue(d, hn::Not(hn::Or(zero, nonzero_result)));
-  c.subnormal_tally += hn::CountTrue(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal))));
+  c.inexact_tally.add(d, hn::Ne(r, x));
+  c.flushed_tally.add(d, hn::Not(hn::Or(zero, nonzero_result)));
+  c.subnormal_tally.add(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal))));
   return r;
 }
 
@@ -472,7 +478,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
                                                                                 std::uint64_t{1} << 28}));
     const auto high_term = hn::Set(d32, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
-    Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+    Counters<D> c = Counters<D>::zero(d);
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
@@ -488,12 +494,23 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
       low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
     };
     // Whole vectors, each written by `store` (one loop per kind of store: no branch per vector).
+    // Counters, addresses and the position as locals of the loop: the stores through `out` may alias
+    // anything captured by reference, which would keep them in memory (a read-modify-write per vector).
     auto whole_vectors = [&](auto store) {
-      for (; j + lanes <= block; j += lanes, low_words = hn::Add(low_words, step)) {
-        const V x = hn::BitCast(d, hn::LoadU(df, in + i + j));
-        const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
-        store(hn::BitCast(df, round_vector(d, x, draw, c)), out + i + j);
+      Counters<D> lc = c;
+      auto words = low_words;
+      const T* const src = in + i;
+      T* const dst = out + i;
+      const std::size_t end = block;
+      std::size_t at = j;
+      for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
+        const V x = hn::BitCast(d, hn::LoadU(df, src + at));
+        const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+        store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
       }
+      j = at;
+      low_words = words;
+      c = lc;
     };
     if (k.streaming_stores) {
       // Streaming stores take whole aligned vectors: the elements up to the first such output go through `partial`.
@@ -511,9 +528,9 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
     hn::Store(c.subnormal, d, lane_counts[2]);
     hn::Store(c.overflow, d, lane_counts[3]);
     hn::Store(c.nan, d, lane_counts[4]);
-    total.inexact += c.inexact_tally;
-    total.flushed_to_zero += c.flushed_tally;
-    total.subnormal += c.subnormal_tally;
+    total.inexact += c.inexact_tally.total(d);
+    total.flushed_to_zero += c.flushed_tally.total(d);
+    total.subnormal += c.subnormal_tally.total(d);
     for (std::size_t l = 0; l < lanes; ++l) {
       total.inexact += lane_counts[0][l];
       total.flushed_to_zero += lane_counts[1][l];
@@ -833,7 +850,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   using VF = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(d);
   const V magnitude = hn::Set(d, Layout<U>::kMagnitude);
-  Counters<D> c{hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d), hn::Zero(d)};
+  Counters<D> c = Counters<D>::zero(d);
   BlockTallies<D> tallies{{hn::Zero(d)}, {hn::Zero(d)}, {hn::Zero(d)}, 0};
   std::uint64_t nan_nonzero = 0;  // finite nonzero values of NaN blocks
   const bool tile = rule.kind == BlockKind::tile, two_step = rule.kind == BlockKind::nvfp4;
@@ -1011,8 +1028,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
   hn::Store(c.flushed, d, lane_counts[0]);
   hn::Store(c.overflow, d, lane_counts[1]);
-  total.flushed += c.flushed_tally;
-  total.saturated += c.overflow_tally + tallies.saturated.total(d);
+  total.flushed += c.flushed_tally.total(d);
+  total.saturated += c.overflow_tally.total(d) + tallies.saturated.total(d);
   for (std::size_t l = 0; l < lanes; ++l) {
     total.flushed += lane_counts[0][l];
     total.saturated += lane_counts[1][l];
