@@ -47,29 +47,22 @@ MPSIM_HOST_DEVICE inline std::uint64_t integer_of(float x, int min) {
   return exponent >= 0 ? significand << exponent : significand >> -exponent;
 }
 
-// The index one past the highest set bit of x (0 for 0), from 32-bit
-// countl_zero, which the device kernels of block_scaling.hpp already use.
-MPSIM_HOST_DEVICE inline int bit_width_64(std::uint64_t x) {
-  const auto high = static_cast<std::uint32_t>(x >> 32), low = static_cast<std::uint32_t>(x);
-  return high != 0 ? 64 - std::countl_zero(high) : 32 - std::countl_zero(low);
-}
-
-// One output of block_gemm's per-tensor path (binary32 scales, one block
-// spanning k, no tensor-core model), before its alpha: the exact sum of
-// a_t b_t rounded once to binary32, to nearest even, +0 for an exact zero;
-// NaN when an element is. Every element is an integer times 2^min_a (2^min_b:
-// smallest_exponent of its format), so the sum is an integer in a 128-bit
-// two's-complement fixed-point accumulator (two 64-bit words, written out so
-// that host and device run the same integer code) times 2^(min_a + min_b):
-// exact where per_tensor_sums_fit_int128 (block_gemm.hpp) says so, MXFP8 E5M2
-// included, whose sums block_scaled_dot's binary64 cannot hold.
-MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, const float* b, int min_b, int k) {
-  std::uint64_t hi = 0, lo = 0;  // the sum, two's complement
-  for (int t = 0; t < k; ++t) {
+// The products a[t] b[t], t in [begin, end), added exactly: each element an
+// integer times 2^min (smallest_exponent of its format), each product of the
+// integers below 2^64 (checked by the caller), their sum a 128-bit
+// two's-complement integer (hi, lo; two 64-bit words, written out so that host
+// and device run the same integer code) times 2^(min_a + min_b). False when
+// an element is NaN; `nonzero`: whether a product is nonzero.
+MPSIM_HOST_DEVICE inline bool sum_products(const float* a, int min_a, const float* b, int min_b, int begin, int end,
+                                           std::uint64_t& hi, std::uint64_t& lo, bool& nonzero) {
+  hi = lo = 0;
+  nonzero = false;
+  for (int t = begin; t < end; ++t) {
     const float x = a[t], y = b[t];
-    if (x != x || y != y) return std::numeric_limits<float>::quiet_NaN();
+    if (x != x || y != y) return false;
     if (x == 0.0f || y == 0.0f) continue;
-    const std::uint64_t p = integer_of(x, min_a) * integer_of(y, min_b);  // < 2^64: checked by the caller
+    nonzero = true;
+    const std::uint64_t p = integer_of(x, min_a) * integer_of(y, min_b);
     if ((x < 0.0f) == (y < 0.0f)) {
       const std::uint64_t sum = lo + p;
       hi += sum < p ? 1u : 0u;
@@ -79,44 +72,44 @@ MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, c
       lo -= p;
     }
   }
-  if (hi == 0 && lo == 0) return 0.0f;
+  return true;
+}
+
+// A two's-complement (hi, lo) made its magnitude; whether it was negative.
+MPSIM_HOST_DEVICE inline bool to_magnitude(std::uint64_t& hi, std::uint64_t& lo) {
   const bool negative = (hi >> 63) != 0;
-  if (negative) {  // the magnitude
+  if (negative) {
     lo = ~lo + 1;
     hi = ~hi + (lo == 0 ? 1u : 0u);
   }
-  const int width = hi != 0 ? 64 + bit_width_64(hi) : bit_width_64(lo);
-  const auto bit = [&](int i) -> std::uint64_t { return i >= 64 ? (hi >> (i - 64)) & 1u : (lo >> i) & 1u; };
-  const auto any_below = [&](int i) {  // any of bits 0 .. i-1 set
-    if (i <= 0) return false;
-    if (i < 64) return (lo & ((std::uint64_t{1} << i) - 1)) != 0;
-    return lo != 0 || (i > 64 && (hi & ((std::uint64_t{1} << (i - 64)) - 1)) != 0);
-  };
-  // The top 24 bits, rounded to nearest even on the bits below.
-  const int shift = width > 24 ? width - 24 : 0;
-  std::uint64_t top = 0;
-  if (shift == 0) top = lo;
-  else if (shift >= 64) top = hi >> (shift - 64);
-  else top = (lo >> shift) | (hi << (64 - shift));
-  auto significand = static_cast<std::uint32_t>(top);
-  if (shift > 0 && bit(shift - 1) != 0 && (any_below(shift - 1) || (significand & 1u) != 0)) ++significand;
-  // significand (at most 2^24, exact in binary32) times 2^e: one exact multiplication while the result is
-  // normal, which per_tensor_sums_fit_int128 guarantees (-126 <= e, e + 25 <= 127).
-  const int e = shift + min_a + min_b;
-  const float value = static_cast<float>(significand) * std::bit_cast<float>(static_cast<std::uint32_t>(e + 127) << 23);
-  return negative ? -value : value;
+  return negative;
+}
+
+// One output of block_gemm's per-tensor path (binary32 scales, one block
+// spanning k, no tensor-core model), before its alpha: the exact sum of
+// a_t b_t (sum_products) rounded once to binary32, to nearest even
+// (add_exactly_to_binary32 from +0), +0 for an exact zero; NaN when an
+// element is. Exact where per_tensor_sums_fit_int128 (block_gemm.hpp) says so,
+// MXFP8 E5M2 included, whose sums block_scaled_dot's binary64 cannot hold.
+MPSIM_HOST_DEVICE inline float per_tensor_exact_dot(const float* a, int min_a, const float* b, int min_b, int k) {
+  std::uint64_t hi = 0, lo = 0;
+  bool nonzero = false;
+  if (!sum_products(a, min_a, b, min_b, 0, k, hi, lo, nonzero)) return std::numeric_limits<float>::quiet_NaN();
+  if (hi == 0 && lo == 0) return 0.0f;
+  const bool negative = to_magnitude(hi, lo);
+  return add_exactly_to_binary32(0.0f, negative, hi, lo, min_a + min_b);
 }
 
 // block_scaled_dot where a block's sum can exceed binary64 (MXFP8 E5M2,
 // block_partials_fit_int128 in block_gemm.hpp): each block's products summed
-// exactly as 128-bit integers (as per_tensor_exact_dot), times both blocks'
-// power-of-two (E8M0) scales, added to the binary32 accumulator with one
-// rounding (add_exactly_to_binary32). block_gemm gives the same bits whichever
-// of its two sums it takes for a block: its binary64 one where the block's
-// actual values fit (exact, then rounded once through rounding to odd) and its
-// 640-bit one where not. A block without a nonzero product adds +0 (so -0
-// becomes +0, as block_scaled_dot's partial + 0.0 does); a NaN element or
-// scale makes the output NaN; an infinite accumulator stays.
+// exactly (sum_products), times both blocks' power-of-two (E8M0) scales, added
+// to the binary32 accumulator with one rounding (add_exactly_to_binary32).
+// block_gemm gives the same bits whichever of its two sums it takes for a
+// block: its binary64 one where the block's actual values fit (exact, then
+// rounded once through rounding to odd) and its 640-bit one where not. A block
+// without a nonzero product adds +0 (so -0 becomes +0, as block_scaled_dot's
+// partial + 0.0 does); a NaN element or scale makes the output NaN; an
+// infinite accumulator stays.
 MPSIM_HOST_DEVICE inline float block_scaled_dot_exact(const float* a, const double* a_scales, int min_a, const float* b,
                                                       const double* b_scales, int min_b, int k, int block) {
   const auto exponent_of = [](double power_of_two) {  // a normal binary64 power of two
@@ -125,35 +118,16 @@ MPSIM_HOST_DEVICE inline float block_scaled_dot_exact(const float* a, const doub
   float acc = 0.0f;
   for (int k0 = 0, kb = 0; k0 < k; k0 += block, ++kb) {
     const double sa = a_scales[kb], sb = b_scales[kb];
-    if (sa != sa || sb != sb) return std::numeric_limits<float>::quiet_NaN();
-    const int end = k0 + block < k ? k0 + block : k;
-    std::uint64_t hi = 0, lo = 0;  // the block's sum, two's complement
+    std::uint64_t hi = 0, lo = 0;
     bool nonzero = false;
-    for (int t = k0; t < end; ++t) {
-      const float x = a[t], y = b[t];
-      if (x != x || y != y) return std::numeric_limits<float>::quiet_NaN();
-      if (x == 0.0f || y == 0.0f) continue;
-      nonzero = true;
-      const std::uint64_t p = integer_of(x, min_a) * integer_of(y, min_b);
-      if ((x < 0.0f) == (y < 0.0f)) {
-        const std::uint64_t sum = lo + p;
-        hi += sum < p ? 1u : 0u;
-        lo = sum;
-      } else {
-        hi -= lo < p ? 1u : 0u;
-        lo -= p;
-      }
-    }
+    if (sa != sa || sb != sb || !sum_products(a, min_a, b, min_b, k0, k0 + block < k ? k0 + block : k, hi, lo, nonzero))
+      return std::numeric_limits<float>::quiet_NaN();
     if (!nonzero || (hi == 0 && lo == 0)) {  // acc + 0 exactly (-0 + +0 is +0)
       acc = acc + 0.0f;
       continue;
     }
     if ((std::bit_cast<std::uint32_t>(acc) & 0x7FFFFFFFu) == 0x7F800000u) continue;  // infinite: stays
-    const bool negative = (hi >> 63) != 0;
-    if (negative) {
-      lo = ~lo + 1;
-      hi = ~hi + (lo == 0 ? 1u : 0u);
-    }
+    const bool negative = to_magnitude(hi, lo);
     acc = add_exactly_to_binary32(acc, negative, hi, lo, min_a + min_b + exponent_of(sa) + exponent_of(sb));
   }
   return acc;
