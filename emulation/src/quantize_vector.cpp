@@ -680,15 +680,25 @@ struct BlockTallies {
   std::uint64_t lanes = 0;          // lanes looked at, padding included
 };
 
+// What a run of blocks does, fixed for the run (constants in the direct
+// loops, where a BlockLoop names them): tiles divide by their scale, NVFP4
+// multiplies by its tensor scale too (two_step) and may hold infinities,
+// elements round directly (DirectBlockElements) or through the vector
+// rounder, integer elements have no -0.
+struct BlockFlags {
+  bool tile = false, two_step = false, infinities = false, direct = false, integer = false;
+};
+
 // One vector of a block: y = x op scale, its counts, its element (`count`
 // valid lanes; the rest are padding zeros) into `element`, and the dequantized
 // value. An integer element's zero is +0 (its code holds no -0; the
 // reference's round_integer), where the pattern rounding keeps y's sign.
 template <RoundingMode kMode, class D, class VF = hn::Vec<hn::RebindToFloat<D>>>
 HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRounder<kMode, D>& round_vector,
-                          Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, bool tile, bool zero_tile,
-                          bool two_step, bool infinities, bool direct_elements, bool integer_elements,
-                          hn::Vec<D> draw, std::size_t count, BlockTallies<D>& t, VF& element) {
+                          Counters<D>& c, VF x, VF factor, VF dequant, VF tensor_scale, const BlockFlags& flags,
+                          bool zero_tile, hn::Vec<D> draw, std::size_t count, BlockTallies<D>& t, VF& element) {
+  const bool tile = flags.tile, two_step = flags.two_step, infinities = flags.infinities;
+  const bool direct_elements = flags.direct, integer_elements = flags.integer;
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   VF y;
@@ -897,12 +907,11 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     const float* const x_in = in;
     float* const x_out = out;
     float* const x_elements = elements;
-    const bool l_tile = kLoop == BlockLoop::general ? tile : kLoop == BlockLoop::tile;
-    const bool l_two_step = kLoop == BlockLoop::general
-                                ? two_step
-                                : kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities;
-    const bool l_infinities = kLoop == BlockLoop::general ? infinities : kLoop == BlockLoop::nvfp4_infinities;
-    const bool l_direct = kLoop != BlockLoop::general, l_integer = integer_elements;
+    const BlockFlags flags =
+        kLoop == BlockLoop::general
+            ? BlockFlags{tile, two_step, infinities, false, integer_elements}
+            : BlockFlags{kLoop == BlockLoop::tile, kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities,
+                         kLoop == BlockLoop::nvfp4_infinities, true, integer_elements};
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
     const std::size_t l_block = block;
     const VF ts = hn::Set(df, tensor_scale);
@@ -920,8 +929,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
           VF element;
           const VF value = BlockVector<kMode>(
               d, lk, rounder, lc, hn::LoadU(df, x_in + j), hn::Set(df, group_factor[v >> shift]),
-              hn::Set(df, group_dequant[v >> shift]), ts, false, false, l_two_step, l_infinities, true, l_integer,
-              draw_at(j), lanes, lt, element);
+              hn::Set(df, group_dequant[v >> shift]), ts, flags, false, draw_at(j), lanes, lt, element);
           if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
           if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
         }
@@ -949,17 +957,15 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
       VF element;
       std::size_t j = first;
       for (; j + lanes <= last; j += lanes) {
-        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j), factor, dequant, ts, l_tile,
-                                        zero_tile, l_two_step, l_infinities, l_direct, l_integer, draw_at(j), lanes,
-                                        lt, element);
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j), factor, dequant, ts, flags,
+                                        zero_tile, draw_at(j), lanes, lt, element);
         if (x_out != nullptr) hn::StoreU(v, df, x_out + j);
         if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
       }
       if (j < last) {
         HWY_ALIGN float tail_out[HWY_MAX_BYTES / sizeof(float)];
-        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, l_tile,
-                                        zero_tile, l_two_step, l_infinities, l_direct, l_integer, draw_at(j), last - j,
-                                        lt, element);
+        const VF v = BlockVector<kMode>(d, lk, rounder, lc, hn::Load(df, tail_in), factor, dequant, ts, flags,
+                                        zero_tile, draw_at(j), last - j, lt, element);
         if (x_out != nullptr) {
           hn::Store(v, df, tail_out);
           std::memcpy(x_out + j, tail_out, (last - j) * sizeof(float));
