@@ -752,12 +752,17 @@ TEST_CASE("Block quantization: the fast path gives the reference's bits, counts,
   for (const char* name : {"mxfp8-e4m3", "mxfp8-e5m2", "mxfp6-e3m2", "mxfp6-e2m3", "mxfp4", "mxint8", "nvfp4",
                            "fp8-e4m3-1x128", "fp8-e4m3-128x128", "int8", "int4"}) {
     for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::stochastic}) {
-      for (int round = 0; round < 6; ++round) {
+      for (int round = 0; round < 8; ++round) {
         BlockFormat f = *parse_block_format(name);
         if (round == 1 && f.scale == ScaleFormat::e8m0) f.rule = ScaleRule::ceil;
         if (round == 2 && f.rule == ScaleRule::nvfp4) f.rule = ScaleRule::nvfp4_te;
-        const std::int64_t rows = round < 3 ? 1 : 37, cols = round < 3 ? 3001 : 300;
-        std::vector<float> x = random_blocks(rng, static_cast<int>(cols), static_cast<int>(rows), kE4m3, round % 2 == 1);
+        const std::int64_t rows = round < 3 || round > 5 ? 1 : 37, cols = round < 3 ? 3001 : round > 5 ? 4800 : 300;
+        // Rounds 0-5 draw a magnitude per row, so the blocks of a row mostly share a scale; rounds 6 and 7 one
+        // per 16 values, so neighbouring blocks of a group (the fast path computes a vector's worth of scales at
+        // once) have different scales, with NaN and infinities in some groups in round 7.
+        std::vector<float> x = round > 5 ? random_blocks(rng, 16, 300, kE4m3, round == 7)
+                                         : random_blocks(rng, static_cast<int>(cols), static_cast<int>(rows), kE4m3,
+                                                         round % 2 == 1);
         if (round == 5) std::fill(x.begin() + 40, x.begin() + 400, 0.0f);  // zero blocks
         BlockQuantizeOptions o;
         // Stochastic rounding with fewer random bits in two rounds: 8, and 21 (between E4M3's 20 bits below
