@@ -613,17 +613,13 @@ HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, 
 
 // Block elements rounded stochastically, saturating (the same formats): the
 // reference's decision (Carry: the 0.32 fraction of |y| below the element's
-// quantum, plus the draw, carries out of 32 bits) on per-lane shifts. With s
-// the quantum's position in |y|'s pattern (the normal binade's 23 - mantissa
-// bits, more below the element's emin), the kept part is |y| with its low s
-// bits cleared (zero once s >= 24: |y| below one quantum), and a carry adds
-// one quantum, 2^(binade - mantissa bits), in binary32 exactly.
+// quantum, plus the draw, carries out of 32 bits), and a carry adds one
+// quantum, 2^(binade - mantissa bits), in binary32 exactly.
 template <class D, class VF>
 HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, hn::Vec<D> draw,
                                               bool capped, Tally<D>& saturated, VF& element_magnitude) {
   const hn::RebindToFloat<D> df;
   const hn::RebindToSigned<D> di;
-  const auto one = hn::Set(d, 1u);
   const auto a = BlockMagnitude(d, k, y, capped);
   // The common case: every lane zero or in the element's normal binades, and every bit of the draw that
   // meets the fraction kept (random bits >= q = 23 - mantissa bits, the quantum's position). The fraction is
@@ -642,25 +638,17 @@ HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& 
     const auto rounded = hn::AndNot(hn::Set(d, low_bits), hn::Add(a, hn::ShiftRightSame(draw, 32 - q)));
     return SaturateWithSign(d, k, hn::BitCast(df, rounded), y, saturated, element_magnitude);
   }
-  const auto field = hn::Max(hn::ShiftRight<23>(a), one);  // binary32 subnormals: the pattern's binade 1
-  const auto binade = hn::Max(field, hn::Set(d, k.format.min_normal_exponent));
-  const auto shift = hn::Add(hn::Set(d, 23u - k.format.mantissa_bits), hn::Sub(binade, field));
-  // The significand with its hidden bit (below 2^24), and its part below the quantum as a 0.32 fraction.
-  const auto significand = hn::Sub(a, hn::ShiftLeft<23>(hn::Sub(field, one)));
-  const auto narrow = hn::Min(shift, hn::Set(d, 32u));
-  const auto low_mask = hn::Sub(hn::Shl(one, hn::Min(shift, hn::Set(d, 31u))), one);  // shift >= 31: all of it
-  const auto rest = hn::IfThenElse(hn::RebindMask(d, hn::Gt(hn::BitCast(di, shift), hn::Set(di, 30))), significand,
-                                   hn::And(significand, low_mask));
-  const auto fraction = hn::IfThenElse(
-      hn::RebindMask(d, hn::Gt(hn::BitCast(di, shift), hn::Set(di, 32))),
-      hn::Shr(significand, hn::Min(hn::Sub(shift, hn::Set(d, 32u)), hn::Set(d, 31u))),
-      hn::Shl(rest, hn::Sub(hn::Set(d, 32u), narrow)));
-  const auto kept = hn::IfThenElseZero(hn::RebindMask(d, hn::Lt(hn::BitCast(di, shift), hn::Set(di, 24))),
-                                       hn::AndNot(low_mask, a));
-  const auto quantum = hn::BitCast(df, hn::ShiftLeft<23>(hn::Sub(binade, hn::Set(d, k.format.mantissa_bits))));
-  const auto carry = hn::RebindMask(df, Carry(d, k, fraction, draw));
-  return SaturateWithSign(d, k, hn::Add(hn::BitCast(df, kept), hn::IfThenElseZero(carry, quantum)), y, saturated,
-                          element_magnitude);
+  // Otherwise on the FPU, every step exact: with Q the quantum at |y| (2^(binade - mantissa bits), binade at
+  // least the element's emin: the subnormal quantum below it), z = |y| / Q (a power of two), its integer part
+  // t and fraction z - t (Sterbenz); the fraction's top 32 bits are the reference's 0.32 fraction, and a carry
+  // adds one quantum to t Q. Binary32 subnormal |y| scale up exactly; zero gives zero.
+  const auto binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.format.min_normal_exponent << 23));
+  const auto quantum_bits = hn::Sub(binade, hn::Set(d, k.format.mantissa_bits << 23));
+  const auto z = hn::Mul(hn::BitCast(df, a), hn::BitCast(df, hn::Sub(hn::Set(d, 254u << 23), quantum_bits)));
+  const auto t = hn::Trunc(z);
+  const auto carry = hn::RebindMask(df, Carry(d, k, FractionBits(d, df, hn::Sub(z, t)), draw));
+  const auto rounded = hn::Mul(hn::Add(t, hn::IfThenElseZero(carry, hn::Set(df, 1.0f))), hn::BitCast(df, quantum_bits));
+  return SaturateWithSign(d, k, rounded, y, saturated, element_magnitude);
 }
 
 // Whether NearestBlockElements (nearest-even) or StochasticBlockElements
