@@ -434,7 +434,7 @@ constexpr auto model_fields = std::to_array<ConfigField<ModelSpec>>({
         "online softmax over tiles of attention_tile keys; exp(s - running max) rounded as the value product's "
         "operand (policy activations); one normalisation at the end; the backward recomputes the probabilities "
         "from each row's log-sum-exp (docs/transformers.md). Needs unscaled, deterministic activations and "
-        "gradient_operands, no softmax_internals and no attention_dropout"),
+        "gradient_operands and no softmax_internals; attention_dropout drops inside the kernel"),
     key<&ModelSpec::attention_tile>(
         "attention_tile", "keys",
         "vit, gpt with fused_attention: keys per tile of the online softmax (FlashAttention-2's B_c)",

@@ -422,10 +422,10 @@ class CpuBackend final : public Backend {
           const std::int64_t end = s.keys_end(i);
           dot_rows(head.q.data() + i * d, head.kt.data(), d, n, end, logits.data());
           for (std::int64_t j = 0; j < end; ++j) logits[static_cast<std::size_t>(j)] *= scale;
+          const std::int64_t r = (b * s.heads + h) * n + i;
           const FusedAttentionRow row = fused_attention_online(
               end, d, fused, [&](std::int64_t j) { return logits[static_cast<std::size_t>(j)]; },
-              [&](std::int64_t j) { return head.v.data() + j * d; }, data(out) + s.output_index(b, i, h, 0));
-          const std::int64_t r = (b * s.heads + h) * n + i;
+              [&](std::int64_t j) { return head.v.data() + j * d; }, data(out) + s.output_index(b, i, h, 0), r * n);
           data(lse)[r] = row.lse;
           data(logit_max)[r] = row.logit_max;
         }

@@ -113,13 +113,9 @@ void check_output(const fs::path& output, bool force) {
 }
 
 // model.fused_attention rounds inside its kernel (numerics_attention.hpp's
-// FusedAttention), where there is no tensor to scale, no stream of draws, no
-// softmax but binary32's and no dropout mask: refuse what it cannot model.
+// FusedAttention), where there is no tensor to scale, no stream of draws for
+// its roundings and no softmax but binary32's: refuse what it cannot model.
 void check_fused_attention(const ExperimentConfig& c) {
-  if (c.model.attention_dropout > 0)
-    throw SetupError(fmt::format("model.fused_attention = true has no dropout on the attention probabilities, but "
-                                 "model.attention_dropout = {}: set attention_dropout = 0, or fused_attention = false",
-                                 c.model.attention_dropout));
   for (const std::string& arm : c.arms) {
     const auto policy = c.policies.find(arm);
     if (policy == c.policies.end()) continue;

@@ -238,10 +238,7 @@ class SelfAttention final : public Layer {
   SelfAttention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal, float softcap,
                 double dropout, std::int64_t fused_tile)
       : Layer(std::move(name)), tokens_(tokens), heads_(heads), causal_(causal), softcap_(softcap),
-        dropout_(dropout), fused_tile_(fused_tile) {
-    if (fused_tile_ > 0 && dropout_ > 0.0)
-      throw std::invalid_argument(this->name() + ": the fused attention path has no dropout on its probabilities");
-  }
+        dropout_(dropout), fused_tile_(fused_tile) {}
   Shape output_shape(const Shape& in) const override { return {in[0], in[1] / 3}; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return p.gemm_output;
@@ -252,6 +249,8 @@ class SelfAttention final : public Layer {
     Backend& b = ctx.backend;
     shape_ = shape_of(x);
     qkv_ = operand(ctx, x, p.activations, Site::input_operand);
+    dropping_ = ctx.training && dropout_ > 0.0;
+    if (dropping_) mask_ = dropout_mask(ctx.stream(Site::attention_dropout_mask), dropout_);
     if (fused_tile_ > 0) return fused_forward(ctx);
     Tensor scores = b.empty({shape_.score_rows(), tokens_});
     b.attention_scores(qkv_, shape_, scores);
@@ -265,10 +264,8 @@ class SelfAttention final : public Layer {
     probs_ = b.empty(scores.shape());
     b.softmax_forward(scores, probs_, internals(p));
     ctx.round(probs_, softmax_point(p), std::nullopt, Site::attention_probs);
-    dropping_ = ctx.training && dropout_ > 0.0;
     Tensor kept = probs_;
     if (dropping_) {  // on the probabilities, as the second product reads them (PyTorch's attn_dropout)
-      mask_ = dropout_mask(ctx.stream(Site::attention_dropout_mask), dropout_);
       kept = b.empty(probs_.shape());
       b.dropout(probs_, mask_, kept);
       ctx.round(kept, softmax_point(p), std::nullopt, Site::attention_probs_dropped);
@@ -319,7 +316,7 @@ class SelfAttention final : public Layer {
   Tensor fused_forward(StepContext& ctx) {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
-    const FusedAttention fused{fused_tile_, softcap_, fused_operand(p, &Policy::activations)};
+    const FusedAttention fused{fused_tile_, softcap_, fused_operand(p, &Policy::activations), dropping_, mask_};
     Tensor y = b.empty({shape_.rows(), shape_.width()});
     lse_ = b.empty({shape_.score_rows(), 1});
     Tensor logit_max = b.empty({shape_.score_rows(), 1});
@@ -330,8 +327,9 @@ class SelfAttention final : public Layer {
     return y;
   }
   // FlashAttention-2's backward: the logits recomputed in binary32, p from
-  // the stored lse, p rounded as dV's operand, dp = dout v^T in binary32,
-  // ds = p (dp - D) rounded as the operand of dQ's and dK's products.
+  // the stored lse, p (with dropout: dropout(p)) rounded as dV's operand,
+  // dp = dout v^T in binary32 (with dropout: masked likewise), ds = p (dp - D)
+  // rounded as the operand of dQ's and dK's products.
   Tensor fused_backward(StepContext& ctx, const Tensor& dy) {
     const Policy& p = ctx.policy;
     Backend& b = ctx.backend;
@@ -345,9 +343,15 @@ class SelfAttention final : public Layer {
     }
     Tensor probs = b.empty(scores.shape());
     b.fused_attention_probs(scores, lse_, probs);
-    const Tensor probs_operand = operand(ctx, probs, p.activations, std::nullopt, Site::attention_probs_operand);
+    Tensor kept = probs;
+    if (dropping_) {  // the forward's mask: dV's operand is dropout(p), and dp is masked the same way
+      kept = b.empty(probs.shape());
+      b.dropout(probs, mask_, kept);
+    }
+    const Tensor probs_operand = operand(ctx, kept, p.activations, std::nullopt, Site::attention_probs_operand);
     Tensor dprobs = b.empty(probs.shape()), dqkv = b.empty(qkv_.shape());
     b.attention_values_backward(probs_operand, qkv_, dout, shape_, dprobs, dqkv);
+    if (dropping_) b.dropout(dprobs, mask_, dprobs);
     Tensor dot = b.empty({shape_.score_rows(), 1});
     b.fused_attention_row_dot(dout, output_, shape_, dot);
     Tensor dscores = dprobs;  // element by element, in place

@@ -1626,6 +1626,52 @@ TEST_CASE("GPT with dropout and attention dropout: gradients match finite differ
   check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2033, 30, true);
 }
 
+TEST_CASE("GPT with fused attention and attention dropout: gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  // The fused path's dropout (FlashAttention-2's, inside the kernel) and its backward (dV from dropout(p), dp
+  // masked): ignoring the mask in the backward, or dropping other elements there than forward, fails this.
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.attention_dropout = 0.3;
+  spec.fused_attention = true;
+  spec.attention_tile = 4;  // two tiles of keys for the 6-token context
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2035, 30, true);
+}
+
+TEST_CASE("Fused attention with dropout drops the unfused path's elements: outputs and gradients agree in binary32",
+          "[layers][transformer]") {
+  // The same layer name, step and seed give the same counter-based mask to both paths. At FP32 the two differ
+  // only by the online softmax's order of operations (within 1e-5 of the output's scale here), while a mask
+  // that differed in one element would move an output by about a probability times |v| (0.05 or more here).
+  const Index batch = 2, tokens = 9, heads = 2, dim = 4;
+  Rng rng{90};
+  const Shape shape{batch * tokens, 3 * heads * dim};
+  const FVec x = uniform(rng, size_of(shape), -1.0, 1.0);
+  const FVec dy = uniform(rng, static_cast<std::size_t>(batch * tokens * heads * dim), -1.0, 1.0);
+  const auto run = [&](Index tile, double dropout) {
+    Fixture f;
+    f.ctx.layer = 2;
+    f.ctx.step = 5;
+    auto layer = make_self_attention("attn", tokens, heads, true, 0.0f, dropout, tile);
+    const FVec y = f.host(layer->forward(f.ctx, f.tensor(x, shape)));
+    const FVec dx = f.host(layer->backward(f.ctx, f.tensor(dy, {batch * tokens, heads * dim}), true));
+    return std::pair{y, dx};
+  };
+  const auto [y_unfused, dx_unfused] = run(0, 0.3);
+  const auto [y_fused, dx_fused] = run(4, 0.3);
+  const auto [y_plain, dx_plain] = run(4, 0.0);
+  const auto largest_difference = [](const FVec& a, const FVec& b) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    return worst;
+  };
+  CHECK(largest_difference(y_fused, y_unfused) < 1e-5);
+  CHECK(largest_difference(dx_fused, dx_unfused) < 1e-5);
+  // Dropout does something: without it the outputs move by far more than the paths' difference.
+  CHECK(largest_difference(y_fused, y_plain) > 0.05);
+  CHECK(largest_difference(dx_fused, dx_plain) > 0.05);
+}
+
 TEST_CASE("GPT with a head tied to the token table: gradients match finite differences of the binary32 loss",
           "[layers][transformer]") {
   ModelSpec spec = small_transformer(ModelKind::gpt);

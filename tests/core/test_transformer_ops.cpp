@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mpsim/core/backend.hpp"
+#include "mpsim/core/model.hpp"
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/policy.hpp"
 
@@ -129,7 +130,7 @@ TEST_CASE("CPU attention ops equal numerics_attention.hpp's per-output functions
 }
 
 TEST_CASE("CPU fused attention equals numerics_attention.hpp's fused_attention_row bit for bit, every tile size, "
-          "rounded or not, capped or not", "[backend][transformer]") {
+          "rounded or not, capped or not, with dropout or not", "[backend][transformer]") {
   auto cpu = make_cpu_backend();
   // bfloat16, nearest even (bf16-mixed's activations): the fused kernel's rounding of exp(s - m).
   const InternalRounding bf16 = internal_rounding(*preset_policy("bf16-mixed"), &Policy::activations, "fused attention");
@@ -137,9 +138,10 @@ TEST_CASE("CPU fused attention equals numerics_attention.hpp's fused_attention_r
   for (const bool causal : {false, true})
     for (const std::int64_t tile : {1, 4, 13, 256})
       for (const bool rounded : {false, true})
-        for (const float cap : {0.0f, 2.0f}) {
+        for (const float cap : {0.0f, 2.0f})
+        for (const bool dropping : {false, true}) {
           INFO((causal ? "causal" : "not causal") << ", tiles of " << tile << (rounded ? ", bfloat16" : "")
-                                                  << ", cap " << cap);
+                                                  << ", cap " << cap << (dropping ? ", dropout 0.25" : ""));
           AttentionShape s;
           s.batch = 2;
           s.tokens = 13;
@@ -148,7 +150,11 @@ TEST_CASE("CPU fused attention equals numerics_attention.hpp's fused_attention_r
           s.causal = causal;
           const std::int64_t rows = s.rows(), cols = 3 * s.width(), score_rows = s.score_rows();
           const FVec qkv = normal_values(static_cast<std::size_t>(rows * cols), 13, 3.0f);
-          const FusedAttention fused{tile, cap, rounded ? bf16 : InternalRounding{}};
+          mpsim::StochasticStream stream;
+          stream.key = {31, 7};
+          stream.first_index = 1000;
+          const FusedAttention fused{tile, cap, rounded ? bf16 : InternalRounding{}, dropping,
+                                     dropout_mask(stream, 0.25)};
           FVec out(static_cast<std::size_t>(rows * s.width())), lse(static_cast<std::size_t>(score_rows)),
               logit_max(lse.size());
           for (std::int64_t b = 0; b < s.batch; ++b)

@@ -1080,9 +1080,14 @@ TEST_CASE("fused attention (model.fused_attention): the CPU's rows within expf's
   const core::InternalRounding bf16 =
       core::internal_rounding(*core::preset_policy("bf16-mixed"), &core::Policy::activations, "fused attention");
   REQUIRE(bf16.enabled);
+  mpsim::StochasticStream stream;
+  stream.key = {41, 9};
+  const core::DropoutMask mask = core::dropout_mask(stream, 0.2);
   for (const bool causal : {false, true})
-    for (const bool rounded : {false, true}) {
-      INFO((causal ? "causal" : "not causal") << (rounded ? ", exp(s - m) rounded to bfloat16" : ", binary32"));
+    for (const bool rounded : {false, true})
+    for (const bool dropping : {false, true}) {
+      INFO((causal ? "causal" : "not causal") << (rounded ? ", exp(s - m) rounded to bfloat16" : ", binary32")
+                                              << (dropping ? ", dropout 0.2 (the same mask on both)" : ""));
       core::AttentionShape s;
       s.batch = 3;
       s.tokens = 17;
@@ -1096,13 +1101,13 @@ TEST_CASE("fused attention (model.fused_attention): the CPU's rows within expf's
         for (std::int64_t c = 2 * s.width(); c < cols; ++c)
           magnitudes[static_cast<std::size_t>(r * cols + c)] = std::fabs(magnitudes[static_cast<std::size_t>(r * cols + c)]);
       const auto qkv = b.upload(values, {rows, cols}), qkv_abs = b.upload(magnitudes, {rows, cols});
-      const core::FusedAttention fused{5, 0.0f, rounded ? bf16 : core::InternalRounding{}};
+      const core::FusedAttention fused{5, 0.0f, rounded ? bf16 : core::InternalRounding{}, dropping, mask};
       auto out = b.empty({rows, s.width()}), lse = b.empty({score_rows, 1}), logit_max = b.empty({score_rows, 1});
       auto magnitude = b.empty({rows, s.width()}), lse_abs = b.empty({score_rows, 1}), max_abs = b.empty({score_rows, 1});
       b.cpu->fused_attention_forward(qkv.cpu, s, fused, out.cpu, lse.cpu, logit_max.cpu);
       b.gpu->fused_attention_forward(qkv.gpu, s, fused, out.gpu, lse.gpu, logit_max.gpu);
-      b.cpu->fused_attention_forward(qkv_abs.cpu, s, core::FusedAttention{5, 0.0f, {}}, magnitude.cpu, lse_abs.cpu,
-                                     max_abs.cpu);
+      b.cpu->fused_attention_forward(qkv_abs.cpu, s, core::FusedAttention{5, 0.0f, {}, dropping, mask}, magnitude.cpu,
+                                     lse_abs.cpu, max_abs.cpu);
       // The logits are the same binary32 dot products on both: their maxima agree exactly.
       check_same("fused attention logit maxima", b, logit_max);
       // Each exponential and each of the 4 tiles' rescalings differ by at most 3 ulps (CUDA's expf 2, glibc's

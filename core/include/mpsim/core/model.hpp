@@ -265,7 +265,7 @@ ResidualLayers make_residual(const std::string& branch_name, const std::string& 
 // Multi-head self-attention on [q | k | v] rows of 3 x width values (numerics_attention.hpp);
 // softcap > 0 caps the logits at +-softcap (soft_cap) before the softmax;
 // fused_tile > 0 runs FlashAttention-2's fused path with tiles of that many
-// keys (FusedAttention; no dropout there).
+// keys (FusedAttention; dropout there drops the unfused path's elements).
 std::unique_ptr<Layer> make_self_attention(std::string name, std::int64_t tokens, std::int64_t heads, bool causal,
                                            float softcap = 0.0f, double dropout = 0.0, std::int64_t fused_tile = 0);
 // Rotary position embeddings on [q | k | v] rows (numerics_attention.hpp), and

@@ -228,11 +228,23 @@ MPSIM_HOST_DEVICE inline float soft_cap_grad(float y, float dy, float cap) {
 // The backward (Algorithm 2) recomputes the logits, p = exp(s - lse), rounds
 // p as dV's operand, and forms ds = p (dp - D) with D = sum_c dout_c o_c
 // (binary32, increasing c) instead of softmax's sum_j p_j dp_j.
+// Dropout (FlashAttention-2 applies it inside the kernel, §3.1 of the paper):
+// the value sum takes Z_j exp(s_j - m') with Z the unfused path's mask (the
+// same counter-based draw of element (row, key) of the probabilities, so both
+// paths drop the same elements), l sums the exponentials undropped, and the
+// operand rounding hits the scaled value, as the unfused path rounds its
+// dropped probabilities (FlashAttention-2's kernel zeroes in registers and
+// folds 1 / (1 - p) into its final scale: the same value before rounding).
+// The backward's dV operand is dropout(p) and its dp is dropout(dout v^T),
+// so that ds = p (Z dp - D) with D = sum_c dout_c o_c still (o is the dropped
+// output: sum_j Z_j p_j dp_j = dout . o).
 struct FusedAttention {
   static constexpr std::int64_t max_block = 256;  // a tile's logits live in a thread's registers
   std::int64_t block = 64;  // keys per tile, 1 to max_block
   float softcap = 0.0f;     // > 0: cap tanh(s / cap) on each logit, in binary32 (soft_cap)
   InternalRounding probs;   // exp(s - m') as the second product reads it; disabled: binary32
+  bool dropping = false;    // training with dropout on the probabilities: `dropout` holds the mask
+  DropoutMask dropout{};    // numerics_layers.hpp; element (r, j) of the score matrix is r * tokens + j
 };
 struct FusedAttentionRow {
   float lse;        // m + log(l): the backward's p = exp(s - lse)
@@ -241,10 +253,11 @@ struct FusedAttentionRow {
 // One row's online softmax and value sum: logit(j) gives the binary32
 // logit of key j (before any cap), value(j) points at v_j's head_dim
 // values; the keys are 0..end-1; writes the outputs at out[0..dim).
+// `mask_first`: the dropout mask's index of key 0 of this row.
 template <typename Logit, typename Value>
 MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_online(std::int64_t end, std::int64_t dim,
                                                                   const FusedAttention& f, Logit logit, Value value,
-                                                                  float* out) {
+                                                                  float* out, std::int64_t mask_first = 0) {
   float tile[FusedAttention::max_block];
   float m = -INFINITY, l = 0.0f, logit_max = 0.0f;
   for (std::int64_t c = 0; c < dim; ++c) out[c] = 0.0f;
@@ -266,7 +279,8 @@ MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_online(std::int64_t e
     for (std::int64_t j = j0; j < j1; ++j) {
       const float e = expf(tile[j - j0] - m_new);
       l += e;
-      const float operand = f.probs.enabled ? static_cast<float>(f.probs(e)) : e;
+      const float kept = f.dropping ? dropout_value(e, f.dropout, mask_first + j) : e;
+      const float operand = f.probs.enabled ? static_cast<float>(f.probs(kept)) : kept;
       const float* v = value(j);
       for (std::int64_t c = 0; c < dim; ++c) out[c] += operand * v[c];
     }
@@ -283,7 +297,8 @@ MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_row(const float* qkv,
                                                                std::int64_t h, std::int64_t i, float* out) {
   return fused_attention_online(
       s.keys_end(i), s.head_dim, f, [&](std::int64_t j) { return attention_score(qkv, s, b, h, i, j); },
-      [&](std::int64_t j) { return qkv + s.qkv_index(b, j, attention_v, h, 0); }, out);
+      [&](std::int64_t j) { return qkv + s.qkv_index(b, j, attention_v, h, 0); }, out,
+      ((b * s.heads + h) * s.tokens + i) * s.tokens);
 }
 // The backward's probability from a recomputed (capped) logit; masked keys (-inf) give 0.
 MPSIM_HOST_DEVICE inline float fused_attention_probability(float logit, float lse) {
