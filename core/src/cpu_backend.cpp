@@ -425,7 +425,8 @@ class CpuBackend final : public Backend {
           const std::int64_t r = (b * s.heads + h) * n + i;
           const FusedAttentionRow row = fused_attention_online(
               end, d, fused, [&](std::int64_t j) { return logits[static_cast<std::size_t>(j)]; },
-              [&](std::int64_t j) { return head.v.data() + j * d; }, data(out) + s.output_index(b, i, h, 0), r * n);
+              [&](std::int64_t j) { return head.v.data() + j * d; }, data(out) + s.output_index(b, i, h, 0),
+              s.score_index(b, h, i, 0));
           data(lse)[r] = row.lse;
           data(logit_max)[r] = row.logit_max;
         }

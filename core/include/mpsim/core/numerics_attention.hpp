@@ -297,8 +297,7 @@ MPSIM_HOST_DEVICE inline FusedAttentionRow fused_attention_row(const float* qkv,
                                                                std::int64_t h, std::int64_t i, float* out) {
   return fused_attention_online(
       s.keys_end(i), s.head_dim, f, [&](std::int64_t j) { return attention_score(qkv, s, b, h, i, j); },
-      [&](std::int64_t j) { return qkv + s.qkv_index(b, j, attention_v, h, 0); }, out,
-      ((b * s.heads + h) * s.tokens + i) * s.tokens);
+      [&](std::int64_t j) { return qkv + s.qkv_index(b, j, attention_v, h, 0); }, out, s.score_index(b, h, i, 0));
 }
 // The backward's probability from a recomputed (capped) logit; masked keys (-inf) give 0.
 MPSIM_HOST_DEVICE inline float fused_attention_probability(float logit, float lse) {
