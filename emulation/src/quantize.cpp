@@ -185,6 +185,17 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
     k.subnormal_scale = pattern_of(std::ldexp(1.0, -quantum_exponent));
     k.subnormal_quantum = pattern_of(std::ldexp(1.0, quantum_exponent));
   }
+  // Every lane of the short path (zero, or a normal binary32 at most the
+  // largest finite value) rounds in one FPU addition to 2^(binade + 23 - M)
+  // (QuantizeShortLanesFpu). Exact when the subnormal quantum 2^(emin - M) is
+  // at least 2^-94 (so half of it, its reciprocal and every remainder that can
+  // move a stochastic decision are normal numbers: DAZ/FTZ cannot change a bit)
+  // and the largest value's constant is finite.
+  if constexpr (sizeof(T) == 4) {
+    const int offset = std::numeric_limits<T>::digits - 1 - static_cast<int>(p.mantissa_bits);
+    if (gradual && quantum_exponent >= -94 && offset >= 0 && (p.largest_finite >> 23) + offset <= 254)
+      k.fpu_magic_offset = static_cast<std::uint32_t>(offset) << 23;
+  }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);
   return k;

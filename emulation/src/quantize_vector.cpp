@@ -281,9 +281,12 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
 // floating type: stochastic rounding's 0.32 fraction of the quantum. The
 // product is exact (a power of two); truncating conversion floors it.
 template <class D, class DF>
-HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
+HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction);
+
+// The same from z = fraction * 2^32, in [0, 2^32): floor(z).
+template <class D, class DF>
+HWY_INLINE hn::Vec<D> FloorBits(D d, DF df, hn::Vec<DF> z) {
   const hn::RebindToSigned<DF> di;
-  const auto z = hn::Mul(fraction, hn::Set(df, 4294967296.0));
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
     return hn::BitCast(d, hn::ConvertTo(di, z));
   } else if constexpr (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86 && hn::MaxLanes(D()) == 16) {
@@ -296,6 +299,11 @@ HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
     const auto low = hn::BitCast(d, hn::ConvertTo(di, hn::IfThenElse(big, hn::Sub(z, two31), z)));
     return hn::Xor(low, hn::IfThenElseZero(hn::RebindMask(d, big), hn::Set(d, Layout<hn::TFromD<D>>::kSign)));
   }
+}
+
+template <class D, class DF>
+HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction) {
+  return FloorBits(d, df, hn::Mul(fraction, hn::Set(df, 4294967296.0)));
 }
 
 // Any mode, gradual underflow, when every lane is zero or a normal number of
@@ -403,6 +411,111 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   return r;
 }
 
+// Whether QuantizeShortLanesFpu serves mode kMode on this target: AVX-512
+// names the rounding of each addition in the instruction (directed modes, and
+// to-nearest whatever the FPU's mode); elsewhere only nearest-even, where the
+// host found the FPU rounding to nearest (Kernel::subnormal_magic != 0).
+template <RoundingMode kMode, class D>
+constexpr bool kFpuShortPath = sizeof(hn::TFromD<D>) == 4 &&
+                               ((HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && hn::MaxLanes(D()) == 16) ||
+                                kMode == RoundingMode::nearest_even);
+
+// Rounding directions of an addition, as x86's rounding-control field codes them.
+enum AdditionRounding : int { kToNearest = 0, kDownward = 1, kUpward = 2, kTowardZero = 3 };
+
+// a + b in binary32, rounded as kRounding says.
+template <AdditionRounding kRounding, class DF>
+HWY_INLINE hn::Vec<DF> AddRounded(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    return hn::Vec<DF>{_mm512_add_round_ps(a.raw, b.raw, kRounding | _MM_FROUND_NO_EXC)};
+  } else
+#endif
+  {
+    static_assert(kRounding == kToNearest, "directed additions need AVX-512");
+    (void)df;
+    return hn::Add(a, b);
+  }
+}
+
+// a - b, exact by construction in the callers; named rounding to nearest
+// makes an exact zero +0 whatever the FPU's mode (it would be -0 downward).
+template <class DF>
+HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(DF()) == 16) {
+    return hn::Vec<DF>{_mm512_sub_round_ps(a.raw, b.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+  } else
+#endif
+  {
+    (void)df;
+    return hn::Sub(a, b);  // only where the host found the FPU rounding to nearest
+  }
+}
+
+// Any mode, binary32 storage, when every lane is zero or a normal number of
+// the storage at most the largest finite value (the short path's test), in
+// the FPU. |x| lies in binade e (or below the format's emin, where the
+// quantum stops shrinking: take e = emin); its quantum is q = 2^(e - M), and
+// C = 2^(e + 23 - M) lies above |x|: |x| + C falls in [C, 2C), where binary32's
+// spacing is q, so one addition rounded in the wanted direction rounds |x| to
+// a multiple of q, and subtracting C is exact. One formula for normal and
+// subnormal results. Nearest-away adds q/2 first, rounding toward zero (exact
+// on the grid of q: the bits it may drop lie below q); round-to-odd truncates
+// and sets the sum's last bit (q's) when something was dropped (the sum
+// rounded upward is then one more); stochastic
+// truncates, takes the remainder |x| - t (exact) in units of q, and adds one q
+// on the reference's carry (Carry). Toward +/-infinity round the signed value
+// with C signed like x. The host enables it (fpu_magic_offset != 0) only where
+// q/2, 1/q and every remainder that can decide a draw are normal: DAZ and FTZ
+// cannot change a bit.
+template <RoundingMode kMode, class D>
+HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
+                                            hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
+  using V = hn::Vec<D>;
+  const hn::RebindToFloat<D> df;
+  const V sign = hn::And(x, hn::Set(d, 0x80000000u));
+  const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.format.min_normal_exponent << 23));
+  const V magic_bits = hn::Add(binade, hn::Set(d, k.fpu_magic_offset));
+  const auto magic = hn::BitCast(df, magic_bits);
+  const auto fa = hn::BitCast(df, a);
+  V magnitude;
+  if constexpr (kMode == RoundingMode::nearest_even) {
+    magnitude = hn::BitCast(d, SubExact(df, AddRounded<kToNearest>(df, fa, magic), magic));
+  } else if constexpr (kMode == RoundingMode::toward_zero) {
+    magnitude = hn::BitCast(d, SubExact(df, AddRounded<kTowardZero>(df, fa, magic), magic));
+  } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
+    constexpr AdditionRounding kDirection = kMode == RoundingMode::toward_positive ? kUpward : kDownward;
+    const auto signed_magic = hn::BitCast(df, hn::Or(magic_bits, sign));
+    const auto r = SubExact(df, AddRounded<kDirection>(df, hn::BitCast(df, x), signed_magic), signed_magic);
+    magnitude = hn::And(hn::BitCast(d, r), hn::Set(d, 0x7FFFFFFFu));
+  } else if constexpr (kMode == RoundingMode::nearest_away) {
+    const auto half_quantum = hn::BitCast(df, hn::Sub(magic_bits, hn::Set(d, 24u << 23)));
+    const auto sum = AddRounded<kTowardZero>(df, AddRounded<kTowardZero>(df, fa, half_quantum), magic);
+    magnitude = hn::BitCast(d, SubExact(df, sum, magic));
+  } else if constexpr (kMode == RoundingMode::odd) {
+    // Rounded up, the sum's pattern is one more than truncated exactly when
+    // something was dropped: its last bit is the one to set.
+    const V truncated = hn::BitCast(d, AddRounded<kTowardZero>(df, fa, magic));
+    const V rounded_up = hn::BitCast(d, AddRounded<kUpward>(df, fa, magic));
+    const V odd = hn::Or(truncated, hn::And(rounded_up, hn::Set(d, 1u)));
+    magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
+  } else {  // stochastic
+    const auto sum = AddRounded<kTowardZero>(df, fa, magic);
+    const auto rest = hn::Sub(fa, SubExact(df, sum, magic));
+    // 2^32 / q, from C = 2^23 q: 1 / q is a normal number (q >= 2^-94), exact.
+    const auto bits_per_quantum = hn::BitCast(df, hn::Sub(hn::Set(d, (254u + 23u + 32u) << 23), magic_bits));
+    const V up = hn::IfThenElseZero(Carry(d, k, FloorBits(d, df, hn::Mul(rest, bits_per_quantum)), draw), hn::Set(d, 1u));
+    magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
+  }
+  const V r = hn::Or(magnitude, sign);
+  const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
+  c.inexact_tally.add(d, hn::Ne(r, x));
+  c.flushed_tally.add(d, hn::Not(hn::Or(zero, nonzero_result)));
+  c.subnormal_tally.add(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal))));
+  return r;
+}
+
 // The keyed hash of rounding.cpp's random_draw, on 32-bit lanes of
 // consecutive indices whose high word is the same (the caller splits at
 // multiples of 2^32).
@@ -425,22 +538,24 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
 }
 
 // One whole vector of the storage, any mode: the short paths where every
-// lane allows them (QuantizeOrdinaryLanes, QuantizeSubnormalLanes), else the
-// general lane code. Constants worked out once per call.
-template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
+// lane allows them (QuantizeShortLanesFpu where kFpu, else QuantizeOrdinaryLanes
+// and QuantizeSubnormalLanes), else the general lane code. Constants worked
+// out once per call; kFpu is decided once per call too (UseFpuShortPath).
+template <RoundingMode kMode, class D, bool kFpu = false, class U = hn::TFromD<D>>
 struct VectorRounder {
   using V = hn::Vec<D>;
   // Scalars, not vectors: sizeless vector types cannot be members; the Sets hoist out of loops.
   HWY_INLINE V operator()(D d, V x, V draw, Counters<D>& c) const {
     const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
     const V ordinary_low = hn::Set(d, k.format.smallest_normal);
-    if (k.subnormal_scale != 0) {
+    if (kFpu || k.subnormal_scale != 0) {
       // Where the host enabled QuantizeSubnormalLanes, one range test picks the
       // short paths: every lane zero or in [storage's smallest normal, largest finite].
       const auto zero = hn::Eq(a, hn::Zero(d));
       const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
       const auto short_path = hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span), zero);
       if (!hn::AllTrue(d, short_path)) return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
+      if constexpr (kFpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
       // Zero lanes round to themselves in the ordinary code of every mode.
       const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
       if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
@@ -456,7 +571,18 @@ struct VectorRounder {
   const Kernel<U>& k;
 };
 
-template <RoundingMode kMode, class T>
+// Whether QuantizeShortLanesFpu serves this call (kFpuShortPath, and the host's
+// fpu_magic_offset; nearest-even off AVX-512 also needs the FPU to round to nearest).
+template <RoundingMode kMode, class D, class U>
+bool UseFpuShortPath(const Kernel<U>& k) {
+  if constexpr (!kFpuShortPath<kMode, D>) {
+    return false;
+  } else {
+    return k.fpu_magic_offset != 0 && (HWY_TARGET <= HWY_AVX3 || k.subnormal_magic != 0);
+  }
+}
+
+template <RoundingMode kMode, class T, bool kFpu>
 QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   const Kernel<U> k = kernel;  // a local copy: the stores to `out` cannot alias it
@@ -468,7 +594,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const VectorRounder<kMode, D> round_vector{k};
+  const VectorRounder<kMode, D, kFpu> round_vector{k};
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -544,16 +670,25 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   return total;
 }
 
+template <RoundingMode kMode, class T>
+QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::size_t n, std::uint64_t first) {
+  using D = hn::ScalableTag<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
+  if constexpr (kFpuShortPath<kMode, D>) {
+    if (UseFpuShortPath<kMode, D>(k)) return QuantizeSpan<kMode, T, true>(k, in, out, n, first);
+  }
+  return QuantizeSpan<kMode, T, false>(k, in, out, n, first);
+}
+
 template <class T>
 QuantizeCounts QuantizeAnyMode(const KernelFor<T>& k, const T* in, T* out, std::size_t n, std::uint64_t first) {
   switch (k.mode) {
-    case RoundingMode::nearest_even: return QuantizeSpan<RoundingMode::nearest_even>(k, in, out, n, first);
-    case RoundingMode::nearest_away: return QuantizeSpan<RoundingMode::nearest_away>(k, in, out, n, first);
-    case RoundingMode::toward_zero: return QuantizeSpan<RoundingMode::toward_zero>(k, in, out, n, first);
-    case RoundingMode::toward_positive: return QuantizeSpan<RoundingMode::toward_positive>(k, in, out, n, first);
-    case RoundingMode::toward_negative: return QuantizeSpan<RoundingMode::toward_negative>(k, in, out, n, first);
-    case RoundingMode::odd: return QuantizeSpan<RoundingMode::odd>(k, in, out, n, first);
-    case RoundingMode::stochastic: return QuantizeSpan<RoundingMode::stochastic>(k, in, out, n, first);
+    case RoundingMode::nearest_even: return QuantizeMode<RoundingMode::nearest_even>(k, in, out, n, first);
+    case RoundingMode::nearest_away: return QuantizeMode<RoundingMode::nearest_away>(k, in, out, n, first);
+    case RoundingMode::toward_zero: return QuantizeMode<RoundingMode::toward_zero>(k, in, out, n, first);
+    case RoundingMode::toward_positive: return QuantizeMode<RoundingMode::toward_positive>(k, in, out, n, first);
+    case RoundingMode::toward_negative: return QuantizeMode<RoundingMode::toward_negative>(k, in, out, n, first);
+    case RoundingMode::odd: return QuantizeMode<RoundingMode::odd>(k, in, out, n, first);
+    case RoundingMode::stochastic: return QuantizeMode<RoundingMode::stochastic>(k, in, out, n, first);
   }
   return {};
 }

@@ -12,6 +12,7 @@
 #include <cfenv>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -145,6 +146,63 @@ TEST_CASE("paths on gradient-like data: denormals-are-zero and flush-to-zero do 
   }
 }
 #endif
+
+// The short paths' rounding at every position the quantum can take: for each
+// binade of the storage up to the format's largest finite value (so whole
+// vectors stay on the short path: zero or normal, no overflow) and each bit
+// position p of the significand, patterns whose bits below p are 0, 1, half
+// minus one, half, half plus one and all ones (exact, just above, ties and
+// their neighbours at every quantum, normal and subnormal results alike),
+// with random bits above p and both signs. Every mode (stochastic with 32, 4
+// and 1 random bits), every vector target, against the scalar reference.
+std::vector<float> every_quantum_position(const Format& f) {
+  const auto largest = std::bit_cast<std::uint32_t>(static_cast<float>(f.largest_finite()));
+  std::mt19937_64 rng(2611);
+  std::vector<float> v{0.0f, -0.0f};
+  for (std::uint32_t binade = 1; binade <= (largest >> 23); ++binade) {
+    for (int p = 1; p <= 23; ++p) {
+      const std::uint32_t half = std::uint32_t{1} << (p - 1), low_mask = (std::uint32_t{1} << p) - 1;
+      for (std::uint32_t low : {0u, 1u, half - 1, half, half + 1, low_mask}) {
+        for (int draw = 0; draw < 2; ++draw) {
+          const std::uint32_t high = static_cast<std::uint32_t>(rng()) & 0x7FFFFFu & ~low_mask;
+          const std::uint32_t bits = (binade << 23) | high | (low & low_mask);
+          if (bits > largest) continue;
+          v.push_back(std::bit_cast<float>(bits | ((rng() & 1) ? 0x80000000u : 0u)));
+        }
+      }
+    }
+  }
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+TEST_CASE("paths: every quantum position, its ties and neighbours, on the short paths", "[paths]") {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "e4m3:sat", "e3m2:inf:nosat"}) {
+      const Format f = *parse_format(name);
+      const auto in = every_quantum_position(f);
+      INFO("vector target " << hwy::TargetName(target) << ", " << name << ", " << in.size() << " inputs");
+      for (RoundingMode mode : all_modes) check_same_as_scalar(f, mode, in);
+      for (int random_bits : {4, 1}) {
+        QuantizeOptions options;
+        options.rounding = {RoundingMode::stochastic, random_bits};
+        options.stochastic = {{2026, 11}, 5};
+        options.threads = 1;
+        std::vector<float> reference(in.size()), fast(in.size());
+        options.path = Path::scalar;
+        const QuantizeCounts expected = quantize(f, std::span<const float>(in), std::span<float>(reference), options);
+        options.path = Path::vector;
+        const QuantizeCounts got = quantize(f, std::span<const float>(in), std::span<float>(fast), options);
+        INFO("stochastic, random_bits " << random_bits);
+        CHECK(got == expected);
+        CHECK(std::memcmp(fast.data(), reference.data(), in.size() * sizeof(float)) == 0);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
 
 // Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...),
 // not only the best one of this CPU, against the scalar reference.
