@@ -537,28 +537,36 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
   else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
 }
 
+// How a vector on the short path (every lane zero or normal in the storage,
+// none above the largest finite value) rounds: `pattern`, on the pattern when
+// no lane lies below the format's smallest normal (QuantizeOrdinaryLanes), else
+// QuantizeSubnormalLanes; `pattern_then_fpu`, the same with
+// QuantizeShortLanesFpu for the second; `fpu`, QuantizeShortLanesFpu always
+// (one test and branch fewer, best where most vectors hold such lanes).
+enum class ShortLanes { pattern, pattern_then_fpu, fpu };
+
 // One whole vector of the storage, any mode: the short paths where every
-// lane allows them (QuantizeShortLanesFpu where kFpu, else QuantizeOrdinaryLanes
-// and QuantizeSubnormalLanes), else the general lane code. Constants worked
-// out once per call; kFpu is decided once per call too (UseFpuShortPath).
-template <RoundingMode kMode, class D, bool kFpu = false, class U = hn::TFromD<D>>
+// lane allows them (as kShort says), else the general lane code. Constants
+// worked out once per call; kShort is chosen per call too (QuantizeMode).
+template <RoundingMode kMode, class D, ShortLanes kShort = ShortLanes::pattern, class U = hn::TFromD<D>>
 struct VectorRounder {
   using V = hn::Vec<D>;
   // Scalars, not vectors: sizeless vector types cannot be members; the Sets hoist out of loops.
   HWY_INLINE V operator()(D d, V x, V draw, Counters<D>& c) const {
     const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
     const V ordinary_low = hn::Set(d, k.format.smallest_normal);
-    if (kFpu || k.subnormal_scale != 0) {
+    if (kShort != ShortLanes::pattern || k.subnormal_scale != 0) {
       // Where the host enabled QuantizeSubnormalLanes, one range test picks the
       // short paths: every lane zero or in [storage's smallest normal, largest finite].
       const auto zero = hn::Eq(a, hn::Zero(d));
       const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
       const auto short_path = hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span), zero);
       if (!hn::AllTrue(d, short_path)) return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
-      if constexpr (kFpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+      if constexpr (kShort == ShortLanes::fpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
       // Zero lanes round to themselves in the ordinary code of every mode.
       const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
       if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+      if constexpr (kShort == ShortLanes::pattern_then_fpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
       return QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
     }
     // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
@@ -582,7 +590,7 @@ bool UseFpuShortPath(const Kernel<U>& k) {
   }
 }
 
-template <RoundingMode kMode, class T, bool kFpu>
+template <RoundingMode kMode, class T, ShortLanes kShort>
 QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   const Kernel<U> k = kernel;  // a local copy: the stores to `out` cannot alias it
@@ -594,7 +602,7 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const VectorRounder<kMode, D, kFpu> round_vector{k};
+  const VectorRounder<kMode, D, kShort> round_vector{k};
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -670,13 +678,32 @@ QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std
   return total;
 }
 
+// Whether more than about 1 element in 512 of x[0, n) lies below the format's
+// smallest normal (and is not zero), judged on 256 elements spread over it:
+// then QuantizeShortLanesFpu serves every short-path vector best; else most
+// vectors round on the pattern, and the FPU takes the rest. Only the speed
+// depends on the answer, never a bit.
+template <class T, class U>
+bool MostlyBelowNormal(const Kernel<U>& k, const T* x, std::size_t n) {
+  const std::size_t stride = std::max<std::size_t>(1, n / 256);
+  std::size_t sampled = 0, small = 0;
+  for (std::size_t i = 0; i < n; i += stride, ++sampled) {
+    const U a = std::bit_cast<U>(x[i]) & Layout<U>::kMagnitude;
+    small += a != 0 && a < k.format.smallest_normal;
+  }
+  return small * 512 > sampled;
+}
+
 template <RoundingMode kMode, class T>
 QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::size_t n, std::uint64_t first) {
   using D = hn::ScalableTag<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
   if constexpr (kFpuShortPath<kMode, D>) {
-    if (UseFpuShortPath<kMode, D>(k)) return QuantizeSpan<kMode, T, true>(k, in, out, n, first);
+    if (UseFpuShortPath<kMode, D>(k)) {
+      if (MostlyBelowNormal(k, in, n)) return QuantizeSpan<kMode, T, ShortLanes::fpu>(k, in, out, n, first);
+      return QuantizeSpan<kMode, T, ShortLanes::pattern_then_fpu>(k, in, out, n, first);
+    }
   }
-  return QuantizeSpan<kMode, T, false>(k, in, out, n, first);
+  return QuantizeSpan<kMode, T, ShortLanes::pattern>(k, in, out, n, first);
 }
 
 template <class T>
