@@ -21,12 +21,16 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#if HWY_ARCH_X86
+#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr (ScopedRounding)
+#endif
 
 #include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "emulation/src/quantize_kernel.hpp"
@@ -411,19 +415,46 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
   return r;
 }
 
-// Whether QuantizeShortLanesFpu serves mode kMode on this target: AVX-512
-// names the rounding of each addition in the instruction (directed modes, and
-// to-nearest whatever the FPU's mode); elsewhere only nearest-even, where the
-// host found the FPU rounding to nearest (Kernel::subnormal_magic != 0).
-template <RoundingMode kMode, class D>
-constexpr bool kFpuShortPath = sizeof(hn::TFromD<D>) == 4 &&
-                               ((HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3 && hn::MaxLanes(D()) == 16) ||
-                                kMode == RoundingMode::nearest_even);
-
 // Rounding directions of an addition, as x86's rounding-control field codes them.
-enum AdditionRounding : int { kToNearest = 0, kDownward = 1, kUpward = 2, kTowardZero = 3 };
+enum AdditionRounding : unsigned { kToNearest = 0, kDownward = 1, kUpward = 2, kTowardZero = 3 };
 
-// a + b in binary32, rounded as kRounding says.
+// AVX-512 names the rounding of each addition in the instruction. Other x86
+// targets run QuantizeShortLanesFpu's loop with MXCSR's rounding set for the
+// call (ScopedRounding, in QuantizeMode), so their plain additions round as
+// the mode needs. Elsewhere the path serves nearest-even only, where the host
+// found the FPU rounding to nearest (Kernel::subnormal_magic != 0).
+constexpr bool kNamedRounding = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+
+// Whether QuantizeShortLanesFpu serves mode kMode on this target.
+template <RoundingMode kMode, class D>
+constexpr bool kFpuShortPath = sizeof(hn::TFromD<D>) == 4 && (HWY_ARCH_X86 || kMode == RoundingMode::nearest_even);
+
+// The rounding of QuantizeShortLanesFpu's main addition in mode kMode.
+template <RoundingMode kMode>
+constexpr AdditionRounding kSumRounding = kMode == RoundingMode::nearest_even      ? kToNearest
+                                          : kMode == RoundingMode::toward_positive ? kUpward
+                                          : kMode == RoundingMode::toward_negative ? kDownward
+                                                                                   : kTowardZero;
+
+#if HWY_ARCH_X86
+// MXCSR's rounding control set to `rounding` for a scope (bits 13-14; DAZ,
+// FTZ and the masks stay as they were), and restored after.
+class ScopedRounding {
+ public:
+  explicit ScopedRounding(AdditionRounding rounding) : saved_(_mm_getcsr()) {
+    _mm_setcsr((saved_ & ~0x6000u) | (static_cast<unsigned>(rounding) << 13));
+  }
+  ~ScopedRounding() { _mm_setcsr(saved_); }
+  ScopedRounding(const ScopedRounding&) = delete;
+  ScopedRounding& operator=(const ScopedRounding&) = delete;
+
+ private:
+  unsigned saved_;
+};
+#endif
+
+// a + b in binary32, rounded as kRounding says: named in the instruction on
+// AVX-512; elsewhere the FPU's own rounding, which the caller set to kRounding.
 template <AdditionRounding kRounding, class DF>
 HWY_INLINE hn::Vec<DF> AddRounded(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -432,14 +463,14 @@ HWY_INLINE hn::Vec<DF> AddRounded(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
   } else
 #endif
   {
-    static_assert(kRounding == kToNearest, "directed additions need AVX-512");
     (void)df;
     return hn::Add(a, b);
   }
 }
 
-// a - b, exact by construction in the callers; named rounding to nearest
-// makes an exact zero +0 whatever the FPU's mode (it would be -0 downward).
+// a - b, exact by construction in the callers. Named rounding to nearest on
+// AVX-512 makes an exact zero +0 whatever MXCSR says; elsewhere the zero is -0
+// when the FPU rounds downward, and the callers' results do not depend on it.
 template <class DF>
 HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
@@ -449,7 +480,7 @@ HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 #endif
   {
     (void)df;
-    return hn::Sub(a, b);  // only where the host found the FPU rounding to nearest
+    return hn::Sub(a, b);
   }
 }
 
@@ -480,25 +511,28 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
   const auto magic = hn::BitCast(df, magic_bits);
   const auto fa = hn::BitCast(df, a);
   V magnitude;
-  if constexpr (kMode == RoundingMode::nearest_even) {
-    magnitude = hn::BitCast(d, SubExact(df, AddRounded<kToNearest>(df, fa, magic), magic));
-  } else if constexpr (kMode == RoundingMode::toward_zero) {
-    magnitude = hn::BitCast(d, SubExact(df, AddRounded<kTowardZero>(df, fa, magic), magic));
+  constexpr AdditionRounding kSum = kSumRounding<kMode>;
+  if constexpr (kMode == RoundingMode::nearest_even || kMode == RoundingMode::toward_zero) {
+    magnitude = hn::BitCast(d, SubExact(df, AddRounded<kSum>(df, fa, magic), magic));
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
-    constexpr AdditionRounding kDirection = kMode == RoundingMode::toward_positive ? kUpward : kDownward;
     const auto signed_magic = hn::BitCast(df, hn::Or(magic_bits, sign));
-    const auto r = SubExact(df, AddRounded<kDirection>(df, hn::BitCast(df, x), signed_magic), signed_magic);
+    const auto r = SubExact(df, AddRounded<kSum>(df, hn::BitCast(df, x), signed_magic), signed_magic);
     magnitude = hn::And(hn::BitCast(d, r), hn::Set(d, 0x7FFFFFFFu));
   } else if constexpr (kMode == RoundingMode::nearest_away) {
     const auto half_quantum = hn::BitCast(df, hn::Sub(magic_bits, hn::Set(d, 24u << 23)));
     const auto sum = AddRounded<kTowardZero>(df, AddRounded<kTowardZero>(df, fa, half_quantum), magic);
     magnitude = hn::BitCast(d, SubExact(df, sum, magic));
   } else if constexpr (kMode == RoundingMode::odd) {
-    // Rounded up, the sum's pattern is one more than truncated exactly when
-    // something was dropped: its last bit is the one to set.
-    const V truncated = hn::BitCast(d, AddRounded<kTowardZero>(df, fa, magic));
-    const V rounded_up = hn::BitCast(d, AddRounded<kUpward>(df, fa, magic));
-    const V odd = hn::Or(truncated, hn::And(rounded_up, hn::Set(d, 1u)));
+    const auto sum = AddRounded<kTowardZero>(df, fa, magic);
+    V odd;
+    if constexpr (kNamedRounding) {
+      // Rounded up, the sum's pattern is one more than truncated exactly when
+      // something was dropped: its last bit is the one to set.
+      odd = hn::Or(hn::BitCast(d, sum), hn::And(hn::BitCast(d, AddRounded<kUpward>(df, fa, magic)), hn::Set(d, 1u)));
+    } else {
+      const auto dropped = hn::RebindMask(d, hn::Ne(SubExact(df, sum, magic), fa));
+      odd = hn::Or(hn::BitCast(d, sum), hn::IfThenElseZero(dropped, hn::Set(d, 1u)));
+    }
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
   } else {  // stochastic
     const auto sum = AddRounded<kTowardZero>(df, fa, magic);
@@ -580,13 +614,13 @@ struct VectorRounder {
 };
 
 // Whether QuantizeShortLanesFpu serves this call (kFpuShortPath, and the host's
-// fpu_magic_offset; nearest-even off AVX-512 also needs the FPU to round to nearest).
+// fpu_magic_offset; off x86 nearest-even also needs the FPU to round to nearest).
 template <RoundingMode kMode, class D, class U>
 bool UseFpuShortPath(const Kernel<U>& k) {
   if constexpr (!kFpuShortPath<kMode, D>) {
     return false;
   } else {
-    return k.fpu_magic_offset != 0 && (HWY_TARGET <= HWY_AVX3 || k.subnormal_magic != 0);
+    return k.fpu_magic_offset != 0 && (HWY_ARCH_X86 || k.subnormal_magic != 0);
   }
 }
 
@@ -699,6 +733,10 @@ QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::siz
   using D = hn::ScalableTag<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
   if constexpr (kFpuShortPath<kMode, D>) {
     if (UseFpuShortPath<kMode, D>(k)) {
+#if HWY_ARCH_X86
+      std::optional<ScopedRounding> rounding;
+      if (!kNamedRounding) rounding.emplace(kSumRounding<kMode>);
+#endif
       if (MostlyBelowNormal(k, in, n)) return QuantizeSpan<kMode, T, ShortLanes::fpu>(k, in, out, n, first);
       return QuantizeSpan<kMode, T, ShortLanes::pattern_then_fpu>(k, in, out, n, first);
     }
