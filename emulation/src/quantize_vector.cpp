@@ -437,12 +437,13 @@ constexpr AdditionRounding kSumRounding = kMode == RoundingMode::nearest_even   
                                                                                    : kTowardZero;
 
 #if HWY_ARCH_X86
-// MXCSR's rounding control set to `rounding` for a scope (bits 13-14; DAZ,
-// FTZ and the masks stay as they were), and restored after.
+// MXCSR's rounding control set to `rounding` for a scope (bits 13-14), every
+// floating-point exception masked (bits 7-12: an unmasked inexact would trap
+// on the first rounding), DAZ and FTZ as they were; restored after.
 class ScopedRounding {
  public:
   explicit ScopedRounding(AdditionRounding rounding) : saved_(_mm_getcsr()) {
-    _mm_setcsr((saved_ & ~0x6000u) | (static_cast<unsigned>(rounding) << 13));
+    _mm_setcsr((saved_ & ~0x6000u) | 0x1F80u | (static_cast<unsigned>(rounding) << 13));
   }
   ~ScopedRounding() { _mm_setcsr(saved_); }
   ScopedRounding(const ScopedRounding&) = delete;

@@ -212,6 +212,33 @@ TEST_CASE("paths: every quantum position, its ties and neighbours, on the short 
   hwy::SetSupportedTargetsForTest(0);
 }
 
+// Targets without AVX-512 run the FPU short path with MXCSR's rounding set
+// for the call: the caller's rounding mode must come back, and must not leak
+// into the results, on every target.
+TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found it", "[paths]") {
+  const auto in = gradient_like<float>(std::size_t{1} << 12, -40, 0, 21);
+  const int saved = std::fegetround();
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (int fpu_mode : {FE_UPWARD, FE_DOWNWARD}) {
+      std::fesetround(fpu_mode);
+#if defined(__x86_64__) || defined(__i386__)
+      const unsigned mxcsr = _mm_getcsr();  // fegetround reads the x87 control word only
+#endif
+      for (RoundingMode mode : all_modes) {
+        check_same_as_scalar(*parse_format("e4m3"), mode, in);
+        INFO("vector target " << hwy::TargetName(target) << ", " << to_string(mode));
+        CHECK(std::fegetround() == fpu_mode);
+#if defined(__x86_64__) || defined(__i386__)
+        CHECK((_mm_getcsr() & ~0x3Fu) == (mxcsr & ~0x3Fu));  // all but the sticky flags
+#endif
+      }
+    }
+  }
+  std::fesetround(saved);
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 // Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...),
 // not only the best one of this CPU, against the scalar reference.
 TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[paths]") {
