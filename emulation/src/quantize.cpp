@@ -10,6 +10,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <xmmintrin.h>  // _mm_getcsr
+#endif
+
 #include "exact.hpp"
 #include "mpsim/emulation/pattern_format.hpp"
 #include "quantize_kernel.hpp"
@@ -153,6 +157,16 @@ namespace detail {
 
 namespace {
 
+// Whether the FPU's additions round to nearest: fegetround reads the x87
+// control word only on x86-64, while SSE and AVX follow MXCSR, which a caller
+// may set on its own (_mm_setcsr).
+bool fpu_rounds_to_nearest() {
+#if defined(__x86_64__)
+  if ((_mm_getcsr() & 0x6000u) != 0) return false;
+#endif
+  return std::fegetround() == FE_TONEAREST;
+}
+
 // The kernel of a format given on the storage pattern: `quantum_exponent` is
 // the exponent of its subnormal quantum 2^(emin - M), `gradual` whether it has
 // subnormals, `has_mantissa` whether M > 0.
@@ -173,7 +187,7 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
   // input that could round to nonzero is a normal number of the storage (so
   // denormals-are-zero settings cannot change it).
   if (o.rounding.mode == RoundingMode::nearest_even && gradual && has_mantissa &&
-      quantum_exponent - 1 >= std::numeric_limits<T>::min_exponent - 1 && std::fegetround() == FE_TONEAREST)
+      quantum_exponent - 1 >= std::numeric_limits<T>::min_exponent - 1 && fpu_rounds_to_nearest())
     k.subnormal_magic = pattern_of(std::ldexp(1.0, quantum_exponent + storage_mantissa));
   // Below the smallest normal every mode rounds |x| * 2^(M - emin) to an
   // integer and scales back (QuantizeSubnormalLanes). Exact, and independent of
@@ -193,7 +207,8 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
   // and the largest value's constant is finite.
   if constexpr (sizeof(T) == 4) {
     const int offset = std::numeric_limits<T>::digits - 1 - static_cast<int>(p.mantissa_bits);
-    if (gradual && quantum_exponent >= -94 && offset >= 0 && (p.largest_finite >> 23) + offset <= 254)
+    const auto top_binade = std::max<std::uint32_t>(p.largest_finite >> 23, p.min_normal_exponent);
+    if (gradual && quantum_exponent >= -94 && offset >= 0 && top_binade + offset <= 254)
       k.fpu_magic_offset = static_cast<std::uint32_t>(offset) << 23;
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);

@@ -21,8 +21,8 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
-#if HWY_ARCH_X86
-#include <xmmintrin.h>  // _mm_getcsr, _mm_setcsr (ScopedRounding)
+#if HWY_ARCH_X86_64
+#include <immintrin.h>  // _mm_getcsr, _mm_setcsr (ScopedRounding), _MM_FROUND_*
 #endif
 
 #include <algorithm>
@@ -284,9 +284,6 @@ HWY_INLINE hn::Vec<D> QuantizeOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> 
 // floor(fraction * 2^32) for a fraction in [0, 1) held in the storage's
 // floating type: stochastic rounding's 0.32 fraction of the quantum. The
 // product is exact (a power of two); truncating conversion floors it.
-template <class D, class DF>
-HWY_INLINE hn::Vec<D> FractionBits(D d, DF df, hn::Vec<DF> fraction);
-
 // The same from z = fraction * 2^32, in [0, 2^32): floor(z).
 template <class D, class DF>
 HWY_INLINE hn::Vec<D> FloorBits(D d, DF df, hn::Vec<DF> z) {
@@ -294,7 +291,8 @@ HWY_INLINE hn::Vec<D> FloorBits(D d, DF df, hn::Vec<DF> z) {
   if constexpr (sizeof(hn::TFromD<D>) == 8) {
     return hn::BitCast(d, hn::ConvertTo(di, z));
   } else if constexpr (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86 && hn::MaxLanes(D()) == 16) {
-    return hn::Vec<D>{_mm512_cvttps_epu32(z.raw)};
+    // No inexact flag, no trap (maskz: the unmasked form trips a false GCC 12 warning).
+    return hn::Vec<D>{_mm512_maskz_cvtt_roundps_epu32(0xFFFF, z.raw, _MM_FROUND_NO_EXC)};
   } else {
     // int32 conversion covers [0, 2^31); at or above 2^31 z is an integer
     // (24-bit significand), and z - 2^31 is exact.
@@ -417,17 +415,23 @@ HWY_INLINE hn::Vec<D> QuantizeSubnormalLanes(D d, const Kernel<U>& k, hn::Vec<D>
 
 // Rounding directions of an addition, as x86's rounding-control field codes them.
 enum AdditionRounding : unsigned { kToNearest = 0, kDownward = 1, kUpward = 2, kTowardZero = 3 };
+#if HWY_ARCH_X86_64
+static_assert(kToNearest == _MM_FROUND_TO_NEAREST_INT && kDownward == _MM_FROUND_TO_NEG_INF &&
+              kUpward == _MM_FROUND_TO_POS_INF && kTowardZero == _MM_FROUND_TO_ZERO);
+#endif
 
-// AVX-512 names the rounding of each addition in the instruction. Other x86
+// AVX-512 names the rounding of each addition in the instruction. Other x86-64
 // targets run QuantizeShortLanesFpu's loop with MXCSR's rounding set for the
 // call (ScopedRounding, in QuantizeMode), so their plain additions round as
-// the mode needs. Elsewhere the path serves nearest-even only, where the host
-// found the FPU rounding to nearest (Kernel::subnormal_magic != 0).
-constexpr bool kNamedRounding = HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3;
+// the mode needs (not 32-bit x86, whose scalar code may use the x87 unit).
+// Elsewhere the path serves nearest-even only, where the host found the FPU
+// rounding to nearest (Kernel::subnormal_magic != 0, which also needs mantissa
+// bits and a normal subnormal quantum).
+constexpr bool kNamedRounding = HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3;
 
 // Whether QuantizeShortLanesFpu serves mode kMode on this target.
 template <RoundingMode kMode, class D>
-constexpr bool kFpuShortPath = sizeof(hn::TFromD<D>) == 4 && (HWY_ARCH_X86 || kMode == RoundingMode::nearest_even);
+constexpr bool kFpuShortPath = sizeof(hn::TFromD<D>) == 4 && (HWY_ARCH_X86_64 || kMode == RoundingMode::nearest_even);
 
 // The rounding of QuantizeShortLanesFpu's main addition in mode kMode.
 template <RoundingMode kMode>
@@ -436,7 +440,7 @@ constexpr AdditionRounding kSumRounding = kMode == RoundingMode::nearest_even   
                                           : kMode == RoundingMode::toward_negative ? kDownward
                                                                                    : kTowardZero;
 
-#if HWY_ARCH_X86
+#if HWY_ARCH_X86_64
 // MXCSR's rounding control set to `rounding` for a scope (bits 13-14), every
 // floating-point exception masked (bits 7-12: an unmasked inexact would trap
 // on the first rounding), DAZ and FTZ as they were; restored after.
@@ -458,15 +462,14 @@ class ScopedRounding {
 // AVX-512; elsewhere the FPU's own rounding, which the caller set to kRounding.
 template <AdditionRounding kRounding, class DF>
 HWY_INLINE hn::Vec<DF> AddRounded(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) == 16) {
-    return hn::Vec<DF>{_mm512_add_round_ps(a.raw, b.raw, kRounding | _MM_FROUND_NO_EXC)};
-  } else
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+  static_assert(hn::MaxLanes(DF()) == 16, "named rounding needs whole 512-bit vectors");
+  (void)df;
+  return hn::Vec<DF>{_mm512_maskz_add_round_ps(0xFFFF, a.raw, b.raw, kRounding | _MM_FROUND_NO_EXC)};  // maskz: see FloorBits
+#else
+  (void)df;
+  return hn::Add(a, b);
 #endif
-  {
-    (void)df;
-    return hn::Add(a, b);
-  }
 }
 
 // a - b, exact by construction in the callers. Named rounding to nearest on
@@ -474,15 +477,14 @@ HWY_INLINE hn::Vec<DF> AddRounded(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 // when the FPU rounds downward, and the callers' results do not depend on it.
 template <class DF>
 HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-  if constexpr (hn::MaxLanes(DF()) == 16) {
-    return hn::Vec<DF>{_mm512_sub_round_ps(a.raw, b.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
-  } else
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX3
+  static_assert(hn::MaxLanes(DF()) == 16, "named rounding needs whole 512-bit vectors");
+  (void)df;
+  return hn::Vec<DF>{_mm512_maskz_sub_round_ps(0xFFFF, a.raw, b.raw, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)};
+#else
+  (void)df;
+  return hn::Sub(a, b);
 #endif
-  {
-    (void)df;
-    return hn::Sub(a, b);
-  }
 }
 
 // Any mode, binary32 storage, when every lane is zero or a normal number of
@@ -621,12 +623,15 @@ bool UseFpuShortPath(const Kernel<U>& k) {
   if constexpr (!kFpuShortPath<kMode, D>) {
     return false;
   } else {
-    return k.fpu_magic_offset != 0 && (HWY_ARCH_X86 || k.subnormal_magic != 0);
+    return k.fpu_magic_offset != 0 && (HWY_ARCH_X86_64 || k.subnormal_magic != 0);
   }
 }
 
+// Not inlined: under ScopedRounding the call is what keeps the compiler from
+// moving its floating-point operations across the MXCSR writes (no
+// -frounding-math here).
 template <RoundingMode kMode, class T, ShortLanes kShort>
-QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
+HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in, T* out, std::size_t n, std::uint64_t first_index) {
   using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
   const Kernel<U> k = kernel;  // a local copy: the stores to `out` cannot alias it
   using D = hn::ScalableTag<U>;
@@ -734,7 +739,7 @@ QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::siz
   using D = hn::ScalableTag<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
   if constexpr (kFpuShortPath<kMode, D>) {
     if (UseFpuShortPath<kMode, D>(k)) {
-#if HWY_ARCH_X86
+#if HWY_ARCH_X86_64
       std::optional<ScopedRounding> rounding;
       if (!kNamedRounding) rounding.emplace(kSumRounding<kMode>);
 #endif

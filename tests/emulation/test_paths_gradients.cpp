@@ -180,7 +180,8 @@ TEST_CASE("paths: every quantum position, its ties and neighbours, on the short 
   const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
   for (std::int64_t target : targets) {
     hwy::SetSupportedTargetsForTest(target);
-    for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "e4m3:sat", "e3m2:inf:nosat"}) {
+    for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "e4m3:sat", "e3m2:inf:nosat",
+                             "e5m0", "e7m0", "e5m22", "e7m22"}) {  // no mantissa bits; C = 2^(e + 1)
       const Format f = *parse_format(name);
       const auto all = every_quantum_position(f);
       // The same inputs, and those above the smallest normal with one in 10,000 of
@@ -238,6 +239,49 @@ TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found
   std::fesetround(saved);
   hwy::SetSupportedTargetsForTest(0);
 }
+
+#if defined(__x86_64__) && defined(__GLIBC__)
+// A caller may unmask floating-point exceptions: the vector paths' roundings
+// must not trap (an inexact addition is their whole point). A trap ends the
+// test binary with SIGFPE, which CTest reports as a failure.
+TEST_CASE("paths: the vector paths raise no unmasked floating-point exception, on every vector target", "[paths]") {
+  const auto in = gradient_like<float>(std::size_t{1} << 12, -40, 0, 23);
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const char* name : {"binary16", "e4m3", "e5m2", "e2m1"}) {
+      for (RoundingMode mode : all_modes) {
+        feclearexcept(FE_ALL_EXCEPT);
+        feenableexcept(FE_INEXACT | FE_UNDERFLOW | FE_OVERFLOW | FE_INVALID | FE_DIVBYZERO);
+        check_same_as_scalar(*parse_format(name), mode, in);
+        fedisableexcept(FE_ALL_EXCEPT);
+        feclearexcept(FE_ALL_EXCEPT);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// fegetround reads the x87 control word only; SSE and AVX follow MXCSR, which
+// a caller may set alone. Nearest-even shortcuts taken "because the FPU rounds
+// to nearest" must look at MXCSR (e6m23: binary32's precision, few exponent bits).
+TEST_CASE("paths: a rounding mode set in MXCSR alone does not leak in, on every vector target", "[paths]") {
+  const auto in = gradient_like<float>(std::size_t{1} << 12, -60, 0, 24);
+  const unsigned saved = _mm_getcsr();
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (unsigned control : {1u, 2u, 3u}) {  // downward, upward, toward zero
+      for (const char* name : {"binary16", "e4m3", "e6m23", "e5m22"}) {
+        for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::odd, RoundingMode::stochastic}) {
+          _mm_setcsr((saved & ~0x6000u) | (control << 13));
+          check_same_as_scalar(*parse_format(name), mode, in);
+          _mm_setcsr(saved);
+        }
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+#endif
 
 // Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...),
 // not only the best one of this CPU, against the scalar reference.
