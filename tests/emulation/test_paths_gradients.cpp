@@ -11,8 +11,8 @@
 #include <bit>
 #include <cfenv>
 #include <cmath>
-#include <cstdint>
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <random>
 #include <string>
@@ -24,6 +24,7 @@
 #endif
 
 #include "mpsim/emulation/quantize.hpp"
+#include "mpsim/emulation/rounding.hpp"
 
 namespace mpsim {
 namespace {
@@ -194,6 +195,56 @@ TEST_CASE("paths: every quantum position, its ties and neighbours, on the short 
         INFO("vector target " << hwy::TargetName(target) << ", " << name << ", " << in.size() << " inputs");
         for (RoundingMode mode : all_modes) check_same_as_scalar(f, mode, in);
         for (int random_bits : {4, 1}) check_same_as_scalar(f, RoundingMode::stochastic, in, random_bits);
+      }
+    }
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
+// Inputs at stochastic rounding's carry boundaries, each built from its own
+// element's draw (element i draws random_draw(key, first + i); the checker's
+// stream is {2026, 11} from index 5): with r random bits and the draw's top r
+// bits k, a fraction of the quantum of (2^r - k) / 2^r carries and one 2^-r
+// less does not; the elements alternate between the two, over subnormal and
+// normal quanta and both signs (exact for r <= 23 - M). With 32 bits, the
+// elements whose draw d >= 2^32 - 2^20 sit far below the quantum (z = the
+// fraction times 2^32 is (2^32 - d) or (2^32 - d) - 1/4, which only a
+// truncating conversion floors correctly); the others hold ordinary values.
+std::vector<float> carry_boundaries(const Format& f, int random_bits, std::size_t n) {
+  const DrawKey key = make_draw_key(RandomKey{2026, 11});
+  const int m = f.mantissa_bits;
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t d = random_draw(key, 5 + i);
+    double x;
+    if (random_bits == 32) {
+      const double q = std::ldexp(1.0, f.emin() - m);  // the subnormal quantum
+      x = d >= 0xFFF00000u ? std::ldexp(4.0 * (4294967296.0 - d) - (i & 1), -34) * q
+                           : std::ldexp(1.0 + static_cast<double>(i % 1024) / 1024.0, f.emin() - static_cast<int>(i % 7));
+    } else {
+      const std::uint64_t kept = d >> (32 - random_bits);
+      const double fraction = std::ldexp(static_cast<double>((std::uint64_t{1} << random_bits) - kept - (i & 1)), -random_bits);
+      const int binade = f.emin() + static_cast<int>(i % 5) - 1;  // below emin: subnormal quanta
+      const double quantum = std::ldexp(1.0, std::max(binade, f.emin()) - m);
+      const double integer = binade < f.emin() ? static_cast<double>(i % (std::size_t{1} << m))
+                                               : std::ldexp(1.0, m) + static_cast<double>(i % (std::size_t{1} << m));
+      x = (integer + fraction) * quantum;
+    }
+    v[i] = static_cast<float>((i & 2) ? -x : x);
+    REQUIRE(static_cast<double>(v[i]) == ((i & 2) ? -x : x));  // built exactly
+  }
+  return v;
+}
+
+TEST_CASE("paths: stochastic rounding at its carry boundaries, on every vector target", "[paths]") {
+  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (const char* name : {"binary16", "e4m3", "e5m2", "e2m1"}) {
+      const Format f = *parse_format(name);
+      for (int random_bits : {1, 4, 8, 32}) {
+        const auto in = carry_boundaries(f, random_bits, random_bits == 32 ? std::size_t{1} << 16 : 4096);
+        INFO("vector target " << hwy::TargetName(target) << ", " << name << ", random bits " << random_bits);
+        check_same_as_scalar(f, RoundingMode::stochastic, in, random_bits);
       }
     }
   }
