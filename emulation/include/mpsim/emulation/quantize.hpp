@@ -48,8 +48,8 @@ struct StochasticStream {
 // counters included; `exact` rounds every element through round_to_format,
 // the generic rounding of exact values (slow): the independent reference the
 // scalar path is tested against. No path's bits depend on the caller's FPU
-// state (rounding mode, DAZ/FTZ, unmasked exceptions); on x86-64 without
-// AVX-512 the vector path sets MXCSR's rounding for the call and restores it.
+// rounding mode or DAZ/FTZ; on x86-64 without AVX-512 the vector path sets
+// MXCSR's rounding (exceptions masked) for the call and restores it.
 enum class Path : std::uint8_t { automatic, scalar, vector, exact };
 
 // How the vector path writes its output: `cached` stores, or `streaming`
