@@ -33,7 +33,7 @@ struct Kernel {
   U subnormal_quantum;
   // Binary32 storage: (23 - mantissa bits) << 23, the offset from a binade's
   // exponent field to the pattern of its rounding constant (QuantizeShortLanesFpu),
-  // or 0 where that path is not exact.
+  // or 0 where that path is off (not exact there; 23 mantissa bits give 0 too).
   std::uint32_t fpu_magic_offset = 0;
   std::uint32_t random_mask;  // stochastic rounding: the draw bits that count
   DrawKey key;

@@ -491,18 +491,18 @@ HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 // the storage at most the largest finite value (the short path's test), in
 // the FPU. |x| lies in binade e (or below the format's emin, where the
 // quantum stops shrinking: take e = emin); its quantum is q = 2^(e - M), and
-// C = 2^(e + 23 - M) lies above |x|: |x| + C falls in [C, 2C), where binary32's
-// spacing is q, so one addition rounded in the wanted direction rounds |x| to
-// a multiple of q, and subtracting C is exact. One formula for normal and
-// subnormal results. Nearest-away adds q/2 first, rounding toward zero (exact
-// on the grid of q: the bits it may drop lie below q); round-to-odd truncates
-// and sets the sum's last bit (q's) when something was dropped (the sum
-// rounded upward is then one more); stochastic
-// truncates, takes the remainder |x| - t (exact) in units of q, and adds one q
-// on the reference's carry (Carry). Toward +/-infinity round the signed value
-// with C signed like x. The host enables it (fpu_magic_offset != 0) only where
-// q/2, 1/q and every remainder that can decide a draw are normal: DAZ and FTZ
-// cannot change a bit.
+// C = 2^(e + 23 - M) lies above |x| (M <= 22): |x| + C falls in [C, 2C], where
+// binary32's spacing is q, so one addition rounded in the wanted direction
+// rounds |x| to a multiple of q, and subtracting C is exact. One formula for
+// normal and subnormal results. Nearest-away adds q/2 first, rounding toward
+// zero (exact on the grid of q: the bits it may drop lie below q); round-to-odd
+// truncates and sets the sum's last bit (q's) when something was dropped (the
+// sum rounded upward is then one more); stochastic truncates, takes the
+// remainder |x| - t (exact) in units of q, and adds one q on the reference's
+// carry (Carry). Toward +/-infinity round the signed value with C signed like
+// x. The host enables it (fpu_magic_offset != 0) only where q/2, 2^32/q and
+// every remainder that can decide a draw are normal: DAZ and FTZ cannot change
+// a bit.
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
@@ -540,7 +540,7 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
   } else {  // stochastic
     const auto sum = AddRounded<kTowardZero>(df, fa, magic);
     const auto rest = hn::Sub(fa, SubExact(df, sum, magic));
-    // 2^32 / q, from C = 2^23 q: 1 / q is a normal number (q >= 2^-94), exact.
+    // 2^32 / q, from C = 2^23 q: a normal number (q >= 2^-94); the product is exact.
     const auto bits_per_quantum = hn::BitCast(df, hn::Sub(hn::Set(d, (254u + 23u + 32u) << 23), magic_bits));
     const V up = hn::IfThenElseZero(Carry(d, k, FloorBits(d, df, hn::Mul(rest, bits_per_quantum)), draw), hn::Set(d, 1u));
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
