@@ -265,10 +265,13 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   } else if constexpr (kMode == RoundingMode::odd) {
     r = no_mantissa ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
   } else {  // stochastic
+    // The remainder as a 0.32 fraction of the quantum; none where the format
+    // keeps every storage bit (shift 0: shifting by 32 is undefined).
     const V rest = hn::And(x, low);
-    const V fraction = k.format.shift <= 32 ? rest << hn::Set(d, U{32} - k.format.shift)
-                                          : rest >> hn::Set(d, k.format.shift - U{32});
-    r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, k.format.shift == 0 ? hn::Zero(d) : fraction, draw), unit));
+    const V fraction = k.format.shift == 0   ? hn::Zero(d)
+                       : k.format.shift <= 32 ? rest << hn::Set(d, U{32} - k.format.shift)
+                                              : rest >> hn::Set(d, k.format.shift - U{32});
+    r = hn::Add(truncated, hn::IfThenElseZero(Carry(d, k, fraction, draw), unit));
   }
   return r;
 }
