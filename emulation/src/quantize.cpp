@@ -203,12 +203,13 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
   // largest finite value) rounds in one FPU addition to 2^(binade + 23 - M)
   // (QuantizeShortLanesFpu). Exact when the subnormal quantum 2^(emin - M) is
   // at least 2^-94 (so half of it, its reciprocal and every remainder that can
-  // move a stochastic decision are normal numbers: DAZ/FTZ cannot change a bit)
+  // move a stochastic decision are normal numbers: DAZ/FTZ cannot change a bit),
+  // the format has at most 22 mantissa bits (so the constant lies above |x|)
   // and the largest value's constant is finite.
   if constexpr (sizeof(T) == 4) {
     const int offset = std::numeric_limits<T>::digits - 1 - static_cast<int>(p.mantissa_bits);
     const auto top_binade = std::max<std::uint32_t>(p.largest_finite >> 23, p.min_normal_exponent);
-    if (gradual && quantum_exponent >= -94 && offset >= 0 && top_binade + offset <= 254)
+    if (gradual && quantum_exponent >= -94 && offset > 0 && top_binade + offset <= 254)
       k.fpu_magic_offset = static_cast<std::uint32_t>(offset) << 23;
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);

@@ -619,17 +619,6 @@ struct VectorRounder {
   const Kernel<U>& k;
 };
 
-// Whether QuantizeShortLanesFpu serves this call (kFpuShortPath, and the host's
-// fpu_magic_offset; off x86 nearest-even also needs the FPU to round to nearest).
-template <RoundingMode kMode, class D, class U>
-bool UseFpuShortPath(const Kernel<U>& k) {
-  if constexpr (!kFpuShortPath<kMode, D>) {
-    return false;
-  } else {
-    return k.fpu_magic_offset != 0 && (HWY_ARCH_X86_64 || k.subnormal_magic != 0);
-  }
-}
-
 // Not inlined: under ScopedRounding the call is what keeps the compiler from
 // moving its floating-point operations across the MXCSR writes (no
 // -frounding-math here).
@@ -741,7 +730,8 @@ template <RoundingMode kMode, class T>
 QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::size_t n, std::uint64_t first) {
   using D = hn::ScalableTag<std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>>;
   if constexpr (kFpuShortPath<kMode, D>) {
-    if (UseFpuShortPath<kMode, D>(k)) {
+    // The host's fpu_magic_offset; off x86-64, nearest-even also needs the FPU rounding to nearest.
+    if (k.fpu_magic_offset != 0 && (HWY_ARCH_X86_64 || k.subnormal_magic != 0)) {
 #if HWY_ARCH_X86_64
       std::optional<ScopedRounding> rounding;
       if (!kNamedRounding) rounding.emplace(kSumRounding<kMode>);

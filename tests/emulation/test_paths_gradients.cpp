@@ -71,6 +71,19 @@ void check_same_as_scalar(const Format& f, RoundingMode mode, const std::vector<
   CHECK(got == expected);
 }
 
+// Runs body(target) on every vector target compiled into the library that
+// this CPU runs (AVX-512, AVX2, SSE4, ...), then restores the usual dispatch.
+template <class Body>
+void on_every_vector_target(Body body) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  REQUIRE(!targets.empty());
+  for (std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    body(target);
+  }
+  hwy::SetSupportedTargetsForTest(0);
+}
+
 template <class T>
 void check_formats(const std::vector<std::string>& names, double low, double high) {
   const auto in = gradient_like<T>(std::size_t{1} << 15, low, high, 99);
@@ -178,9 +191,7 @@ std::vector<float> every_quantum_position(const Format& f) {
 }
 
 TEST_CASE("paths: every quantum position, its ties and neighbours, on the short paths", "[paths]") {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  for (std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t target) {
     for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "e4m3:sat", "e3m2:inf:nosat",
                              "e5m0", "e7m0", "e5m22", "e7m22"}) {  // no mantissa bits; C = 2^(e + 1)
       const Format f = *parse_format(name);
@@ -197,8 +208,7 @@ TEST_CASE("paths: every quantum position, its ties and neighbours, on the short 
         for (int random_bits : {4, 1}) check_same_as_scalar(f, RoundingMode::stochastic, in, random_bits);
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 // Inputs at stochastic rounding's carry boundaries, each built from its own
@@ -239,8 +249,7 @@ std::vector<float> carry_boundaries(const Format& f, int random_bits, std::size_
 }
 
 TEST_CASE("paths: stochastic rounding at its carry boundaries, on every vector target", "[paths]") {
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t target) {
     for (const char* name : {"binary16", "e4m3", "e5m2", "e2m1"}) {
       const Format f = *parse_format(name);
       for (int random_bits : {1, 4, 8, 32}) {
@@ -249,8 +258,7 @@ TEST_CASE("paths: stochastic rounding at its carry boundaries, on every vector t
         check_same_as_scalar(f, RoundingMode::stochastic, in, random_bits);
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 // Targets without AVX-512 run the FPU short path with MXCSR's rounding set
@@ -259,8 +267,7 @@ TEST_CASE("paths: stochastic rounding at its carry boundaries, on every vector t
 TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found it", "[paths]") {
   const auto in = gradient_like<float>(std::size_t{1} << 12, -40, 0, 21);
   const int saved = std::fegetround();
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t target) {
     for (int fpu_mode : {FE_UPWARD, FE_DOWNWARD}) {
       std::fesetround(fpu_mode);
 #if defined(__x86_64__) || defined(__i386__)
@@ -275,9 +282,8 @@ TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found
 #endif
       }
     }
-  }
+  });
   std::fesetround(saved);
-  hwy::SetSupportedTargetsForTest(0);
 }
 
 #if defined(__x86_64__) && defined(__GLIBC__)
@@ -286,8 +292,7 @@ TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found
 // test binary with SIGFPE, which CTest reports as a failure.
 TEST_CASE("paths: the vector paths raise no unmasked floating-point exception, on every vector target", "[paths]") {
   const auto in = gradient_like<float>(std::size_t{1} << 12, -40, 0, 23);
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t) {
     for (const char* name : {"binary16", "e4m3", "e5m2", "e2m1"}) {
       for (RoundingMode mode : all_modes) {
         feclearexcept(FE_ALL_EXCEPT);
@@ -297,8 +302,7 @@ TEST_CASE("paths: the vector paths raise no unmasked floating-point exception, o
         feclearexcept(FE_ALL_EXCEPT);
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 // fegetround reads the x87 control word only; SSE and AVX follow MXCSR, which
@@ -307,8 +311,7 @@ TEST_CASE("paths: the vector paths raise no unmasked floating-point exception, o
 TEST_CASE("paths: a rounding mode set in MXCSR alone does not leak in, on every vector target", "[paths]") {
   const auto in = gradient_like<float>(std::size_t{1} << 12, -60, 0, 24);
   const unsigned saved = _mm_getcsr();
-  for (std::int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t) {
     for (unsigned control : {1u, 2u, 3u}) {  // downward, upward, toward zero
       for (const char* name : {"binary16", "e4m3", "e6m23", "e5m22"}) {
         for (RoundingMode mode : {RoundingMode::nearest_even, RoundingMode::odd, RoundingMode::stochastic}) {
@@ -318,21 +321,17 @@ TEST_CASE("paths: a rounding mode set in MXCSR alone does not leak in, on every 
         }
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 #endif
 
 // Every vector target compiled into the library (AVX-512, AVX2, SSE4, ...),
 // not only the best one of this CPU, against the scalar reference.
 TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[paths]") {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  REQUIRE(!targets.empty());
   const auto in = gradient_like<float>(std::size_t{1} << 13, -40, 0, 11);
   const auto wide = gradient_like<float>(std::size_t{1} << 13, -150, 20, 12);
   const auto in_double = gradient_like<double>(std::size_t{1} << 12, -40, 0, 13);
-  for (std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
+  on_every_vector_target([&](std::int64_t target) {
     INFO("vector target " << hwy::TargetName(target));
     CHECK(std::string(vector_target_name()) == hwy::TargetName(target));
     for (const char* name : {"binary16", "bfloat16", "e4m3", "e5m2", "e3m2", "e5m10:ftz", "e4m3:fn", "e6m9:sat"}) {
@@ -342,8 +341,7 @@ TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[pa
         check_same_as_scalar(*parse_format(name), mode, in_double);
       }
     }
-  }
-  hwy::SetSupportedTargetsForTest(0);
+  });
 }
 
 }  // namespace
