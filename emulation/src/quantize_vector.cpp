@@ -814,28 +814,40 @@ HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, 
 // reference's decision (Carry: the 0.32 fraction of |y| below the element's
 // quantum, plus the draw, carries out of 32 bits), and a carry adds one
 // quantum, 2^(binade - mantissa bits), in binary32 exactly.
+// The common case of StochasticBlockElements: every lane zero or in the
+// element's normal binades, and every bit of the draw that meets the fraction
+// kept (random bits >= q = 23 - mantissa bits, the quantum's position). The
+// fraction is then |y|'s low q bits, and "fraction 2^(32 - q) + draw carries
+// out of 32 bits" is "|y| + (draw >> (32 - q)) carries into bit q" (2^q -
+// fraction is an integer): the sum with its low q bits cleared is the result,
+// a carry across a binade giving the next binade's pattern. Tried only for
+// elements with at least 8 normal binades (FP8): with FP4's and FP6's few, most
+// vectors of a block hold a subnormal element, and the test only cost (NVFP4
+// stochastic 25% slower with it on an AVX2 VM, 2026-11-28). Decided once per
+// run (BlockFlags::integer_carry), not per vector.
+inline bool IntegerCarryElements(const Kernel<std::uint32_t>& k) {
+  const int q = 23 - static_cast<int>(k.format.mantissa_bits);
+  const bool wide = (k.format.largest_finite >> 23) >= k.format.min_normal_exponent + 7;
+  return wide && (k.random_mask >> (32 - q)) == (1u << q) - 1;
+}
+
 template <class D, class VF>
 HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, hn::Vec<D> draw,
-                                              bool capped, Tally<D>& saturated, VF& element_magnitude) {
+                                              bool capped, bool integer_carry, Tally<D>& saturated,
+                                              VF& element_magnitude) {
   const hn::RebindToFloat<D> df;
   const hn::RebindToSigned<D> di;
   const auto a = BlockMagnitude(d, k, y, capped);
-  // The common case: every lane zero or in the element's normal binades, and every bit of the draw that
-  // meets the fraction kept (random bits >= q = 23 - mantissa bits, the quantum's position). The fraction is
-  // then |y|'s low q bits, and "fraction 2^(32 - q) + draw carries out of 32 bits" is "|y| + (draw >> (32 - q))
-  // carries into bit q" (2^q - fraction is an integer): the sum with its low q bits cleared is the result, a
-  // carry across a binade giving the next binade's pattern. Taken for elements with at least 8 normal binades
-  // (FP8): with FP4's and FP6's few, most vectors of a block hold a subnormal element, and the test only cost
-  // (NVFP4 stochastic 25% slower with it on this AVX2 VM, 2026-11-28).
-  const int q = 23 - static_cast<int>(k.format.mantissa_bits);
-  const std::uint32_t low_bits = (1u << q) - 1;
-  const bool wide = (k.format.largest_finite >> 23) >= k.format.min_normal_exponent + 7;
-  const auto normal_or_zero = hn::RebindMask(
-      d, hn::Or(hn::Gt(hn::BitCast(di, a), hn::Set(di, static_cast<std::int32_t>(k.format.min_normal_exponent << 23) - 1)),
-                hn::Eq(hn::BitCast(di, a), hn::Zero(di))));
-  if (wide && (k.random_mask >> (32 - q)) == low_bits && hn::AllTrue(d, normal_or_zero)) {
-    const auto rounded = hn::AndNot(hn::Set(d, low_bits), hn::Add(a, hn::ShiftRightSame(draw, 32 - q)));
-    return SaturateWithSign(d, k, hn::BitCast(df, rounded), y, saturated, element_magnitude);
+  if (integer_carry) {
+    const int q = 23 - static_cast<int>(k.format.mantissa_bits);
+    const auto normal_or_zero = hn::RebindMask(
+        d, hn::Or(hn::Gt(hn::BitCast(di, a),
+                         hn::Set(di, static_cast<std::int32_t>(k.format.min_normal_exponent << 23) - 1)),
+                  hn::Eq(hn::BitCast(di, a), hn::Zero(di))));
+    if (hn::AllTrue(d, normal_or_zero)) {
+      const auto rounded = hn::AndNot(hn::Set(d, (1u << q) - 1), hn::Add(a, hn::ShiftRightSame(draw, 32 - q)));
+      return SaturateWithSign(d, k, hn::BitCast(df, rounded), y, saturated, element_magnitude);
+    }
   }
   // Otherwise on the FPU, every step exact: with Q the quantum at |y| (2^(binade - mantissa bits), binade at
   // least the element's emin: the subnormal quantum below it), z = |y| / Q (a power of two), its integer part
@@ -874,6 +886,7 @@ struct BlockTallies {
 // rounder, integer elements have no -0.
 struct BlockFlags {
   bool tile = false, two_step = false, infinities = false, direct = false, integer = false;
+  bool integer_carry = false;  // stochastic elements may take the integer carry (IntegerCarryElements)
 };
 
 // One vector of a block: y = x op scale, its counts, its element (`count`
@@ -907,7 +920,8 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
     const bool capped = tile || two_step;
     VF r_magnitude;
     if constexpr (kMode == RoundingMode::stochastic)
-      r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, capped, t.saturated, r_magnitude);
+      r = StochasticBlockElements(d, k, hn::BitCast(d, y), draw, capped, flags.integer_carry, t.saturated,
+                                  r_magnitude);
     else
       r = NearestBlockElements(d, k, hn::BitCast(d, y), capped, t.saturated, r_magnitude);
     const auto zero_r = hn::RebindMask(d, hn::Eq(r_magnitude, hn::Zero(df)));
@@ -1108,7 +1122,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
         kLoop == BlockLoop::general
             ? BlockFlags{tile, two_step, infinities, false, integer_elements}
             : BlockFlags{kLoop == BlockLoop::tile, kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities,
-                         kLoop == BlockLoop::nvfp4_infinities, true, integer_elements};
+                         kLoop == BlockLoop::nvfp4_infinities, true, integer_elements,
+                         stochastic && IntegerCarryElements(lk)};
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
     const std::size_t l_block = block;
     const VF ts = hn::Set(df, tensor_scale);
@@ -1142,12 +1157,25 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
           clamped += GroupParams(d, rule, GroupAmax(d, x_in + run_begin, l_block), group_factor, group_dequant,
                                  codes + run_begin / l_block, group_nan);
           if (flat && hn::AllTrue(d, hn::Eq(hn::Load(d, group_nan), hn::Zero(d)))) {
+            // The group's draws: where its indices share their high word (all but one group in 2^32 / group),
+            // the hash's low words step by `lanes` in a register, instead of BlockDraws' per-vector test and
+            // index arithmetic (NVFP4 stochastic, AVX-512, 2026-11-28: the index lived on the stack, a store
+            // and reload per vector).
+            const std::uint64_t first_draw = l_first_index + run_begin;
+            const bool one_word = (first_draw >> 32) == ((first_draw + group - 1) >> 32);
+            V low_words = hn::Add(l_iota, hn::Set(d, static_cast<U>(first_draw)));
+            const V high_term = hn::Set(d, key.high + static_cast<U>(first_draw >> 32) * 0x9E3779B9u);
             for (std::size_t v = 0, j = run_begin; v < l_block; ++v, j += lanes) {
+              V draw = hn::Zero(d);
+              if constexpr (stochastic) {
+                draw = one_word ? Draws(d, key, low_words, high_term) : draw_at(j);
+                low_words = hn::Add(low_words, hn::Set(d, static_cast<U>(lanes)));
+              }
               VF element;
               const VF value = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j),
                                                   hn::Set(df, group_factor[v >> shift]),
-                                                  hn::Set(df, group_dequant[v >> shift]), ts, flags, false,
-                                                  draw_at(j), lanes, lt, element);
+                                                  hn::Set(df, group_dequant[v >> shift]), ts, flags, false, draw,
+                                                  lanes, lt, element);
               if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
               if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
             }
