@@ -695,6 +695,33 @@ TEST_CASE("NVFP4: two-level scales in the paper's binary32 order, and Transforme
   CHECK(std::fabs(q.values[0] - 3.0) <= 3.0 * 1e-6);
 }
 
+TEST_CASE("NVFP4's tensor scale sees the largest magnitude wherever it lies in a long tensor", "[block][nvfp4]") {
+  // The tensor's amax pass reads long tensors in a prefetching loop of four vectors, then a loop of four
+  // vectors, one vector and single values: an amax at any of those places, of either sign, gives the tensor
+  // scale that the reference computes from that one value. On every vector target this CPU runs.
+  const BlockFormat f = *parse_block_format("nvfp4");
+  const std::size_t n = 3 * 4096 + 100;
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) x[i] = 0.5f * static_cast<float>((i * 7919) % 97) / 97.0f - 0.25f;
+  std::vector<std::size_t> positions;
+  for (std::size_t p = 0; p < n; p += p < 200 || p + 200 >= n ? 1 : 37) positions.push_back(p);
+  std::vector<float> out(n);
+  for (const simd::Target& target : simd::available_targets()) {
+    const simd::ForceTarget forced(target);
+    std::size_t bad = 0;
+    for (std::size_t p : positions) {
+      std::vector<float> y = x;
+      y[p] = p % 2 == 0 ? 1000.5f : -1000.5f;
+      double want = 0;
+      reference_nvfp4(false, std::vector<float>{y[p]}, want);
+      const BlockSummary got = quantize_blocks(f, y, out, 1, static_cast<std::int64_t>(n));
+      if (!same(got.tensor_scale, want) && bad++ < 3)
+        FAIL_CHECK(target.name << ", amax at " << p << ": tensor scale " << got.tensor_scale << ", reference " << want);
+    }
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("DeepSeek-V3 FP8 tiles: s = amax / 448, y = x / s in binary32", "[block][tiles]") {
   std::mt19937_64 rng(20261128);
   const BlockFormat f = *parse_block_format("fp8-e4m3-1x128");
