@@ -968,6 +968,36 @@ TEST_CASE("softmax, norm statistics and the loss in a narrow format (policy inte
   }
 }
 
+TEST_CASE("token embeddings: rows looked up and the table's gradient summed in token order, bit for bit",
+          "[gpu][backend][transformer]") {
+  require_device();
+  Backends b;
+  const std::int64_t rows = 11, width = 24, tokens = 70;
+  FVec ids(static_cast<std::size_t>(tokens));
+  // Repeated ids (their gradients add in token order), every row but the last, and ids no row has (a NaN
+  // output, no gradient): -1, 11 and 2.5.
+  for (std::int64_t t = 0; t < tokens; ++t) ids[static_cast<std::size_t>(t)] = static_cast<float>((t * 7) % (rows - 1));
+  ids[5] = -1.0f;
+  ids[17] = static_cast<float>(rows);
+  ids[40] = 2.5f;
+  const auto id = b.upload(ids, {tokens});
+  const auto table = b.upload(normal_values(static_cast<std::size_t>(rows * width), 910), {rows, width});
+  auto out = b.empty({tokens, width});
+  b.cpu->embedding_forward(id.cpu, table.cpu, out.cpu);
+  b.gpu->embedding_forward(id.gpu, table.gpu, out.gpu);
+  check_same("embedding", b, out);
+  const FVec o = b.cpu_values(out.cpu);
+  CHECK(std::isnan(o[static_cast<std::size_t>(5 * width)]));
+  const auto dout = b.upload(normal_values(static_cast<std::size_t>(tokens * width), 911), {tokens, width});
+  auto dtable = b.upload(FVec(static_cast<std::size_t>(rows * width), NAN), {rows, width});  // every element written
+  b.cpu->embedding_backward(id.cpu, dout.cpu, dtable.cpu);
+  b.gpu->embedding_backward(id.gpu, dout.gpu, dtable.gpu);
+  check_same("embedding table gradient", b, dtable);
+  const FVec g = b.cpu_values(dtable.cpu);
+  CHECK(std::none_of(g.begin(), g.end(), [](float v) { return std::isnan(v); }));
+  CHECK(g[static_cast<std::size_t>((rows - 1) * width)] == 0.0f);  // the row no token names
+}
+
 TEST_CASE("transformer ops: attention, add and the sequence mean bit for bit, softmax within expf's bound",
           "[gpu][backend][transformer]") {
   require_device();
