@@ -1614,6 +1614,190 @@ TEST_CASE("Dropout keeps 1 - p of the elements scaled by 1/(1 - p), reuses its m
   CHECK(f.host(layer->forward(f.ctx, x)) == ones);
 }
 
+// Binary64 central differences per op for the layers that the whole-model tests covered only through the
+// binary32 loss (issue #20 section 1): dropout with its mask fixed, QK-LayerNorm, and token embeddings with a
+// head tied to their table.
+
+TEST_CASE("Dropout forward and backward match binary64 references under its mask", "[layers][transformer]") {
+  constexpr double p = 0.3;
+  const Shape shape{6, 7};
+  Rng rng{97};
+  const FVec x = uniform(rng, size_of(shape), -2.0, 2.0);
+  auto layer = make_dropout("drop", p);
+  // check_layer's context (Fixture's seed, layer 0, step 0) and that stream's mask: the mask is the given here
+  // (its statistics and its reuse are the test above); the arithmetic around it is what is checked.
+  Fixture g;
+  g.ctx.layer = 0;
+  const DropoutMask mask = dropout_mask(g.ctx.stream(Site::dropout_mask), p);
+  Vec keep(x.size());
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    keep[i] = random_draw(mask.key, mask.first_index + i) >= mask.threshold ? 1.0 : 0.0;
+    kept += keep[i] != 0.0;
+  }
+  REQUIRE(kept > 0);
+  REQUIRE(kept < x.size());  // kept and dropped elements both
+  const double scale = 1.0 / (1.0 - p);
+  Reference ref;
+  ref.forward = [&](const std::vector<Vec>& a) {
+    Vec y(a[0].size());
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = a[0][i] * keep[i] * scale;
+    return y;
+  };
+  // One binary32 product by the binary32 scale (within u of 1 / (1 - p)): 2u |y| and u^2 terms; dropped
+  // elements exactly 0.
+  ref.forward_bound = [&](const std::vector<Vec>& a) { return scaled(abs_of(ref.forward(a)), 3.0 * u); };
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>&, const Vec&, const Fd& fd) {
+    return scaled(fd.magnitude, 3.0 * u);
+  };
+  check_layer("dropout", *layer, x, shape, {}, ref, 98);
+}
+
+TEST_CASE("QK-LayerNorm forward and backward match binary64 references", "[layers][transformer]") {
+  const Index batch = 2, tokens = 3, heads = 2, head_dim = 5, width = heads * head_dim, rows = batch * tokens;
+  const double eps = static_cast<double>(1e-5f);
+  Rng rng{99};
+  auto layer = make_qk_norm("qkn", tokens, heads, head_dim);
+  const FVec x = uniform(rng, static_cast<std::size_t>(rows * 3 * width), -1.5, 2.5);
+  const FVec gamma = away_from_zero(rng, static_cast<std::size_t>(2 * head_dim), 0.3, 1.7);
+  const FVec beta = uniform(rng, static_cast<std::size_t>(2 * head_dim), -1.0, 1.0);
+  // Segment (r, part, h), part 0 for q and 1 for k: the head_dim values of row r at part * width + h * head_dim,
+  // normalised with the parameters at part * head_dim; v (part 2) passes unchanged.
+  const auto at = [=](Index r, Index part, Index h, Index c) {
+    return static_cast<std::size_t>(r * 3 * width + part * width + h * head_dim + c);
+  };
+  const auto segment_stats = [=](const Vec& a0, Index r, Index part, Index h) {
+    Vec seg(static_cast<std::size_t>(head_dim));
+    for (Index c = 0; c < head_dim; ++c) seg[static_cast<std::size_t>(c)] = a0[at(r, part, h, c)];
+    const LnStats st = ln_stats(seg, 1, head_dim, eps);
+    return std::pair<double, double>{st.mean[0], st.rstd[0]};
+  };
+  Reference ref;
+  ref.forward = [=](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    for (Index r = 0; r < rows; ++r)
+      for (Index part = 0; part < 2; ++part)
+        for (Index h = 0; h < heads; ++h) {
+          const auto [m, rs] = segment_stats(a[0], r, part, h);
+          for (Index c = 0; c < head_dim; ++c) {
+            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
+            y[i] = (a[0][i] - m) * rs * a[1][j] + a[2][j];
+          }
+        }
+    return y;
+  };
+  // LayerNorm's bounds (the test above) per segment; v is copied: exact.
+  ref.forward_bound = [=](const std::vector<Vec>& a) {
+    Vec b(a[0].size(), 0.0);
+    for (Index r = 0; r < rows; ++r)
+      for (Index part = 0; part < 2; ++part)
+        for (Index h = 0; h < heads; ++h) {
+          const auto [m, rs] = segment_stats(a[0], r, part, h);
+          for (Index c = 0; c < head_dim; ++c) {
+            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
+            b[i] = 8.0 * u * (rs * std::fabs(a[1][j]) * (std::fabs(a[0][i] - m) + std::fabs(m)) + std::fabs(a[2][j]));
+          }
+        }
+    return b;
+  };
+  // dx: LayerNorm's 16u S_j per segment, v's gradient copied (exact); dgamma and dbeta sum over every row and
+  // head in binary32 (rows x heads terms).
+  ref.grad_bound = [=](std::size_t which, const std::vector<Vec>& a, const Vec& dy, const Fd&) {
+    Vec b(which == 0 ? a[0].size() : static_cast<std::size_t>(2 * head_dim), 0.0);
+    const double terms = static_cast<double>(rows * heads);
+    for (Index r = 0; r < rows; ++r)
+      for (Index part = 0; part < 2; ++part)
+        for (Index h = 0; h < heads; ++h) {
+          const auto [m, rs] = segment_stats(a[0], r, part, h);
+          double c1 = 0.0, c2 = 0.0;
+          for (Index c = 0; c < head_dim; ++c) {
+            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
+            const double dxhat = std::fabs(dy[i] * a[1][j]);
+            c1 += dxhat / static_cast<double>(head_dim);
+            c2 += dxhat * std::fabs((a[0][i] - m) * rs) / static_cast<double>(head_dim);
+          }
+          const double rm = rs * std::fabs(m);
+          for (Index c = 0; c < head_dim; ++c) {
+            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
+            const double d = std::fabs(dy[i]), xh = std::fabs((a[0][i] - m) * rs);
+            if (which == 0)
+              b[i] = 16.0 * u * rs * (d * std::fabs(a[1][j]) + c1 + xh * c2 + rm * (c2 + xh * c1));
+            else if (which == 1)
+              b[j] += 2.0 * (terms + 4.0) * u * d * (xh + rm);
+            else
+              b[j] += 2.0 * (terms + 2.0) * u * d;
+          }
+        }
+    return b;
+  };
+  check_layer("qk norm", *layer, x, {rows, 3 * width}, {gamma, beta}, ref, 100);
+}
+
+TEST_CASE("Token embeddings and a head tied to their table: logits and the table's gradient match binary64 "
+          "central differences", "[layers][transformer]") {
+  // logits[t][v] = sum_c T[id_t][c] T[v][c] + b[v]: the table T enters twice, as the embedding's rows and as the
+  // head's weight; its gradient is the head's part plus the embedding's scatter of the head's input gradient.
+  const Index vocabulary = 7, width = 5, tokens = 9;
+  Rng rng{101};
+  const FVec table = uniform(rng, static_cast<std::size_t>(vocabulary * width), -1.0, 1.0);
+  const FVec bias = uniform(rng, static_cast<std::size_t>(vocabulary), -0.5, 0.5);
+  FVec ids(static_cast<std::size_t>(tokens));
+  for (Index t = 0; t < tokens; ++t) ids[static_cast<std::size_t>(t)] = static_cast<float>((t * 3) % (vocabulary - 1));
+  // (repeated ids; the last row is named by no token: only the head's part reaches it)
+  const auto tie = std::make_shared<TiedTable>();
+  auto embedding = make_embedding("embed", vocabulary, width, tie);
+  auto head = make_tied_linear("head", width, vocabulary, tie);
+  Fixture f;
+  f.set_parameter(*embedding->parameters().at(0), table);
+  f.set_parameter(*head->parameters().at(0), bias);
+  f.ctx.layer = 0;
+  const Tensor e = embedding->forward(f.ctx, f.tensor(ids, {tokens}));
+  f.ctx.layer = 1;
+  const FVec logits = f.host(head->forward(f.ctx, e));
+  const FVec r = uniform(rng, logits.size(), -1.0, 1.0);
+  const Tensor de = head->backward(f.ctx, f.tensor(r, {tokens, vocabulary}), true);
+  f.ctx.layer = 0;
+  embedding->backward(f.ctx, de, false);
+  const FVec dtable = f.host(embedding->parameters().at(0)->grad), dbias = f.host(head->parameters().at(0)->grad);
+
+  const RefForward forward = [&](const std::vector<Vec>& a) {  // a[0] the table, a[1] the bias
+    Vec y(static_cast<std::size_t>(tokens * vocabulary));
+    for (Index t = 0; t < tokens; ++t)
+      for (Index v = 0; v < vocabulary; ++v) {
+        const auto row = static_cast<Index>(ids[static_cast<std::size_t>(t)]);
+        double sum = a[1][static_cast<std::size_t>(v)];
+        for (Index c = 0; c < width; ++c) sum += a[0][row * width + c] * a[0][v * width + c];
+        y[t * vocabulary + v] = sum;
+      }
+    return y;
+  };
+  const std::vector<Vec> args{widen(table), widen(bias)};
+  const Vec want = forward(args);
+  // A binary32 dot of width products plus the bias: 2 (width + 2) u (sum |e||T| + |b|).
+  Vec forward_bound(want.size());
+  for (Index t = 0; t < tokens; ++t)
+    for (Index v = 0; v < vocabulary; ++v) {
+      const auto row = static_cast<Index>(ids[static_cast<std::size_t>(t)]);
+      double m = std::fabs(args[1][static_cast<std::size_t>(v)]);
+      for (Index c = 0; c < width; ++c) m += std::fabs(args[0][row * width + c] * args[0][v * width + c]);
+      forward_bound[static_cast<std::size_t>(t * vocabulary + v)] = 2.0 * (width + 2) * u * m;
+    }
+  expect_close("tied logits", logits, want, forward_bound);
+  // The table's gradient: the head's sum over tokens, the input gradient's sum over the vocabulary, its scatter
+  // over the tokens of a row and the final add: at most tokens + vocabulary + 2 terms in a chain, against the
+  // magnitudes M_i of the differences (GEMM-like, dot_bound's rule). The bias: a sum over tokens.
+  const Vec rd = widen(r);
+  for (std::size_t which : {std::size_t{0}, std::size_t{1}}) {
+    const Fd fd = finite_differences(forward, args, which, rd);
+    Vec bound = scaled(fd.magnitude, 2.0 * static_cast<double>(tokens + vocabulary + 4) * u);
+    for (std::size_t i = 0; i < bound.size(); ++i) bound[i] += fd.floor[i];
+    expect_close(which == 0 ? "tied table gradient" : "head bias gradient", which == 0 ? dtable : dbias, fd.grad,
+                 bound);
+  }
+  // The row no token names gets the head's part alone, which is not zero.
+  CHECK(std::any_of(dtable.end() - width, dtable.end(), [](float g) { return g != 0.0f; }));
+}
+
 TEST_CASE("GPT with dropout and attention dropout: gradients match finite differences of the binary32 loss",
           "[layers][transformer]") {
   // The masks depend on (seed, layer, step) only, so every evaluation of the difference quotient drops the same
