@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <numbers>
 #include <cmath>
 #include <cerrno>
 #include <csignal>
@@ -493,6 +494,8 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
     }
   }
   result.agreements = compare_backends(result.rows, c.backends.front());
+  result.text = std::all_of(sweep.points.begin(), sweep.points.end(),
+                            [](const SweepPoint& p) { return p.config.data.dataset == "fortunes"; });
   for (const Agreement& a : result.agreements) log->add_agreement(a);
   log.reset();  // closes the file
   result.log = output;
@@ -552,6 +555,11 @@ std::string format_summary(const ExperimentResult& result) {
          "both per nonzero value.\n skipped: steps skipped for an inf/NaN gradient. loss scale: after the last "
          "step.)\n";
   if (any_uncollected) out += "(n/a: no step was instrumented; set train.stats_interval > 0 to measure these)\n";
+  if (result.text) {
+    out += "\ntest bits per character (test loss / ln 2):\n";
+    for (const ArmRow& row : result.rows)
+      out += fmt::format("{:<{}} {:>9.4f}\n", row.name, width, row.result.test_loss / std::numbers::ln2);
+  }
   if (!result.agreements.empty()) {
     out += fmt::format("\n{:<28} {:<20} {:>16} {:>13} {:>13} {:>13}\n", "agreement of arm", "with",
                        "max loss rel diff", "test acc diff", "act-g hist TV", "w-g hist TV");

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numbers>
 #include <type_traits>
 #include <unistd.h>
 
@@ -277,6 +278,23 @@ TEST_CASE("experiment: the summary table's layout", "[experiment]") {
         "     12.3  completed\n" +
             footnote + "(n/a: no step was instrumented; set train.stats_interval > 0 to measure these)\n" +
             "\nlog: runs/x.h5\nconfig: runs/x.toml\n");
+}
+
+TEST_CASE("format_summary gives a text model's test loss in bits per character", "[experiment]") {
+  ExperimentResult result;
+  ArmRow row;
+  row.name = "fp32";
+  row.result.test_loss = 3.0 * std::numbers::ln2;  // 3 bits
+  result.rows.push_back(row);
+  row.name = "bf16-mixed";
+  row.result.test_loss = 2.3613;  // charlm's fp32 arm at full size on the CPU: 3.4066 bits
+  result.rows.push_back(row);
+  CHECK(format_summary(result).find("bits per character") == std::string::npos);  // not text: nothing
+  result.text = true;
+  const std::string summary = format_summary(result);
+  CHECK(summary.find("\ntest bits per character (test loss / ln 2):\n"
+                     "fp32                3.0000\n"
+                     "bf16-mixed          3.4066\n") != std::string::npos);
 }
 
 TEST_CASE("data.path: empty means the dataset's Debian directory, anything else is taken as given", "[experiment]") {

@@ -97,6 +97,9 @@ struct ExperimentResult {
   // Every arm on another backend against the same policy, seed and point on the first backend.
   std::vector<Agreement> agreements;
   std::filesystem::path log, config;  // the HDF5 log and the resolved config beside it
+  // Character-level text (data.dataset = "fortunes"): the losses are nats per predicted character, and the
+  // summary gives each arm's test loss in bits per character too.
+  bool text = false;
 };
 
 // Runs every arm of the sweep. Everything that can be wrong (backends, output,
