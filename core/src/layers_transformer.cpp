@@ -255,7 +255,7 @@ class SelfAttention final : public Layer {
     Tensor scores = b.empty({shape_.score_rows(), tokens_});
     b.attention_scores(qkv_, shape_, scores);
     ctx.note_logit_max(scores);
-    ctx.round(scores, p.gemm_output, std::nullopt, Site::attention_scores);
+    ctx.round(scores, logits_point(p), std::nullopt, Site::attention_scores);
     if (softcap_ > 0.0f) {  // in binary32 on the rounded logits, as the softmax kernel's prologue
       capped_ = b.empty(scores.shape());
       b.soft_cap_forward(scores, softcap_, true, capped_);
@@ -364,6 +364,11 @@ class SelfAttention final : public Layer {
   }
   static InternalRounding fused_operand(const Policy& p, const RoundingPoint Policy::*point) {
     return internal_rounding(p, point, "fused attention");
+  }
+  // The logits round as a GEMM's output unless the policy keeps them in binary32 (fp32_ops
+  // "attention_logits"; the fused path never rounds them).
+  static RoundingPoint logits_point(const Policy& p) {
+    return p.runs_in_fp32("attention_logits") ? RoundingPoint{} : p.gemm_output;
   }
   static RoundingPoint softmax_point(const Policy& p) {
     return p.runs_in_fp32("softmax") ? RoundingPoint{} : p.elementwise;

@@ -1618,6 +1618,28 @@ TEST_CASE("Dropout keeps 1 - p of the elements scaled by 1/(1 - p), reuses its m
 // binary32 loss (issue #20 section 1): dropout with its mask fixed, QK-LayerNorm, and token embeddings with a
 // head tied to their table.
 
+TEST_CASE("fp32_ops \"attention_logits\" keeps attention's logits in binary32 and changes nothing else",
+          "[layers][transformer]") {
+  // A policy that rounds only GEMM outputs, to E4M3 (coarse enough that rounded logits move the softmax):
+  // with attention_logits in fp32_ops the layer's output is binary32 attention rounded once at its output.
+  const Index tokens = 4, heads = 2, head_dim = 3, rows = 2 * tokens;
+  Rng rng{103};
+  const FVec x = uniform(rng, static_cast<std::size_t>(rows * 3 * heads * head_dim), -2.0, 2.0);
+  const auto run = [&](const char* gemm_output, std::vector<std::string> fp32_ops, bool round_output_after) {
+    Fixture f;
+    f.policy.gemm_output = *parse_rounding_point(gemm_output, nullptr);
+    f.policy.fp32_ops = std::move(fp32_ops);
+    auto layer = make_self_attention("attn", tokens, heads, true);
+    Tensor y = layer->forward(f.ctx, f.tensor(x, {rows, 3 * heads * head_dim}));
+    if (round_output_after) f.ctx.round(y, *parse_rounding_point("e4m3", nullptr), std::nullopt, Site::output);
+    return f.host(y);
+  };
+  const FVec kept = run("e4m3", {"attention_logits"}, false), rounded = run("e4m3", {}, false);
+  const FVec binary32_then_rounded = run("binary32", {}, true);
+  CHECK(bits_of(kept) == bits_of(binary32_then_rounded));
+  CHECK(bits_of(kept) != bits_of(rounded));  // the logits' rounding did change the output
+}
+
 TEST_CASE("Dropout forward and backward match binary64 references under its mask", "[layers][transformer]") {
   constexpr double p = 0.3;
   const Shape shape{6, 7};

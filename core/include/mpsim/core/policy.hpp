@@ -214,16 +214,18 @@ std::vector<std::string> preset_policy_names();
 std::string describe(const Policy& policy);
 
 // The ops a policy's fp32_ops may name: layer_norm, softmax (attention's),
-// residual (the residual stream), the activations that the table marks
-// (numerics_layers.hpp), softmax_cross_entropy. The config reads,
+// attention_logits (q k^T, kept in binary32 instead of rounding at
+// gemm_output), residual (the residual stream), the activations that the table
+// marks (numerics_layers.hpp), softmax_cross_entropy. The config reads,
 // checks and documents the key from this list.
 inline constexpr auto fp32_op_names = [] {
   constexpr auto marked = static_cast<std::size_t>(
       std::count(Activations::fp32_op.begin(), Activations::fp32_op.end(), true));
-  std::array<std::string_view, marked + 4> names{};
+  std::array<std::string_view, marked + 5> names{};
   std::size_t n = 0;
   names[n++] = "layer_norm";
-  names[n++] = "softmax";   // attention's softmax (its output, the probabilities)
+  names[n++] = "softmax";           // attention's softmax (its output, the probabilities)
+  names[n++] = "attention_logits";  // attention's q k^T / sqrt(d), before any soft cap and the softmax
   names[n++] = "residual";  // the residual stream: the sums of residual connections
   for (std::size_t i = 0; i < Activations::size; ++i)
     if (Activations::fp32_op[i]) names[n++] = Activations::names.names[i];
