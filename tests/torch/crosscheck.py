@@ -33,6 +33,7 @@ case, check, step and tensor), 2 on bad input.
 import math
 import os
 import sys
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -345,6 +346,31 @@ def make_optimizer(d, params):
     return cls(params, lr=lr, betas=betas, eps=d.get("eps", kind=float), weight_decay=wd)
 
 
+# SequentialLR (PyTorch 1.13) steps the scheduler it switches to with an epoch argument, which warns; the closed
+# form it then takes is the schedule's own.
+warnings.filterwarnings("ignore", message="The epoch parameter", category=UserWarning)
+
+
+def make_scheduler(d, optimizer):
+    """The learning-rate schedule from PyTorch's own schedulers: LinearLR for the warm-up (lr (s + 1) / warmup),
+    then CosineAnnealingLR to min_lr at the last step; None for a constant rate."""
+    kind, warmup, min_lr = d.get("schedule"), d.get("warmup", kind=int), d.get("min_lr", kind=float)
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"schedule {kind}: the cross-check runs constant and cosine")
+    parts = []
+    if warmup > 0:
+        parts.append(torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=1.0 / warmup, end_factor=1.0,
+                                                       total_iters=warmup - 1))
+    if kind == "cosine":
+        parts.append(torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=d.steps - warmup - 1,
+                                                                eta_min=min_lr))
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return torch.optim.lr_scheduler.SequentialLR(optimizer, parts, milestones=[warmup])
+
+
 def clip(d, model):
     """clip_grad_norm_ when the run clips (mpsim's optimizer.clip_norm); returns the norm before clipping."""
     max_norm = float(d.config.get("clip_norm", ["0"])[0])
@@ -532,7 +558,8 @@ def main(argv):
     case = d.get("case")
     names = [n for n, _ in d.params]
     print(f"case {case}: {d.get('model')} {d.get('activation')} layer_norm={d.get('layer_norm')} "
-          f"optimizer {d.get('optimizer')}, {d.steps} steps of batch {d.batch}; torch {torch.__version__}, "
+          f"optimizer {d.get('optimizer')}, schedule {d.get('schedule')} (warm-up {d.get('warmup')}), "
+          f"{d.steps} steps of batch {d.batch}; torch {torch.__version__}, "
           f"{torch.get_num_threads()} thread")
     print(f"tolerances: local {local_tolerance(d):.2e} (sums along the chain: {reduction_chain(d)}), "
           f"replay {replay_tolerance(d, 0):.2e}*(s+1), free {local_tolerance(d):.2e}*(1+4s^2)")
@@ -571,6 +598,7 @@ def main(argv):
         load(model, d.initial)
         params = dict(model.named_parameters())
         optimizer = make_optimizer(d, model.parameters())
+        scheduler = make_scheduler(d, optimizer)
         print("\nreplay: PyTorch's optimiser fed mpsim's gradients; the weights after each step")
         print(f"{'step':>4} {'weight dev':>10} {'worst tensor':<13} {'tolerance':>9}")
         for s in range(d.steps):
@@ -578,6 +606,8 @@ def main(argv):
                 params[n].grad = torch.from_numpy(d.grads[s][n].copy())
             norm = clip(d, model)
             optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
             expected = d.weights[s + 1] if s + 1 < d.steps else d.final
             tol = replay_tolerance(d, s)
             devs = {n: deviation(params[n].detach().numpy(), expected[n]) for n in names}
@@ -592,6 +622,7 @@ def main(argv):
         load(model, d.initial)
         load(model64, d.initial)
         optimizer, optimizer64 = make_optimizer(d, model.parameters()), make_optimizer(d, model64.parameters())
+        schedulers = [x for x in (make_scheduler(d, optimizer), make_scheduler(d, optimizer64)) if x is not None]
         print("\nfree: PyTorch trains on its own from the same initial weights and batches")
         print(f"{'step':>4} {'loss torch':>10} {'loss mpsim':>10} {'loss dev':>9} {'grad dev':>9} "
               f"{'worst tensor':<13} {'tolerance':>9} | {'torch-fp64':>10} {'mpsim-fp64':>10}")
@@ -613,6 +644,8 @@ def main(argv):
             clip(d, model64)
             optimizer.step()
             optimizer64.step()
+            for x in schedulers:
+                x.step()
         tol = free_tolerance(d, d.steps)
         devs = {n: deviation(*free_final_values(d, n, p.detach().numpy(), d.final[n]))
                 for n, p in model.named_parameters()}

@@ -57,6 +57,7 @@ struct Case {
   ModelSpec model;
   OptimizerSpec optimizer;
   double z_loss = 0.0;  // [loss] z_loss
+  ScheduleSpec schedule;  // [schedule]: the GPT cases warm up and decay (PyTorch's LinearLR and CosineAnnealingLR)
 };
 
 std::map<std::string, Case> cases() {
@@ -103,6 +104,11 @@ std::map<std::string, Case> cases() {
     c.optimizer.clip_norm = kind == ModelKind::gpt ? 0.5 : 0.0;  // below the GPT's gradient norms: it clips
     // PaLM's z-loss, 100x PaLM's weight so that leaving it out fails the check.
     c.z_loss = kind == ModelKind::gpt ? 0.01 : 0.0;
+    if (kind == ModelKind::gpt) {  // two warm-up steps, then a cosine to a tenth of lr at the last step
+      c.schedule.kind = ScheduleKind::cosine;
+      c.schedule.warmup = 2;
+      c.schedule.min_lr = 3e-4;
+    }
     all.emplace(c.name, c);
   }
   {
@@ -250,6 +256,7 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
   setup.model = c.model;
   setup.optimizer = c.optimizer;
   setup.train.loss.z_loss = c.z_loss;
+  setup.schedule = c.schedule;
   setup.seed = seed;
   setup.train.epochs = 1;
   setup.train.max_steps = steps;
@@ -277,7 +284,8 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << number(c.model.rotary_base) << "\nattention_softcap " << number(c.model.attention_softcap)
            << "\nlogit_softcap " << number(c.model.logit_softcap) << "\ntie_embeddings " << (c.model.tie_embeddings ? 1 : 0)
            << "\ndropout " << number(c.model.dropout) << "\nattention_dropout " << number(c.model.attention_dropout)
-           << "\n";
+           << "\nschedule " << to_string(c.schedule.kind) << "\nwarmup " << c.schedule.warmup << "\nmin_lr "
+           << number(c.schedule.min_lr) << "\n";
 
   // Initial weights and every step's gradients and weights, from the hook.
   bool initial_written = false;
