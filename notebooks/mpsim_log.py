@@ -27,7 +27,7 @@ from typing import Iterator, Union
 import h5py
 import numpy as np
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Version 1 lacks /arms/<arm>/policy/: everything but `policy` reads it. Version 2
 # lacks the root `cpu` and the arms' `threads` and `gemm` attributes (nothing here needs them).
 # Version 3 lacks stats/logit_max: everything but `logit_max` reads it. Version 4 lacks the policy
@@ -35,6 +35,7 @@ SCHEMA_VERSION = 8
 # points the log has). Version 6 and earlier also count ReLU's and max pooling's input gradients as tensors of their
 # own: their activation_grads aggregates over layers count those values twice (docs/hdf5-schema.md).
 # Version 7 and earlier lack /arms/<arm>/shadow/: everything but `shadow` reads them.
+# Version 8 and earlier have no attention_logits and attention_probs kinds (kinds() lists what a log has).
 OLDEST_SCHEMA_VERSION = 1
 # Values of the `binade` coordinate for the bins that are not binades.
 ZERO_BIN = 1000

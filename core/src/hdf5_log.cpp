@@ -35,12 +35,13 @@ namespace mpsim::core {
 
 namespace {
 
-constexpr std::int32_t schema_version = 8;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
+constexpr std::int32_t schema_version = 9;  // 2: /arms/<arm>/policy/; 3: cpu, arms' threads and gemm; 4: stats/logit_max;
                                             // 5: the policy points softmax_internals and norm_statistics;
                                             // 6: the policy point loss_internals; 7: ReLU's and max
                                             // pooling's input gradients counted once (their records empty
                                             // where they only select values already counted), and the
-                                            // counter "flushed" renamed "rounded_to_zero"; 8: /arms/<arm>/shadow/
+                                            // counter "flushed" renamed "rounded_to_zero"; 8: /arms/<arm>/shadow/;
+                                            // 9: the kinds attention_logits and attention_probs
 // Values of /arms/<arm>/binade for the bins that are not binades.
 constexpr std::int32_t zero_bin_value = 1000;
 constexpr std::int32_t infinity_bin_value = 1001;

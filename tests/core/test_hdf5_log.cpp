@@ -425,7 +425,8 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   const std::size_t layers = info.layers.size();
   CHECK(read_strings(group, "layer") == info.layers);
   CHECK(read_strings(group, "kind") == std::vector<std::string>{"weights", "activations", "activation_grads",
-                                                                "weight_grads", "updates", "gemm_inputs"});
+                                                                "weight_grads", "updates", "gemm_inputs",
+                                                                "attention_logits", "attention_probs"});
   CHECK(read_strings(group, "counter") ==
         std::vector<std::string>{"elements", "nonzero", "rounded_to_zero", "below_2^-24", "subnormal", "overflow", "nan",
                                  "infinite", "swallowed", "inexact"});
@@ -481,14 +482,14 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   CHECK(check_compressed(group, "steps/step") == std::vector<hsize_t>{256});
 
   // Stats.
-  const hsize_t m = expected.stat_steps.size();
+  const hsize_t m = expected.stat_steps.size(), kinds = tensor_kind_count;
   CHECK(read<std::int64_t>(group, "stats/step", H5T_NATIVE_INT64, {m}) == expected.stat_steps);
-  const auto histogram = read<std::uint32_t>(group, "stats/histogram", H5T_NATIVE_UINT32, {m, layers, 6, 280});
-  const auto counters = read<std::uint64_t>(group, "stats/counters", H5T_NATIVE_UINT64, {m, layers, 6, 10});
+  const auto histogram = read<std::uint32_t>(group, "stats/histogram", H5T_NATIVE_UINT32, {m, layers, kinds, 280});
+  const auto counters = read<std::uint64_t>(group, "stats/counters", H5T_NATIVE_UINT64, {m, layers, kinds, 10});
   std::size_t h = 0, c = 0;
   for (hsize_t i = 0; i < m; ++i) {
     for (std::size_t l = 0; l < layers; ++l) {
-      for (std::size_t k = 0; k < 6; ++k) {
+      for (std::size_t k = 0; k < kinds; ++k) {
         INFO("stats step " << expected.stat_steps[i] << " layer " << l << " kind " << k);
         for (std::size_t b = 0; b < 280; ++b) {
           REQUIRE(histogram[h++] == histogram_value(arm, expected.stat_steps[i], l, k, b));
@@ -508,8 +509,8 @@ void check_arm(hid_t file, int arm, const Expected& expected) {
   }
   CHECK(attached(group, "stats/histogram", "binade", 3));
   CHECK(attached(group, "stats/counters", "counter", 3));
-  CHECK(check_compressed(group, "stats/histogram") == std::vector<hsize_t>{16, 1, 6, 280});
-  CHECK(check_compressed(group, "stats/counters") == std::vector<hsize_t>{16, layers, 6, 10});
+  CHECK(check_compressed(group, "stats/histogram") == std::vector<hsize_t>{16, 1, kinds, 280});
+  CHECK(check_compressed(group, "stats/counters") == std::vector<hsize_t>{16, layers, kinds, 10});
   const auto maxima = read<double>(group, "stats/logit_max", H5T_NATIVE_DOUBLE, {m, layers});
   for (hsize_t i = 0; i < m; ++i) {
     const std::vector<double> want = logit_maxima(arm, expected.stat_steps[i], layers);
@@ -555,7 +556,7 @@ void check_root(hid_t file) {
   CHECK(string_attribute(file, "host") == info.host);
   CHECK(string_attribute(file, "cpu") == info.cpu);
   CHECK(scalar_attribute<std::uint64_t>(file, "seed", H5T_NATIVE_UINT64, H5T_INTEGER, 8) == info.seed);
-  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 8);
+  CHECK(scalar_attribute<std::int32_t>(file, "schema_version", H5T_NATIVE_INT32, H5T_INTEGER, 4) == 9);
 }
 
 // Writes arm `arm` for steps [first, last): stats every 5 steps and an eval

@@ -1640,6 +1640,43 @@ TEST_CASE("fp32_ops \"attention_logits\" keeps attention's logits in binary32 an
   CHECK(bits_of(kept) != bits_of(rounded));  // the logits' rounding did change the output
 }
 
+TEST_CASE("Self-attention counts its logits and probabilities as tensor kinds of their own", "[layers][transformer]") {
+  // Under bf16-mixed the logits round to bfloat16 at gemm_output and the probabilities stay binary32 (fp32_ops
+  // softmax): every element is counted, the causal mask's -inf in the infinity bin (infinite, not overflowed)
+  // and its probabilities in the zero bin; the fused path has no such tensors and counts none.
+  const Index batch = 2, tokens = 4, heads = 2, head_dim = 3, rows = batch * tokens;
+  const std::uint64_t elements = batch * heads * tokens * tokens, masked = batch * heads * tokens * (tokens - 1) / 2;
+  Rng rng{105};
+  const FVec x = uniform(rng, static_cast<std::size_t>(rows * 3 * heads * head_dim), -2.0, 2.0);
+  for (const Index tile : {Index{0}, Index{2}}) {
+    INFO((tile > 0 ? "fused" : "unfused"));
+    Fixture f("bf16-mixed");
+    LayerStats stats(1);
+    f.ctx.stats = &stats;
+    f.ctx.layer = 0;
+    auto layer = make_self_attention("attn", tokens, heads, true, 0.0f, 0.0, tile);
+    layer->forward(f.ctx, f.tensor(x, {rows, 3 * heads * head_dim}));
+    const TensorStats& logits = stats[0][static_cast<int>(TensorKind::attention_logits)];
+    const TensorStats& probs = stats[0][static_cast<int>(TensorKind::attention_probs)];
+    if (tile > 0) {
+      CHECK(logits[Counter::elements] == 0);
+      CHECK(probs[Counter::elements] == 0);
+      continue;
+    }
+    CHECK(logits[Counter::elements] == elements);
+    CHECK(logits[Counter::infinite] == masked);
+    CHECK(logits[Counter::overflow] == 0);
+    CHECK(logits.histogram[Binades::infinity_bin] == masked);
+    CHECK(logits[Counter::inexact] > 0);  // bfloat16 logits
+    CHECK(probs[Counter::elements] == elements);
+    CHECK(probs.histogram[Binades::zero_bin] == masked);
+    CHECK(probs[Counter::inexact] == 0);  // binary32 probabilities
+    std::uint64_t in_binades = 0;
+    for (int bin = 0; bin < Binades::finite_bins; ++bin) in_binades += probs.histogram[static_cast<std::size_t>(bin)];
+    CHECK(in_binades == elements - masked);
+  }
+}
+
 TEST_CASE("Dropout forward and backward match binary64 references under its mask", "[layers][transformer]") {
   constexpr double p = 0.3;
   const Shape shape{6, 7};

@@ -23,11 +23,14 @@ enum class TensorKind : std::uint8_t {
   updates,           // the optimiser's update of each weight, before it is added to the weight
   gemm_inputs,       // activations and output gradients rounded for a GEMM operand (FP8 scaling happens here);
                      // only where that rounding can change a value (docs/policies.md)
+  attention_logits,  // self-attention's q k^T / sqrt(d) as rounded (masked entries, -inf, in the infinity bin)
+  attention_probs,   // self-attention's softmax output as rounded (masked entries 0); not on the fused path
 };
-inline constexpr int tensor_kind_count = 6;
+inline constexpr int tensor_kind_count = 8;
 // The kinds' names, in order: the log's "kind" coordinate and the notebooks read them.
 inline constexpr EnumNames<TensorKind, tensor_kind_count> tensor_kind_names{
-    {"weights", "activations", "activation_grads", "weight_grads", "updates", "gemm_inputs"}};
+    {"weights", "activations", "activation_grads", "weight_grads", "updates", "gemm_inputs", "attention_logits",
+     "attention_probs"}};
 inline std::string_view to_string(TensorKind kind) { return tensor_kind_names(kind); }
 
 // Bins: binades 2^-149 .. 2^127 (every binary32 value), then zero, infinity, NaN.
