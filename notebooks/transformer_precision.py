@@ -81,6 +81,20 @@ def findings(f) -> dict:
             "activation_grads_rounded_to_zero": ml.fraction(grads, "rounded_to_zero"),
             "activation_grads_below_2^-24": ml.fraction(grads, "below_2^-24"),
         }
+        # Attention's logits and probabilities (kinds of their own since log schema 9, with train.attention_stats;
+        # NaN where the log has none): the logits' share changed by their rounding, and the probabilities' share
+        # that is exactly zero. A lowered softmax computes its zeros inside (softmax_internals), before the output
+        # rounding that the counters see, so the zeros come from the histogram; the causal mask's zeros are
+        # in every arm alike, and the fp32 arm's share is that floor.
+        has = {kind: kind in ml.kinds(f, arm) and ml.kind_counters(f, arm, kind)["elements"] > 0
+               for kind in ("attention_logits", "attention_probs")}
+        entry["attention_logits_inexact"] = (ml.fraction(ml.kind_counters(f, arm, "attention_logits"), "inexact",
+                                                         "all") if has["attention_logits"] else math.nan)
+        if has["attention_probs"]:
+            h = np.asarray(ml.kind_histogram(f, arm, "attention_probs"), dtype=float)
+            entry["attention_probs_zero"] = float(h[ml.bins(f, arm).zero] / h.sum())
+        else:
+            entry["attention_probs_zero"] = math.nan
         for group in GROUPS:
             c = group_counters(f, arm, group)
             entry[f"{group}_inexact"] = ml.fraction(c, "inexact", "all")
@@ -189,19 +203,22 @@ def summary_figure(found: dict) -> Figure:
 
 
 def counters_figure(found: dict) -> Figure:
-    """Share of the residual stream's and the norms' values each arm's rounding changed, and of the nonzero
-    activation gradients it rounded to zero: the first seed's arms."""
+    """Share of the residual stream's, the norms' and attention logits' values each arm's rounding changed, of
+    attention probabilities that are zero, and of the nonzero activation gradients rounded to zero: the first
+    seed's arms."""
     arms = [a for a in found["arms"] if a["seed"] == found["seed"]]
-    fig = Figure(figsize=(12, 4.2), layout="constrained")
-    axes = fig.subplots(1, 3, sharey=True)
+    fig = Figure(figsize=(16, 4.2), layout="constrained")
+    panels = [("residual_inexact", "residual stream: values changed by rounding"),
+              ("layer_norm_inexact", "norm outputs: values changed by rounding"),
+              ("attention_logits_inexact", "attention logits: values changed by rounding"),
+              ("attention_probs_zero", "attention probabilities exactly 0 (the causal mask's included)"),
+              ("activation_grads_rounded_to_zero", "nonzero activation gradients rounded to zero")]
+    axes = fig.subplots(1, len(panels), sharey=True)
     y = np.arange(len(arms))
-    for ax, (key, title) in zip(axes, [("residual_inexact", "residual stream: values changed by rounding"),
-                                       ("layer_norm_inexact", "norm outputs: values changed by rounding"),
-                                       ("activation_grads_rounded_to_zero",
-                                        "nonzero activation gradients rounded to zero")]):
+    for ax, (key, title) in zip(axes, panels):
         ax.barh(y, [100 * a[key] if math.isfinite(a[key]) else 0.0 for a in arms], color="tab:gray")
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("% of values" if key != "activation_grads_rounded_to_zero" else "% of nonzero values")
+        ax.set_xlabel("% of nonzero values" if key == "activation_grads_rounded_to_zero" else "% of values")
         ax.grid(True, axis="x", alpha=0.3)
     axes[0].set_yticks(y, [a["arm"] for a in arms])
     axes[0].invert_yaxis()

@@ -458,6 +458,11 @@ constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
                                    "steps between test-set evaluations; `0`: end of each epoch"),
     key<&TrainSpec::eval_batch>("eval_batch", "samples", "batch size of evaluations", at_least(1)),
     key<&TrainSpec::stats_interval>("stats_interval", "steps", "instrument every Nth step; `0`: never"),
+    key<&TrainSpec::attention_stats>(
+        "attention_stats", "",
+        "vit, gpt: at the instrumented steps, also attention's logits and probabilities as the tensor kinds "
+        "`attention_logits` and `attention_probs` (two more passes over batch x heads x tokens^2 values per layer; "
+        "the charlm GPT's step about 4% slower with statistics at every step). Not on the fused path"),
     key<&TrainSpec::shadow_interval>(
         "shadow_interval", "steps",
         "`> 0`: every Nth step, also the FP32 shadow: the same weights and batch in binary32, whose gradient each "

@@ -255,7 +255,7 @@ class SelfAttention final : public Layer {
     Tensor scores = b.empty({shape_.score_rows(), tokens_});
     b.attention_scores(qkv_, shape_, scores);
     ctx.note_logit_max(scores);
-    ctx.round(scores, logits_point(p), TensorKind::attention_logits, Site::attention_scores);
+    ctx.round(scores, logits_point(p), counted(ctx, TensorKind::attention_logits), Site::attention_scores);
     if (softcap_ > 0.0f) {  // in binary32 on the rounded logits, as the softmax kernel's prologue
       capped_ = b.empty(scores.shape());
       b.soft_cap_forward(scores, softcap_, true, capped_);
@@ -263,7 +263,7 @@ class SelfAttention final : public Layer {
     }
     probs_ = b.empty(scores.shape());
     b.softmax_forward(scores, probs_, internals(p));
-    ctx.round(probs_, softmax_point(p), TensorKind::attention_probs, Site::attention_probs);
+    ctx.round(probs_, softmax_point(p), counted(ctx, TensorKind::attention_probs), Site::attention_probs);
     Tensor kept = probs_;
     if (dropping_) {  // on the probabilities, as the second product reads them (PyTorch's attn_dropout)
       kept = b.empty(probs_.shape());
@@ -367,6 +367,10 @@ class SelfAttention final : public Layer {
   }
   // The logits round as a GEMM's output unless the policy keeps them in binary32 (fp32_ops
   // "attention_logits"; the fused path never rounds them).
+  // The logits and probabilities are counted when the run asks (TrainSpec::attention_stats).
+  static std::optional<TensorKind> counted(const StepContext& ctx, TensorKind kind) {
+    return ctx.attention_stats ? std::optional<TensorKind>(kind) : std::nullopt;
+  }
   static RoundingPoint logits_point(const Policy& p) {
     return p.runs_in_fp32("attention_logits") ? RoundingPoint{} : p.gemm_output;
   }

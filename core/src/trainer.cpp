@@ -69,6 +69,7 @@ class Arm {
     backend_.set_threads(setup.train.threads);
     backend_.set_cpu_gemm(setup.train.gemm);
     backend_.set_device_attention(setup.train.attention);
+    ctx_.attention_stats = setup.train.attention_stats;
     auto& layers = model_.layers();
     // The head: the last layer with parameters (a soft cap after it has none).
     ctx_.output_layer = static_cast<int>(layers.size()) - 1;

@@ -1642,23 +1642,26 @@ TEST_CASE("fp32_ops \"attention_logits\" keeps attention's logits in binary32 an
 
 TEST_CASE("Self-attention counts its logits and probabilities as tensor kinds of their own", "[layers][transformer]") {
   // Under bf16-mixed the logits round to bfloat16 at gemm_output and the probabilities stay binary32 (fp32_ops
-  // softmax): every element is counted, the causal mask's -inf in the infinity bin (infinite, not overflowed)
-  // and its probabilities in the zero bin; the fused path has no such tensors and counts none.
+  // softmax). When train.attention_stats asks, every element is counted, the causal mask's -inf in the infinity
+  // bin (infinite, not overflowed) and its probabilities in the zero bin; the fused path has no such tensors and
+  // counts none, and without the switch nothing is counted (the layer's output still is).
   const Index batch = 2, tokens = 4, heads = 2, head_dim = 3, rows = batch * tokens;
   const std::uint64_t elements = batch * heads * tokens * tokens, masked = batch * heads * tokens * (tokens - 1) / 2;
   Rng rng{105};
   const FVec x = uniform(rng, static_cast<std::size_t>(rows * 3 * heads * head_dim), -2.0, 2.0);
-  for (const Index tile : {Index{0}, Index{2}}) {
-    INFO((tile > 0 ? "fused" : "unfused"));
+  for (const Index tile : {Index{0}, Index{2}, Index{-1}}) {  // -1: unfused, train.attention_stats off
+    INFO((tile > 0 ? "fused" : tile == 0 ? "unfused" : "unfused, not asked"));
     Fixture f("bf16-mixed");
     LayerStats stats(1);
     f.ctx.stats = &stats;
     f.ctx.layer = 0;
-    auto layer = make_self_attention("attn", tokens, heads, true, 0.0f, 0.0, tile);
+    f.ctx.attention_stats = tile >= 0;
+    auto layer = make_self_attention("attn", tokens, heads, true, 0.0f, 0.0, std::max<Index>(tile, 0));
     layer->forward(f.ctx, f.tensor(x, {rows, 3 * heads * head_dim}));
     const TensorStats& logits = stats[0][static_cast<int>(TensorKind::attention_logits)];
     const TensorStats& probs = stats[0][static_cast<int>(TensorKind::attention_probs)];
-    if (tile > 0) {
+    CHECK(stats[0][static_cast<int>(TensorKind::activations)][Counter::elements] == rows * heads * head_dim);
+    if (tile != 0) {
       CHECK(logits[Counter::elements] == 0);
       CHECK(probs[Counter::elements] == 0);
       continue;

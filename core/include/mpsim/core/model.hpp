@@ -92,6 +92,7 @@ class StepContext {
   // al. 2023 follow both to see a run diverge).
   std::vector<double>* logit_max = nullptr;
   int output_layer = -1;  // the layer whose GEMM makes the model's logits: the last with parameters (the trainer sets it)
+  bool attention_stats = false;  // TrainSpec::attention_stats (the trainer sets it)
   int block_points_end = std::numeric_limits<int>::max();
 
   // Rounds t in place at `point`, scaling per tensor when the point asks,

@@ -54,6 +54,9 @@ struct TrainSpec {
   std::int64_t eval_interval = 0;   // steps between evaluations; 0: at the end of every epoch
   std::int64_t eval_batch = 1000;
   std::int64_t stats_interval = 1;  // steps between instrumented steps; 0: never
+  // Also count attention's logits and probabilities (TensorKind::attention_logits, attention_probs) at the
+  // instrumented steps: two more passes over batch x heads x tokens^2 values per layer, off by default.
+  bool attention_stats = false;
   // > 0: every this many steps, the FP32 shadow pass (run_log.hpp's ShadowRecord); 0: never
   std::int64_t shadow_interval = 0;
   int threads = 1;
