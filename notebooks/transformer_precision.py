@@ -208,11 +208,11 @@ def counters_figure(found: dict) -> Figure:
     seed's arms."""
     arms = [a for a in found["arms"] if a["seed"] == found["seed"]]
     fig = Figure(figsize=(16, 4.2), layout="constrained")
-    panels = [("residual_inexact", "residual stream: values changed by rounding"),
-              ("layer_norm_inexact", "norm outputs: values changed by rounding"),
-              ("attention_logits_inexact", "attention logits: values changed by rounding"),
-              ("attention_probs_zero", "attention probabilities exactly 0 (the causal mask's included)"),
-              ("activation_grads_rounded_to_zero", "nonzero activation gradients rounded to zero")]
+    panels = [("residual_inexact", "residual stream:\nvalues changed by rounding"),
+              ("layer_norm_inexact", "norm outputs:\nvalues changed by rounding"),
+              ("attention_logits_inexact", "attention logits:\nvalues changed by rounding"),
+              ("attention_probs_zero", "attention probabilities exactly 0\n(the causal mask's included)"),
+              ("activation_grads_rounded_to_zero", "nonzero activation gradients\nrounded to zero")]
     axes = fig.subplots(1, len(panels), sharey=True)
     y = np.arange(len(arms))
     for ax, (key, title) in zip(axes, panels):
