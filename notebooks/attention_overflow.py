@@ -46,7 +46,8 @@ def describe(f, arm: str) -> dict:
     p = ml.policy(f, arm)
     point = ml.sweep_point(f, arm)
     return {"format": p["points"]["gemm_output"]["format"],
-            "qk_norm": point.get("qk_norm", "false") == "true"}
+            "qk_norm": point.get("qk_norm", "false") == "true",
+            "z_loss": float(point.get("z_loss", "0"))}
 
 
 def arm_findings(f, arm: str) -> dict:
@@ -73,33 +74,46 @@ def arm_findings(f, arm: str) -> dict:
 
 def findings(f) -> dict:
     arms = [{**arm_findings(f, arm), **describe(f, arm)} for arm in ml.arms(f)]
-    # Per setting (format, QK-LayerNorm) over the seeds: how many runs overflowed and how many failed.
+    # Per setting (format, QK-LayerNorm, z-loss) over the seeds: how many runs overflowed and how many failed.
     settings = []
-    for fmt, qk in sorted({(a["format"], a["qk_norm"]) for a in arms}, key=lambda k: (k[0] != "binary32", k[1])):
-        runs = sorted((a for a in arms if a["format"] == fmt and a["qk_norm"] == qk), key=lambda a: a["seed"])
-        settings.append({"label": label(runs[0]), "format": fmt, "qk_norm": qk, "seeds": [a["seed"] for a in runs],
+    for fmt, qk, z in sorted({(a["format"], a["qk_norm"], a["z_loss"]) for a in arms},
+                             key=lambda k: (k[0] != "binary32", k[1], k[2])):
+        runs = sorted((a for a in arms if a["format"] == fmt and a["qk_norm"] == qk and a["z_loss"] == z),
+                      key=lambda a: a["seed"])
+        settings.append({"label": label(runs[0]), "format": fmt, "qk_norm": qk, "z_loss": z,
+                         "seeds": [a["seed"] for a in runs],
                          "runs": len(runs),
                          "above_fp16_max": sum(a["first_stats_step_above_fp16_max"] is not None for a in runs),
                          "nonfinite_loss": sum(a["first_nonfinite_loss_step"] is not None for a in runs),
                          "final_test_loss": [a["final_test_loss"] for a in runs]})
-    # Does QK-LayerNorm change how often fp16-mixed fails? Fisher's exact test (two-sided) on the 2 x 2 table of
-    # failed (loss not finite) and trained runs, plain against QK-LayerNorm; None with fewer than 2 seeds each.
-    plain = next((x for x in settings if x["format"] == "binary16" and not x["qk_norm"]), None)
-    normed = next((x for x in settings if x["format"] == "binary16" and x["qk_norm"]), None)
-    test = None
-    if plain and normed and plain["runs"] >= 2 and normed["runs"] >= 2:
+    # Does QK-LayerNorm, or z-loss, change how often fp16-mixed fails? Fisher's exact test (two-sided) on the
+    # 2 x 2 table of failed (loss not finite) and trained runs, plain against the stabiliser alone; None with
+    # fewer than 2 seeds each.
+    def setting(qk, with_z):
+        return next((x for x in settings if x["format"] == "binary16" and x["qk_norm"] == qk
+                     and (x["z_loss"] > 0) == with_z), None)
+
+    def fisher(plain, other):
+        if not (plain and other and plain["runs"] >= 2 and other["runs"] >= 2):
+            return None
         from scipy import stats  # only the several-seed test needs scipy
 
         table = [[plain["nonfinite_loss"], plain["runs"] - plain["nonfinite_loss"]],
-                 [normed["nonfinite_loss"], normed["runs"] - normed["nonfinite_loss"]]]
-        test = {"table": table, "fisher_p": float(stats.fisher_exact(table)[1])}
-    return {"arms": arms, "settings": settings, "qk_norm_test": test,
+                 [other["nonfinite_loss"], other["runs"] - other["nonfinite_loss"]]]
+        return {"table": table, "fisher_p": float(stats.fisher_exact(table)[1])}
+
+    plain = setting(False, False)
+    return {"arms": arms, "settings": settings, "qk_norm_test": fisher(plain, setting(True, False)),
+            "z_loss_test": fisher(plain, setting(False, True)),
             "seeds": sorted({a["seed"] for a in arms}), "seed": min(a["seed"] for a in arms), "fp16_max": FP16_MAX}
 
 
 def label(a: dict) -> str:
     name = {"binary16": "fp16-mixed", "binary32": "fp32"}.get(a["format"], a["format"])
-    return f"{name}{' + QK-LayerNorm' if a['qk_norm'] else ''}"
+    text = name + (" + QK-LayerNorm" if a["qk_norm"] else "")
+    if a.get("z_loss"):
+        text += f" + z-loss {a['z_loss']:g}"
+    return text
 
 
 def verdict(found: dict) -> str:
@@ -116,11 +130,12 @@ def verdict(found: dict) -> str:
     for x in found["settings"]:
         lines.append(f"{x['label']:<26} over seeds {x['seeds']}: largest logit above 65504 in {x['above_fp16_max']} "
                      f"of {x['runs']} runs, loss not finite in {x['nonfinite_loss']} of {x['runs']}")
-    test = found["qk_norm_test"]
-    if test:
-        lines.append(f"fp16-mixed's failures, plain against QK-LayerNorm: {test['table']} (failed, trained); "
-                     f"Fisher's exact test, two-sided, p = {test['fisher_p']:.2g}")
-    else:
+    tests = [(what, found.get(key)) for what, key in (("QK-LayerNorm", "qk_norm_test"), ("z-loss", "z_loss_test"))]
+    for what, test in tests:
+        if test:
+            lines.append(f"fp16-mixed's failures, plain against {what}: {test['table']} (failed, trained); "
+                         f"Fisher's exact test, two-sided, p = {test['fisher_p']:.2g}")
+    if not any(test for _, test in tests):
         lines.append("Each line is a single run (its seed in the arm's name), not a tested finding.")
     return "\n".join(lines)
 

@@ -3,7 +3,7 @@
 #
 # The FP16 attention-overflow study (issue #20, section 5) at smoke size:
 # `mpsim run experiments/configs/attention_overflow.toml --smoke` (a tiny GPT
-# in fp32 and fp16-mixed, plain and with QK-LayerNorm), the module writing its
+# in fp32 and fp16-mixed, plain, with QK-LayerNorm, z-loss and both), the module writing its
 # PNGs and findings, and its notebook executed headless on the log.
 # Exit 77 (CTest: Skipped) when /usr/bin/python3 or one of its modules is missing.
 set -uo pipefail
@@ -15,14 +15,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 smoke_run attention_overflow
 study_module attention_overflow
 require_pngs "$work/figures/attention_overflow_" logits training
-# Four arms recognised by their policy and sweep point, each with finite logit maxima and its step records.
+# Eight arms recognised by their policy and sweep point, each with finite logit maxima and its step records.
 "$py" - "$work/figures/attention_overflow_findings.json" <<'PYEOF' || fail "attention_overflow_findings.json"
 import json, math, sys
 found = json.load(open(sys.argv[1]))
 arms = found["arms"]
-assert len(arms) == 4, len(arms)
-assert sorted((a["format"], a["qk_norm"]) for a in arms) == [
-    ("binary16", False), ("binary16", True), ("binary32", False), ("binary32", True)], arms
+assert len(arms) == 8, len(arms)
+assert sorted((a["format"], a["qk_norm"], a["z_loss"]) for a in arms) == sorted(
+    (f, q, z) for f in ("binary16", "binary32") for q in (False, True) for z in (0.0, 1e-4)), arms
+assert len(found["settings"]) == 8, found["settings"]
 for a in arms:
     assert a["status"] == "completed", a
     assert a["steps"] == 8, a
