@@ -1734,32 +1734,29 @@ TEST_CASE("QK-LayerNorm forward and backward match binary64 references", "[layer
     const LnStats st = ln_stats(seg, 1, head_dim, eps);
     return std::pair<double, double>{st.mean[0], st.rstd[0]};
   };
-  Reference ref;
-  ref.forward = [=](const std::vector<Vec>& a) {
-    Vec y = a[0];
+  // fn(i, j, mean, rstd) for every element i of every q and k segment, j its parameter index.
+  const auto each_normalised = [=](const Vec& a0, const auto& fn) {
     for (Index r = 0; r < rows; ++r)
       for (Index part = 0; part < 2; ++part)
         for (Index h = 0; h < heads; ++h) {
-          const auto [m, rs] = segment_stats(a[0], r, part, h);
-          for (Index c = 0; c < head_dim; ++c) {
-            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
-            y[i] = (a[0][i] - m) * rs * a[1][j] + a[2][j];
-          }
+          const auto [m, rs] = segment_stats(a0, r, part, h);
+          for (Index c = 0; c < head_dim; ++c) fn(at(r, part, h, c), static_cast<std::size_t>(part * head_dim + c), m, rs);
         }
+  };
+  Reference ref;
+  ref.forward = [=](const std::vector<Vec>& a) {
+    Vec y = a[0];
+    each_normalised(a[0], [&](std::size_t i, std::size_t j, double m, double rs) {
+      y[i] = (a[0][i] - m) * rs * a[1][j] + a[2][j];
+    });
     return y;
   };
   // LayerNorm's bounds (the test above) per segment; v is copied: exact.
   ref.forward_bound = [=](const std::vector<Vec>& a) {
     Vec b(a[0].size(), 0.0);
-    for (Index r = 0; r < rows; ++r)
-      for (Index part = 0; part < 2; ++part)
-        for (Index h = 0; h < heads; ++h) {
-          const auto [m, rs] = segment_stats(a[0], r, part, h);
-          for (Index c = 0; c < head_dim; ++c) {
-            const std::size_t i = at(r, part, h, c), j = static_cast<std::size_t>(part * head_dim + c);
-            b[i] = 8.0 * u * (rs * std::fabs(a[1][j]) * (std::fabs(a[0][i] - m) + std::fabs(m)) + std::fabs(a[2][j]));
-          }
-        }
+    each_normalised(a[0], [&](std::size_t i, std::size_t j, double m, double rs) {
+      b[i] = 8.0 * u * (rs * std::fabs(a[1][j]) * (std::fabs(a[0][i] - m) + std::fabs(m)) + std::fabs(a[2][j]));
+    });
     return b;
   };
   // dx: LayerNorm's 16u S_j per segment, v's gradient copied (exact); dgamma and dbeta sum over every row and
