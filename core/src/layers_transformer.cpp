@@ -492,6 +492,7 @@ class SoftCap final : public Layer {
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     capped_ = ctx.backend.empty(x.shape());
     ctx.backend.soft_cap_forward(x, cap_, false, capped_);
+    ctx.round(capped_, RoundingPoint{}, TensorKind::activations, Site::output);  // binary32: counted, not rounded
     return capped_;
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {

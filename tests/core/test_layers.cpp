@@ -1680,6 +1680,20 @@ TEST_CASE("Self-attention counts its logits and probabilities as tensor kinds of
   }
 }
 
+TEST_CASE("The output soft cap counts its binary32 output as the layer's activations", "[layers][transformer]") {
+  Fixture f("bf16-mixed");
+  LayerStats stats(1);
+  f.ctx.stats = &stats;
+  auto layer = make_soft_cap("cap", 0.5f);
+  const FVec x{-3.0f, -0.25f, 0.0f, 1e-3f, 2.0f, 40.0f};
+  const FVec y = f.host(layer->forward(f.ctx, f.tensor(x, {2, 3})));
+  const TensorStats& counted = stats[0][static_cast<int>(TensorKind::activations)];
+  CHECK(counted[Counter::elements] == x.size());
+  CHECK(counted[Counter::nonzero] == x.size() - 1);
+  CHECK(counted[Counter::inexact] == 0);  // counted as it is, not rounded
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(y[i] == soft_cap(x[i], 0.5f, false));
+}
+
 TEST_CASE("Dropout forward and backward match binary64 references under its mask", "[layers][transformer]") {
   constexpr double p = 0.3;
   const Shape shape{6, 7};
