@@ -57,7 +57,7 @@ struct Case {
   ModelSpec model;
   OptimizerSpec optimizer;
   double z_loss = 0.0;  // [loss] z_loss
-  ScheduleSpec schedule;  // [schedule]: the GPT cases warm up and decay (PyTorch's LinearLR and CosineAnnealingLR)
+  ScheduleSpec schedule{};  // [schedule]: the GPT cases warm up and decay (PyTorch's LinearLR and CosineAnnealingLR)
 };
 
 std::map<std::string, Case> cases() {
