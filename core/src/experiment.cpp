@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <numbers>
 #include <cmath>
 #include <cerrno>
 #include <csignal>
@@ -20,6 +19,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <numbers>
 #include <thread>
 
 #include "mpsim/core/arm_result_file.hpp"

@@ -365,12 +365,12 @@ class SelfAttention final : public Layer {
   static InternalRounding fused_operand(const Policy& p, const RoundingPoint Policy::*point) {
     return internal_rounding(p, point, "fused attention");
   }
-  // The logits round as a GEMM's output unless the policy keeps them in binary32 (fp32_ops
-  // "attention_logits"; the fused path never rounds them).
   // The logits and probabilities are counted when the run asks (TrainSpec::attention_stats).
   static std::optional<TensorKind> counted(const StepContext& ctx, TensorKind kind) {
     return ctx.attention_stats ? std::optional<TensorKind>(kind) : std::nullopt;
   }
+  // The logits round as a GEMM's output unless the policy keeps them in binary32 (fp32_ops
+  // "attention_logits"; the fused path never rounds them).
   static RoundingPoint logits_point(const Policy& p) {
     return p.runs_in_fp32("attention_logits") ? RoundingPoint{} : p.gemm_output;
   }

@@ -643,7 +643,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
     const std::uint64_t to_wrap = (std::uint64_t{1} << 32) - (index & 0xFFFFFFFFu);
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
                                                                                 std::uint64_t{1} << 28}));
-    const auto high_term = hn::Set(d32, k.key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u);
+    const auto high_term = hn::Set(d32, draw_high_term(k.key, index));
     Counters<D> c = Counters<D>::zero(d);
     auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
     const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
@@ -810,10 +810,6 @@ HWY_INLINE hn::Vec<D> NearestBlockElements(D d, const Kernel<std::uint32_t>& k, 
   return SaturateWithSign(d, k, hn::Sub(hn::Add(fa, magic), magic), y, saturated, element_magnitude);
 }
 
-// Block elements rounded stochastically, saturating (the same formats): the
-// reference's decision (Carry: the 0.32 fraction of |y| below the element's
-// quantum, plus the draw, carries out of 32 bits), and a carry adds one
-// quantum, 2^(binade - mantissa bits), in binary32 exactly.
 // The common case of StochasticBlockElements: every lane zero or in the
 // element's normal binades, and every bit of the draw that meets the fraction
 // kept (random bits >= q = 23 - mantissa bits, the quantum's position). The
@@ -831,6 +827,10 @@ inline bool IntegerCarryElements(const Kernel<std::uint32_t>& k) {
   return wide && (k.random_mask >> (32 - q)) == (1u << q) - 1;
 }
 
+// Block elements rounded stochastically, saturating (the same formats): the
+// reference's decision (Carry: the 0.32 fraction of |y| below the element's
+// quantum, plus the draw, carries out of 32 bits), and a carry adds one
+// quantum, 2^(binade - mantissa bits), in binary32 exactly.
 template <class D, class VF>
 HWY_INLINE hn::Vec<D> StochasticBlockElements(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> y, hn::Vec<D> draw,
                                               bool capped, bool integer_carry, Tally<D>& saturated,
@@ -948,7 +948,7 @@ HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index, hn::Vec<
   const std::size_t lanes = hn::Lanes(d);
   if ((index >> 32) == ((index + lanes - 1) >> 32))
     return Draws(d, key, hn::Add(iota, hn::Set(d, static_cast<std::uint32_t>(index))),
-                 hn::Set(d, key.high + static_cast<std::uint32_t>(index >> 32) * 0x9E3779B9u));
+                 hn::Set(d, draw_high_term(key, index)));
   HWY_ALIGN std::uint32_t draws[HWY_MAX_BYTES / sizeof(std::uint32_t)];
   for (std::size_t l = 0; l < lanes; ++l) draws[l] = random_draw(key, index + l);
   return hn::Load(d, draws);
@@ -1164,7 +1164,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
             const std::uint64_t first_draw = l_first_index + run_begin;
             const bool one_word = (first_draw >> 32) == ((first_draw + group - 1) >> 32);
             V low_words = hn::Add(l_iota, hn::Set(d, static_cast<U>(first_draw)));
-            const V high_term = hn::Set(d, key.high + static_cast<U>(first_draw >> 32) * 0x9E3779B9u);
+            const V high_term = hn::Set(d, draw_high_term(key, first_draw));
             for (std::size_t v = 0, j = run_begin; v < l_block; ++v, j += lanes) {
               V draw = hn::Zero(d);
               if constexpr (stochastic) {
