@@ -21,7 +21,8 @@ from collections import defaultdict
 def main(build="build/default", repetitions=15, benchmark_filter="."):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "train.json")
-        subprocess.run([os.path.join(build, "bench", "bench_train"), f"--benchmark_repetitions={repetitions}", f"--benchmark_filter={benchmark_filter}",
+        subprocess.run([os.path.join(build, "bench", "bench_train"), f"--benchmark_repetitions={repetitions}",
+                        f"--benchmark_filter={benchmark_filter}",
                         "--benchmark_enable_random_interleaving=true", f"--benchmark_out={out}",
                         "--benchmark_out_format=json", "--benchmark_format=console"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -86,10 +86,11 @@ def findings(f) -> dict:
         # that is exactly zero. A lowered softmax computes its zeros inside (softmax_internals), before the output
         # rounding that the counters see, so the zeros come from the histogram; the causal mask's zeros are
         # in every arm alike, and the fp32 arm's share is that floor.
-        has = {kind: kind in ml.kinds(f, arm) and ml.kind_counters(f, arm, kind)["elements"] > 0
-               for kind in ("attention_logits", "attention_probs")}
-        entry["attention_logits_inexact"] = (ml.fraction(ml.kind_counters(f, arm, "attention_logits"), "inexact",
-                                                         "all") if has["attention_logits"] else math.nan)
+        counted = {kind: ml.kind_counters(f, arm, kind) for kind in ("attention_logits", "attention_probs")
+                   if kind in ml.kinds(f, arm)}
+        has = {kind: counted.get(kind, {}).get("elements", 0) > 0 for kind in ("attention_logits", "attention_probs")}
+        entry["attention_logits_inexact"] = (ml.fraction(counted["attention_logits"], "inexact", "all")
+                                             if has["attention_logits"] else math.nan)
         if has["attention_probs"]:
             h = np.asarray(ml.kind_histogram(f, arm, "attention_probs"), dtype=float)
             entry["attention_probs_zero"] = float(h[ml.bins(f, arm).zero] / h.sum())
