@@ -1118,12 +1118,14 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     const float* const x_in = in;
     float* const x_out = out;
     float* const x_elements = elements;
+    // NVFP4's elements are E2M1: never integers, too few binades for the integer carry (constants, so the
+    // loop tests neither per vector).
+    constexpr bool kNvfp4 = kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities;
     const BlockFlags flags =
         kLoop == BlockLoop::general
             ? BlockFlags{tile, two_step, infinities, false, integer_elements}
-            : BlockFlags{kLoop == BlockLoop::tile, kLoop == BlockLoop::nvfp4 || kLoop == BlockLoop::nvfp4_infinities,
-                         kLoop == BlockLoop::nvfp4_infinities, true, integer_elements,
-                         stochastic && IntegerCarryElements(lk)};
+            : BlockFlags{kLoop == BlockLoop::tile, kNvfp4, kLoop == BlockLoop::nvfp4_infinities, true,
+                         !kNvfp4 && integer_elements, !kNvfp4 && stochastic && IntegerCarryElements(lk)};
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
     const std::size_t l_block = block;
     const VF ts = hn::Set(df, tensor_scale);
@@ -1161,24 +1163,34 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
             // the hash's low words step by `lanes` in a register, instead of BlockDraws' per-vector test and
             // index arithmetic (NVFP4 stochastic, AVX-512, 2026-11-28: the index lived on the stack, a store
             // and reload per vector).
+            // The choice is made per group, outside the loop (a per-vector branch on it, with the flags the
+            // loop reads, kept the loop's invariants on the stack; perf, 2026-11-28).
             const std::uint64_t first_draw = l_first_index + run_begin;
             const bool one_word = (first_draw >> 32) == ((first_draw + group - 1) >> 32);
-            V low_words = hn::Add(l_iota, hn::Set(d, static_cast<U>(first_draw)));
-            const V high_term = hn::Set(d, draw_high_term(key, first_draw));
-            for (std::size_t v = 0, j = run_begin; v < l_block; ++v, j += lanes) {
-              V draw = hn::Zero(d);
-              if constexpr (stochastic) {
-                draw = one_word ? Draws(d, key, low_words, high_term) : draw_at(j);
-                low_words = hn::Add(low_words, hn::Set(d, static_cast<U>(lanes)));
+            const auto flat_group = [&](auto one_word_c) {
+              V low_words = hn::Add(l_iota, hn::Set(d, static_cast<U>(first_draw)));
+              const V high_term = hn::Set(d, draw_high_term(key, first_draw));
+              for (std::size_t v = 0, j = run_begin; v < l_block; ++v, j += lanes) {
+                V draw = hn::Zero(d);
+                if constexpr (stochastic) {
+                  if constexpr (decltype(one_word_c)::value) {
+                    draw = Draws(d, key, low_words, high_term);
+                    low_words = hn::Add(low_words, hn::Set(d, static_cast<U>(lanes)));
+                  } else {
+                    draw = draw_at(j);
+                  }
+                }
+                VF element;
+                const VF value = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j),
+                                                    hn::Set(df, group_factor[v >> shift]),
+                                                    hn::Set(df, group_dequant[v >> shift]), ts, flags, false, draw,
+                                                    lanes, lt, element);
+                if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
+                if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
               }
-              VF element;
-              const VF value = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j),
-                                                  hn::Set(df, group_factor[v >> shift]),
-                                                  hn::Set(df, group_dequant[v >> shift]), ts, flags, false, draw,
-                                                  lanes, lt, element);
-              if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
-              if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
-            }
+            };
+            if (!stochastic || one_word) flat_group(std::true_type{});
+            else flat_group(std::false_type{});
             lt.lanes += group;
             continue;
           }
