@@ -290,8 +290,9 @@ stage_block() {
   # accumulation), promoted as the emulator does; elsewhere refused before any work (exit 2).
   local cc
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1)
+  # Per-tensor FP8 through the same tensor cores (fp8-current with gemm = "h100") likewise.
   if [ "${cc%%.*}" = 9 ]; then
-    mpsim_run block_deepseek_smoke "$study" --smoke 'arms=["deepseek-fp8"]' || rc=$?
+    mpsim_run block_deepseek_smoke "$study" --smoke 'arms=["deepseek-fp8","fp8-current-h100"]' || rc=$?
   else
     echo "== block: deepseek-fp8 on cuda must be refused before any work (exit 2) on compute capability $cc"
     "$build/experiments/mpsim" run "$study" --smoke 'arms=["deepseek-fp8"]' 'backends=["cuda"]' "data.path=$data" \

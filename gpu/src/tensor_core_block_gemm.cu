@@ -1,4 +1,5 @@
-// DeepSeek-V3's FP8 GEMM on the H100's own tensor cores (issue #19 §7):
+// DeepSeek-V3's FP8 GEMM, and per-tensor FP8 (fp8-current with gemm =
+// "h100"), on the H100's own tensor cores (issue #19 §7):
 // block_gemm's tensor-core path (emulation/src/block_gemm.cpp) with each
 // block's partials computed by cuBLASLt's FP8 GEMM with fast accumulation,
 // which follows the emulator's h100 FP8 model bit for bit along any k
@@ -53,7 +54,8 @@ std::vector<std::uint8_t> codes(const BlockFormat& f, const BlockOperand& q, Fp8
 
 }  // namespace
 
-std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model) {
+std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model,
+                                           int k) {
   if (!is_h100_fp8_model(model))
     return "block-scaled GEMM sums through the tensor-core model " + to_string(model) +
            ", which the device does not emulate; it runs the H100's own FP8 one (gemm = \"h100\") on its tensor cores";
@@ -63,7 +65,15 @@ std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockForm
   if (a.scale != ScaleFormat::binary32 || b.scale != ScaleFormat::binary32)
     return "the device's tensor-core block GEMM takes binary32 (software) scales only (DeepSeek-V3's tiles); "
            "E8M0/UE4M3 scales in the tensor core need Blackwell";
-  if (a.block_cols != b.block_cols || a.block_cols == 0 || a.block_cols % 16 != 0)
+  // One binary32 scale per operand (fp8-current's per-tensor points; a tensor's shape makes it one block
+  // spanning k) is a single block: one cuBLASLt call over all of k, padded with zeros to its step of 16.
+  const auto spans_k = [k](const BlockFormat& f) {
+    return (f.block_rows == 0 && f.block_cols == 0) || (k > 0 && f.block_cols >= k);
+  };
+  if (spans_k(a) != spans_k(b))
+    return "one operand has one scale along k and the other tiles; the device's tensor-core block GEMM takes "
+           "tiles of one length or one scale per operand";
+  if (!spans_k(a) && (a.block_cols != b.block_cols || a.block_cols % 16 != 0))
     return "the operands' blocks along k must be equal and a multiple of 16 (cuBLASLt's FP8 k step)";
   const ComputeCapability cc = compute_capability();
   if (cc.major != 9)
@@ -77,7 +87,7 @@ void tensor_core_block_gemm_on_device(const BlockGemmModel& model, const BlockFo
                                       int k) {
   if (!model.tensor_core) throw std::invalid_argument("tensor_core_block_gemm_on_device: no tensor-core model");
   const BlockFormat fa = fa_in.for_shape(m, k), fb = fb_in.for_shape(n, k);
-  if (const std::string why = tensor_core_block_gemm_refusal(fa, fb, *model.tensor_core); !why.empty())
+  if (const std::string why = tensor_core_block_gemm_refusal(fa, fb, *model.tensor_core, k); !why.empty())
     throw std::invalid_argument("tensor_core_block_gemm_on_device: " + why);
   const int block = fa.block_cols;
   if (model.promotion_interval != block)

@@ -274,10 +274,50 @@ TEST_CASE("the device's tensor-core block GEMM names what it cannot take", "[gpu
   CHECK_THAT(why("mxfp8-e4m3", "mxfp8-e4m3", h100), Catch::Contains("binary32 (software) scales only"));
   CHECK_THAT(why("mxfp4", "mxfp4", h100), Catch::Contains("FP8 (E4M3, E5M2) elements only"));
   CHECK_THAT(why("fp8-e5m2-tensor", "fp8-e5m2-tensor", h100), Catch::Contains("E5M2 x E5M2"));
-  // The formats and model it takes: refused only for want of an H100/H200 (or accepted on one).
-  const std::string deepseek = why("fp8-e4m3-1x128", "fp8-e4m3-128x128", h100);
-  if (gpu::compute_capability().major == 9) CHECK(deepseek.empty());
-  else CHECK_THAT(deepseek, Catch::Contains("compute capability 9.x"));
+  CHECK_THAT(why("fp8-e4m3-1x128", "fp8-e4m3-tensor", h100), Catch::Contains("one scale along k and the other tiles"));
+  // The formats and model it takes: refused only for want of an H100/H200 (or accepted on one). DeepSeek-V3's
+  // tiles, and one scale per operand (fp8-current's points: E5M2 gradients times E4M3 in dgrad and wgrad).
+  for (const auto& [a, b] : {std::pair{"fp8-e4m3-1x128", "fp8-e4m3-128x128"}, std::pair{"fp8-e4m3-tensor", "fp8-e4m3-tensor"},
+                             std::pair{"fp8-e5m2-tensor", "fp8-e4m3-tensor"}}) {
+    INFO(a << " x " << b);
+    const std::string taken = why(a, b, h100);
+    if (gpu::compute_capability().major == 9) CHECK(taken.empty());
+    else CHECK_THAT(taken, Catch::Contains("compute capability 9.x"));
+  }
+}
+
+TEST_CASE("Per-tensor FP8 (fp8-current, gemm = h100) on the H100's tensor cores gives block_gemm's bits",
+          "[gpu][block]") {
+  // One binary32 scale per operand: block_gemm sums all of k through the h100 FP8 model, then multiplies by
+  // both scales in one FMA; the device takes the sum from one cuBLASLt FP8 call (fast accumulation).
+  require_device();
+  if (gpu::compute_capability().major != 9) test::skip("the tensor cores' FP8 sums are the H100's: needs an sm_90 device");
+  const std::pair<const char*, const char*> pairs[] = {{"fp8-e4m3-tensor", "fp8-e4m3-tensor"},
+                                                       {"fp8-e5m2-tensor", "fp8-e4m3-tensor"}};
+  // k not a multiple of 16 (padded with zeros), and long sums where the accumulator's 14 bits lose most.
+  const int shapes[][3] = {{35, 40, 300}, {17, 130, 1000}, {16, 16, 16}};
+  std::uint64_t seed = 70;
+  for (const auto& [a_name, b_name] : pairs)
+    for (const auto& shape : shapes) {
+      const int m = shape[0], n = shape[1], k = shape[2];
+      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+      BlockGemmModel model;
+      model.tensor_core = *tensor_core_preset("h100", fa.element.floating.value(), formats::binary32);
+      model.promotion_interval = k;  // block_scaled_gemm's: one block spans k
+      std::mt19937_64 rng(++seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+      for (auto& v : x) v = normal(rng);
+      for (auto& v : y) v = normal(rng);
+      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
+      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
+      gpu::tensor_core_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
+      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k);
+      std::size_t same = 0;
+      for (std::size_t i = 0; i < cpu.size(); ++i) same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
+      CHECK(same == cpu.size());
+    }
 }
 
 TEST_CASE("DeepSeek-V3's FP8 GEMM on the H100's tensor cores gives block_gemm's bits", "[gpu][block]") {

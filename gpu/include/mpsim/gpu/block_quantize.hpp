@@ -53,7 +53,9 @@ std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat
 
 // block_gemm(model, ...) for DeepSeek-V3's recipe on an H100 or H200: FP8
 // elements with binary32 scales on blocks of B along k (1 x 128, 128 x 128),
-// model.tensor_core the H100's FP8 row and model.promotion_interval = B. Each
+// model.tensor_core the H100's FP8 row and model.promotion_interval = B; or
+// one binary32 scale per operand (fp8-current's points with gemm = "h100":
+// one block, B = k, no promotion before the end). Each
 // block's partials come from the tensor cores themselves (cuBLASLt's FP8 GEMM
 // with fast accumulation, which equals the h100 FP8 model bit for bit:
 // docs/tensor_cores.md), promoted as block_gemm does, acc = fma(partial,
@@ -61,9 +63,11 @@ std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat
 void tensor_core_block_gemm_on_device(const BlockGemmModel& model, const BlockFormat& a_format, const BlockOperand& a,
                                       const BlockFormat& b_format, const BlockOperand& bt, float* c, int m, int n,
                                       int k);
-// Why it cannot take these operands through this tensor-core model; empty
-// when it can. Asks the device last (compute capability 9.x: the model is the
-// H100's), so that every other reason is named without one.
-std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model);
+// Why it cannot take these operands through this tensor-core model with k
+// products per output (0: any k); empty when it can. Asks the device last
+// (compute capability 9.x: the model is the H100's), so that every other
+// reason is named without one.
+std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model,
+                                           int k = 0);
 
 }  // namespace mpsim::gpu
