@@ -305,6 +305,10 @@ stage_block() {
       add_row "  deepseek-fp8 refused" "" "" "NOT refused as expected (exit $refused)"; rc=1
     fi
   fi
+  # Blackwell's block-scaled tensor cores against the b200 model (mxfp8-b200, nvfp4-b200): on sm_100 only.
+  if [ "${cc%%.*}" = 10 ]; then
+    mpsim_run block_b200_smoke "$study" --smoke 'arms=["mxfp8-b200","nvfp4-b200"]' || rc=$?
+  fi
   run_stage=
   return "$rc"
 }

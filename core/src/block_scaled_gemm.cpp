@@ -99,7 +99,7 @@ std::string block_gemm_refusal(const Backend& backend, const Policy& p) {
     const BlockPoint& a = p.*(block_points[block_point_index(role, 0)].point);
     const BlockPoint& b = p.*(block_points[block_point_index(role, 1)].point);
     if (!a.enabled()) continue;
-    std::string why = backend.block_gemm_refusal(a, b, block_promotion(p, a.format));
+    std::string why = backend.block_gemm_refusal(a, b, block_promotion(p, a.format), p.block_promotion_interval);
     if (!why.empty()) return std::string(gemm_role_names(role)) + " GEMM: " + why;
   }
   return {};

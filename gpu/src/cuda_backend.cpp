@@ -494,18 +494,25 @@ class CudaBackend final : public core::Backend {
 
   // Block-scaled GEMMs: core's one orchestration (layout, Hadamard transform, statistics) on the host, the
   // quantization and the GEMM in the device kernels of block_quantize.cu, which give the CPU's bits
-  // (tests/gpu/test_device.cpp); through the H100's FP8 tensor-core model (deepseek-fp8), the partials from the
-  // tensor cores themselves (tensor_core_block_gemm.cu). Staged through host memory and waiting on the device: a
+  // (tests/gpu/test_device.cpp); through a tensor-core model, the tensor cores themselves: binary32 scales
+  // (deepseek-fp8, fp8-current) through the H100's FP8 model, partials from cuBLASLt's FP8 GEMM
+  // (tensor_core_block_gemm.cu); E8M0/UE4M3 scales (MXFP8, NVFP4) through the B200's model, Blackwell's
+  // block-scaled GEMM (blackwell_block_gemm.cu). Staged through host memory and waiting on the device: a
   // numerics path, not a fast one (docs/gpu.md).
+  static bool software_scales(const BlockFormat& a, const BlockFormat& b) {
+    return a.scale == ScaleFormat::binary32 || b.scale == ScaleFormat::binary32;
+  }
   std::string block_gemm_refusal(const core::BlockPoint& a, const core::BlockPoint& b,
-                                 const std::optional<TensorCoreModel>& promotion) const override {
-    if (promotion) return tensor_core_block_gemm_refusal(a.format, b.format, *promotion);  // FP8 elements only
-    return block_gemm_refusal_on_device(a.format, b.format);
+                                 const std::optional<TensorCoreModel>& promotion,
+                                 int promotion_interval) const override {
+    if (!promotion) return block_gemm_refusal_on_device(a.format, b.format);
+    if (software_scales(a.format, b.format)) return tensor_core_block_gemm_refusal(a.format, b.format, *promotion);
+    return native_block_gemm_refusal(a.format, b.format, *promotion, promotion_interval);
   }
   void block_scaled_gemm_staged(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c,
                                 const core::GemmNumerics& numerics) {
     const std::string why = block_gemm_refusal(numerics.a_block->point, numerics.b_block->point,
-                                               numerics.block_promotion);
+                                               numerics.block_promotion, numerics.block_promotion_interval);
     require(why.empty(), ("gemm: " + why + "; run the arm on cpu").c_str());
     std::vector<float> host_a(static_cast<std::size_t>(a.numel())), host_b(static_cast<std::size_t>(b.numel()));
     std::vector<float> host_c(static_cast<std::size_t>(c.numel()));
@@ -515,8 +522,9 @@ class CudaBackend final : public core::Backend {
     steps.quantize = quantize_block_operand_on_device;
     steps.multiply = [](const BlockGemmModel& model, const BlockFormat& fa, const BlockOperand& qa,
                         const BlockFormat& fb, const BlockOperand& qb, float* out, int m, int n, int k) {
-      if (model.tensor_core) tensor_core_block_gemm_on_device(model, fa, qa, fb, qb, out, m, n, k);
-      else block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);
+      if (!model.tensor_core) block_gemm_on_device(fa, qa, fb, qb, out, m, n, k);
+      else if (software_scales(fa, fb)) tensor_core_block_gemm_on_device(model, fa, qa, fb, qb, out, m, n, k);
+      else native_block_gemm_on_device(model, fa, qa, fb, qb, out, m, n, k);
     };
     core::block_scaled_gemm(host_a.data(), ta, a.rows(), a.cols(), host_b.data(), tb, b.rows(), b.cols(),
                             host_c.data(), numerics, steps);

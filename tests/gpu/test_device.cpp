@@ -18,6 +18,7 @@
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/block_gemm.hpp"
 #include "mpsim/gpu/block_quantize.hpp"
+#include "mpsim/gpu/block_scale_layout.hpp"
 #include "mpsim/gpu/device.hpp"
 #include "mpsim/gpu/tensor_core_check.hpp"
 #include "require_device.hpp"
@@ -284,6 +285,89 @@ TEST_CASE("the device's tensor-core block GEMM names what it cannot take", "[gpu
     if (gpu::compute_capability().major == 9) CHECK(taken.empty());
     else CHECK_THAT(taken, Catch::Contains("compute capability 9.x"));
   }
+}
+
+TEST_CASE("cuBLASLt's block-scale layout: NVIDIA's worked example, and every scale at its own byte", "[gpu][block]") {
+  // No device needed. The documentation's example (nvmath-python's get_block_scale_offset, after the cuBLAS
+  // guide's "1D Block Scaling Factors Layout"): NVFP4 A of 128 x 128, blocks of 16 (8 along k): row 5's block 2
+  // at byte 82, its block 5 at byte 593 (the second tile along k).
+  CHECK(gpu::block_scale_offset(5, 2, 8) == 82);
+  CHECK(gpu::block_scale_offset(5, 5, 8) == 593);
+  CHECK(gpu::block_scale_bytes(128, 8) == 1024);
+  // Every (row, block) of padded shapes lands on a distinct byte inside the array, which it fills.
+  for (const auto& [rows, groups] : {std::pair{128, 4}, std::pair{256, 12}, std::pair{384, 8}, std::pair{128, 1}}) {
+    const std::int64_t tiles_k = gpu::block_scale_tile_columns(groups) * 4;
+    std::vector<int> hits(static_cast<std::size_t>(gpu::block_scale_bytes(rows, groups)), 0);
+    for (int r = 0; r < (rows + 127) / 128 * 128; ++r)
+      for (int g = 0; g < tiles_k; ++g) {
+        const std::int64_t at = gpu::block_scale_offset(r, g, groups);
+        REQUIRE(at >= 0);
+        REQUIRE(at < static_cast<std::int64_t>(hits.size()));
+        ++hits[static_cast<std::size_t>(at)];
+      }
+    INFO(rows << " rows, " << groups << " blocks");
+    CHECK(std::all_of(hits.begin(), hits.end(), [](int h) { return h == 1; }));
+  }
+}
+
+TEST_CASE("Blackwell's block-scaled GEMM names what it cannot take", "[gpu][block]") {
+  const BlockFormat mx = *parse_block_format("mxfp8-e4m3"), nv = *parse_block_format("nvfp4");
+  const TensorCoreModel b200 = *tensor_core_preset("b200", formats::e4m3, formats::binary32);
+  const TensorCoreModel b200_fp4 = *tensor_core_preset("b200", formats::e2m1, formats::binary32);
+  CHECK_THAT(gpu::native_block_gemm_refusal(mx, nv, b200, 0), Catch::Contains("MXFP8"));
+  CHECK_THAT(gpu::native_block_gemm_refusal(*parse_block_format("mxfp4"), *parse_block_format("mxfp4"), b200, 0),
+             Catch::Contains("MXFP8"));
+  CHECK_THAT(gpu::native_block_gemm_refusal(mx, mx, *tensor_core_preset("h100", formats::e4m3, formats::binary32), 0),
+             Catch::Contains("does not give"));
+  CHECK_THAT(gpu::native_block_gemm_refusal(mx, mx, b200, 64), Catch::Contains("promotion interval"));
+  // Taken, or refused only for want of a Blackwell: MXFP8, NVFP4 with 16 x 16 weight tiles.
+  for (const auto& [a, b, model] : {std::tuple{mx, mx, b200}, std::tuple{nv, *parse_block_format("nvfp4-16x16"), b200_fp4}}) {
+    const std::string why = gpu::native_block_gemm_refusal(a, b, model, 0);
+    INFO(a.name() << " x " << b.name());
+    if (gpu::compute_capability().major == 10) CHECK(why.empty());
+    else CHECK_THAT(why, Catch::Contains("compute capability 10.x"));
+  }
+}
+
+TEST_CASE("Blackwell's block-scaled GEMM against the b200 model (unvalidated: this case measures it)",
+          "[gpu][block]") {
+  // The emulator's b200 row for FP8 and FP4 inputs (scaled products through the tensor-core accumulator, no
+  // promotion) is ours, from NVIDIA's documentation; cuBLASLt's block-scaled GEMM is the hardware. Every output
+  // bit for bit; a mismatch says the model is wrong somewhere (docs/tensor_cores.md), with the counts in the log.
+  require_device();
+  if (gpu::compute_capability().major != 10)
+    test::skip("block-scaled tensor cores: needs a Blackwell data-center GPU (sm_100)");
+  const std::tuple<const char*, const char*, Format> pairs[] = {{"mxfp8-e4m3", "mxfp8-e4m3", formats::e4m3},
+                                                                {"mxfp8-e5m2", "mxfp8-e4m3", formats::e5m2},
+                                                                {"nvfp4", "nvfp4-16x16", formats::e2m1}};
+  // m, n not multiples of 128; k with a partial last block, or whole tiles of scales.
+  const int shapes[][3] = {{35, 40, 300}, {130, 17, 256}, {16, 16, 64}};
+  std::uint64_t seed = 90;
+  for (const auto& [a_name, b_name, element] : pairs)
+    for (const auto& shape : shapes) {
+      const int m = shape[0], n = shape[1], k = shape[2];
+      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+      BlockGemmModel model;
+      model.tensor_core = *tensor_core_preset("b200", element, formats::binary32);
+      std::mt19937_64 rng(++seed);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      std::uniform_int_distribution<int> binade(-6, 6);
+      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+      for (auto& v : x) v = std::ldexp(normal(rng), binade(rng));  // blocks of different scales
+      for (auto& v : y) v = normal(rng);
+      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
+      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
+      gpu::native_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
+      std::size_t same = 0, within_ulp = 0;
+      for (std::size_t i = 0; i < cpu.size(); ++i) {
+        same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
+        within_ulp += std::fabs(cpu[i] - gpu_out[i]) <= std::fabs(std::nextafter(cpu[i], INFINITY) - cpu[i]);
+      }
+      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k << ": " << same << " of " << cpu.size()
+                  << " outputs the model's bits, " << within_ulp << " within one ulp");
+      CHECK(same == cpu.size());
+    }
 }
 
 TEST_CASE("Per-tensor FP8 (fp8-current, gemm = h100) on the H100's tensor cores gives block_gemm's bits",

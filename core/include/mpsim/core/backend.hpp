@@ -160,10 +160,12 @@ class Backend {
   virtual bool supports_activation(Activation) const { return true; }
   // Why this backend cannot run a block-scaled GEMM (GemmNumerics::a_block)
   // whose operands round to points a and b, through the tensor-core model
-  // `promotion` when set (GemmNumerics::block_promotion); empty when it can.
-  // Checked for every arm before a run starts (block_scaled_gemm.hpp).
+  // `promotion` when set (GemmNumerics::block_promotion, with the policy's
+  // block_promotion_interval); empty when it can. Checked for every arm before
+  // a run starts (block_scaled_gemm.hpp).
   virtual std::string block_gemm_refusal(const BlockPoint&, const BlockPoint&,
-                                         const std::optional<TensorCoreModel>& /*promotion*/) const {
+                                         const std::optional<TensorCoreModel>& /*promotion*/,
+                                         int /*promotion_interval*/) const {
     return {};
   }
   // Why this backend cannot run an optimiser with these settings (empty

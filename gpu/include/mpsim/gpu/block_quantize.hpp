@@ -70,4 +70,17 @@ void tensor_core_block_gemm_on_device(const BlockGemmModel& model, const BlockFo
 std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model,
                                            int k = 0);
 
+// block_gemm(model, ...) for MXFP8 or NVFP4 operands through the B200's
+// model (gemm = "b200", no promotion) on a Blackwell data-center GPU's own
+// block-scaled tensor cores: cuBLASLt's block-scaled GEMM (E8M0 scales per 32
+// or UE4M3 per 16 applied in hardware, NVFP4's tensor scales as alpha). The
+// model is ours and unvalidated (docs/tensor_cores.md): whether the two give
+// the same bits is what the device case measures. Host memory in and out.
+void native_block_gemm_on_device(const BlockGemmModel& model, const BlockFormat& a_format, const BlockOperand& a,
+                                 const BlockFormat& b_format, const BlockOperand& bt, float* c, int m, int n, int k);
+// Why it cannot take these operands and model; empty when it can. Asks the
+// device last (compute capability 10.x).
+std::string native_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b, const TensorCoreModel& model,
+                                      int promotion_interval);
+
 }  // namespace mpsim::gpu
