@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "check.hpp"
+#include "cublaslt_fp8.hpp"
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/rounding.hpp"
 #include "mpsim/gpu/block_quantize.hpp"
@@ -100,75 +101,21 @@ NativeOperand native_operand(const BlockFormat& f, const BlockOperand& q, int ro
   return out;
 }
 
-// Row-major C (m_pad x n_pad, binary32) = alpha A B: cuBLASLt's column-major
-// C^T = B^T A^T, its first operand our B^T (n_pad rows of k_pad codes, op T),
-// its second our A (op N), as cublaslt_fp8_matmul lays them out; each
-// operand's scales for its own rows. Waits for the device.
+// Row-major C (m_pad x n_pad, binary32) = alpha A B in cublaslt_fp8.hpp's
+// layout (cuBLASLt's first operand our B^T, its second our A), each operand's
+// scales for its own rows. Waits for the device.
 void block_scaled_matmul(NativeKind kind, cudaDataType a_type, const std::uint8_t* a, const std::uint8_t* a_scales,
                          cudaDataType b_type, const std::uint8_t* bt, const std::uint8_t* b_scales, float* c,
                          int m_pad, int n_pad, int k_pad, float alpha) {
-  static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
-  static detail::DeviceArray<std::uint8_t> workspace(kWorkspace);
-  static const cublasLtHandle_t lt = [] {
-    cublasLtHandle_t h = nullptr;
-    MPSIM_CUBLAS_CHECK(cublasLtCreate(&h));
-    return h;
-  }();
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  auto release = [&] {
-    if (preference) cublasLtMatmulPreferenceDestroy(preference);
-    if (out) cublasLtMatrixLayoutDestroy(out);
-    if (second) cublasLtMatrixLayoutDestroy(second);
-    if (first) cublasLtMatrixLayoutDestroy(first);
-    if (op) cublasLtMatmulDescDestroy(op);
-  };
-  try {
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
-    const cublasLtMatmulMatrixScale_t mode = kind == NativeKind::mxfp8 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
-                                                                       : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
-    MPSIM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales, sizeof b_scales));
-    MPSIM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales, sizeof a_scales));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first, b_type, k_pad, n_pad, k_pad));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second, a_type, k_pad, m_pad, k_pad));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n_pad, m_pad, n_pad));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &kWorkspace, sizeof kWorkspace));
-    // As cublaslt_fp8_matmul: the first choice that does not split k (a split sums the parts in another order).
-    constexpr int kAsked = 8;
-    cublasLtMatmulHeuristicResult_t results[kAsked]{};
-    int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(lt, op, first, second, out, out, preference, kAsked, results, &found);
-    const cublasLtMatmulHeuristicResult_t* heuristic = nullptr;
-    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && heuristic == nullptr; ++i) {
-      std::uint32_t split = 1;
-      std::size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split,
-                                           &written);
-      if (split <= 1) heuristic = &results[i];
-    }
-    if (heuristic == nullptr)
-      throw std::runtime_error(std::string("cuBLASLt offers no block-scaled algorithm without split-k (") +
-                               cublasGetStatusName(status) + ", " + std::to_string(found) + " found)");
-    const float beta = 0.0f;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, bt, first, a, second, &beta, c, out, c, out, &heuristic->algo,
-                                      workspace.data(), kWorkspace, nullptr));
-    MPSIM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
-  } catch (...) {
-    release();
-    throw;
-  }
-  release();
+  detail::LtMatmul matmul(a_type, k_pad, b_type, k_pad, n_pad, m_pad, n_pad, k_pad);
+  const cublasLtMatmulMatrixScale_t mode = kind == NativeKind::mxfp8 ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+                                                                     : CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3;
+  matmul.set(CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode);
+  matmul.set(CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode);
+  matmul.set(CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &b_scales, sizeof b_scales);  // cuBLASLt's A is our B^T
+  matmul.set(CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &a_scales, sizeof a_scales);
+  const detail::LtChoice run = matmul.run(a, bt, c, alpha);
+  if (!run.ran) throw std::runtime_error("native_block_gemm_on_device: block-scaled " + run.why_not);
 }
 
 }  // namespace

@@ -1,12 +1,15 @@
 #pragma once
 // cuBLASLt's FP8 GEMM, written once for the FP8 tensor-core check
-// (fp8_gemm_check.cu) and the DeepSeek-V3 block GEMM (tensor_core_block_gemm.cu):
+// (fp8_gemm_check.cu), the DeepSeek-V3 block GEMM (tensor_core_block_gemm.cu)
+// and, through LtMatmul, Blackwell's block-scaled GEMM (blackwell_block_gemm.cu):
 // row-major C (m x n, leading dimension ldc) = A (m x k) B (k x n), A given as
 // m rows of FP8 codes with k contiguous (leading dimension lda), B as B^T, n
 // rows of k contiguous codes (ldb): "TN" in cuBLASLt's column-major terms, the
 // only layout its FP8 kernels take. Unit scales, binary32 C and D, no epilogue.
 // Device pointers; m, n, k, the leading dimensions and the pointers' offsets
 // multiples of 16. Private to gpu/.
+#include <cublasLt.h>
+
 #include <cstdint>
 #include <string>
 
@@ -18,6 +21,30 @@ struct LtChoice {
   bool ran = false;
   std::string why_not;  // when cuBLASLt offers no algorithm
   int algorithm_id = -1, split_k = -1;
+};
+
+// One cuBLASLt matmul in the layout above (row-major C = alpha A B, A and B^T
+// with k contiguous, binary32 C and D, beta 0), shared by the FP8 and the
+// block-scaled GEMMs: its descriptors, released with it; settings of the
+// operation (fast accumulation, scale modes and pointers) with set() before
+// run(). One handle and workspace per process.
+class LtMatmul {
+ public:
+  LtMatmul(cudaDataType a_type, int lda, cudaDataType b_type, int ldb, int ldc, int m, int n, int k);
+  ~LtMatmul();
+  LtMatmul(const LtMatmul&) = delete;
+  LtMatmul& operator=(const LtMatmul&) = delete;
+  void set(cublasLtMatmulDescAttributes_t attribute, const void* value, std::size_t bytes);
+  // With the first of the heuristic's algorithms that does not split k (a
+  // split sums the parts in another order than the tensor-core rules say); on
+  // the default stream, waiting for it. Not run (why_not) when there is none.
+  LtChoice run(const void* a, const void* bt, float* c, float alpha);
+
+ private:
+  void release();
+  cublasLtMatmulDesc_t op_ = nullptr;
+  cublasLtMatrixLayout_t first_ = nullptr, second_ = nullptr, out_ = nullptr;
+  cublasLtMatmulPreference_t preference_ = nullptr;
 };
 
 // fast_accumulation: CUBLASLT_MATMUL_DESC_FAST_ACCUM (the tensor core's own

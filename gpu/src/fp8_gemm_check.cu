@@ -205,84 +205,106 @@ std::uint8_t fp8_code(float x, Fp8 t, const char* what) {
   return code;
 }
 
-LtChoice cublaslt_fp8_matmul(Fp8 a_type, const std::uint8_t* a, int lda, Fp8 b_type, const std::uint8_t* bt, int ldb,
-                             float* c, int ldc, int m, int n, int k, bool fast_accumulation) {
-  LtChoice choice;
-  if (a_type == Fp8::e5m2 && b_type == Fp8::e5m2) {
-    choice.why_not = "cuBLASLt has no E5M2 x E5M2 GEMM";
-    return choice;
-  }
-  // Row-major C (m x n) is column-major C^T (n x m) = B^T A^T. First operand: B^T, n rows of k codes = column-major
-  // k x n (leading dimension ldb), op T. Second: A, m rows of k codes = column-major k x m, op N.
-  static constexpr std::size_t kWorkspace = std::size_t{32} << 20;
-  static DeviceArray<std::uint8_t> workspace(kWorkspace);  // one per process, as the cuBLAS handle
+namespace {
+
+constexpr std::size_t kLtWorkspace = std::size_t{32} << 20;
+
+cublasLtHandle_t lt_handle() {
   static const cublasLtHandle_t lt = [] {
     cublasLtHandle_t h = nullptr;
     MPSIM_CUBLAS_CHECK(cublasLtCreate(&h));
     return h;
   }();
-  auto lt_type = [](Fp8 t) { return t == Fp8::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t first = nullptr, second = nullptr, out = nullptr;
-  cublasLtMatmulPreference_t preference = nullptr;
-  auto release = [&] {
-    if (preference) cublasLtMatmulPreferenceDestroy(preference);
-    if (out) cublasLtMatrixLayoutDestroy(out);
-    if (second) cublasLtMatrixLayoutDestroy(second);
-    if (first) cublasLtMatrixLayoutDestroy(first);
-    if (op) cublasLtMatmulDescDestroy(op);
-  };
+  return lt;
+}
+
+void* lt_workspace() {
+  static DeviceArray<std::uint8_t> workspace(kLtWorkspace);  // one per process, as the handle
+  return workspace.data();
+}
+
+}  // namespace
+
+// Row-major C (m x n) is column-major C^T (n x m) = B^T A^T. First operand: B^T, n rows of k codes = column-major
+// k x n (leading dimension ldb), op T. Second: A, m rows of k codes = column-major k x m, op N.
+LtMatmul::LtMatmul(cudaDataType a_type, int lda, cudaDataType b_type, int ldb, int ldc, int m, int n, int k) {
   try {
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
-    MPSIM_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
-    const std::int8_t fast = fast_accumulation ? 1 : 0;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first, lt_type(b_type), k, n, ldb));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second, lt_type(a_type), k, m, lda));
-    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out, CUDA_R_32F, n, m, ldc));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
-    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                            &kWorkspace, sizeof kWorkspace));
-    // The first of the heuristic's choices that does not split k: a split sums the parts in another order
-    // than the tensor-core rules say.
-    constexpr int kAsked = 8;
-    cublasLtMatmulHeuristicResult_t results[kAsked]{};
-    int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(lt, op, first, second, out, out, preference, kAsked, results, &found);
-    const cublasLtMatmulHeuristicResult_t* heuristic = nullptr;
-    for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && heuristic == nullptr; ++i) {
-      std::uint32_t split = 1;
-      std::size_t written = 0;
-      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split,
-                                           &written);
-      if (split <= 1) {
-        heuristic = &results[i];
-        choice.split_k = static_cast<int>(split);
-        cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_ID, &choice.algorithm_id,
-                                             sizeof choice.algorithm_id, &written);
-      }
-    }
-    if (heuristic == nullptr) {
-      choice.why_not = std::string("cuBLASLt offers no algorithm without split-k for ") + name(b_type) + " x " +
-                       name(a_type) + " -> binary32 (" + cublasGetStatusName(status) + ", " +
-                       std::to_string(found) + " found)";
-      release();
-      return choice;
-    }
-    const float alpha = 1.0f, beta = 0.0f;
-    MPSIM_CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, bt, first, a, second, &beta, c, out, c, out, &heuristic->algo,
-                                      workspace.data(), kWorkspace, nullptr));
-    MPSIM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+    set(CUBLASLT_MATMUL_DESC_TRANSA, &transposed, sizeof transposed);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain);
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&first_, b_type, k, n, ldb));
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&second_, a_type, k, m, lda));
+    MPSIM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&out_, CUDA_R_32F, n, m, ldc));
+    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference_));
+    MPSIM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(preference_, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                            &kLtWorkspace, sizeof kLtWorkspace));
   } catch (...) {
     release();
     throw;
   }
-  release();
+}
+
+LtMatmul::~LtMatmul() { release(); }
+
+void LtMatmul::release() {
+  if (preference_) cublasLtMatmulPreferenceDestroy(preference_);
+  if (out_) cublasLtMatrixLayoutDestroy(out_);
+  if (second_) cublasLtMatrixLayoutDestroy(second_);
+  if (first_) cublasLtMatrixLayoutDestroy(first_);
+  if (op_) cublasLtMatmulDescDestroy(op_);
+}
+
+void LtMatmul::set(cublasLtMatmulDescAttributes_t attribute, const void* value, std::size_t bytes) {
+  MPSIM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_, attribute, value, bytes));
+}
+
+LtChoice LtMatmul::run(const void* a, const void* bt, float* c, float alpha) {
+  LtChoice choice;
+  constexpr int kAsked = 8;
+  cublasLtMatmulHeuristicResult_t results[kAsked]{};
+  int found = 0;
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoGetHeuristic(lt_handle(), op_, first_, second_, out_, out_, preference_, kAsked, results, &found);
+  const cublasLtMatmulHeuristicResult_t* heuristic = nullptr;
+  for (int i = 0; status == CUBLAS_STATUS_SUCCESS && i < found && heuristic == nullptr; ++i) {
+    std::uint32_t split = 1;
+    std::size_t written = 0;
+    cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split, sizeof split,
+                                         &written);
+    if (split <= 1) {
+      heuristic = &results[i];
+      choice.split_k = static_cast<int>(split);
+      cublasLtMatmulAlgoConfigGetAttribute(&results[i].algo, CUBLASLT_ALGO_CONFIG_ID, &choice.algorithm_id,
+                                           sizeof choice.algorithm_id, &written);
+    }
+  }
+  if (heuristic == nullptr) {
+    choice.why_not = std::string("cuBLASLt offers no algorithm without split-k (") + cublasGetStatusName(status) +
+                     ", " + std::to_string(found) + " found)";
+    return choice;
+  }
+  const float beta = 0.0f;
+  MPSIM_CUBLAS_CHECK(cublasLtMatmul(lt_handle(), op_, &alpha, bt, first_, a, second_, &beta, c, out_, c, out_,
+                                    &heuristic->algo, lt_workspace(), kLtWorkspace, nullptr));
+  MPSIM_CUDA_CHECK(cudaStreamSynchronize(nullptr));
   choice.ran = true;
+  return choice;
+}
+
+LtChoice cublaslt_fp8_matmul(Fp8 a_type, const std::uint8_t* a, int lda, Fp8 b_type, const std::uint8_t* bt, int ldb,
+                             float* c, int ldc, int m, int n, int k, bool fast_accumulation) {
+  if (a_type == Fp8::e5m2 && b_type == Fp8::e5m2) {
+    LtChoice choice;
+    choice.why_not = "cuBLASLt has no E5M2 x E5M2 GEMM";
+    return choice;
+  }
+  auto lt_type = [](Fp8 t) { return t == Fp8::e4m3 ? CUDA_R_8F_E4M3 : CUDA_R_8F_E5M2; };
+  LtMatmul matmul(lt_type(a_type), lda, lt_type(b_type), ldb, ldc, m, n, k);
+  const std::int8_t fast = fast_accumulation ? 1 : 0;
+  matmul.set(CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+  LtChoice choice = matmul.run(a, bt, c, 1.0f);
+  if (!choice.ran) choice.why_not = std::string(name(b_type)) + " x " + name(a_type) + " -> binary32: " + choice.why_not;
   return choice;
 }
 

@@ -53,6 +53,36 @@ void keep_one_scale_meaningful(std::vector<float>& v) {
     if (!std::isfinite(e) || std::fabs(e) > 0x1p20f) e = 1.0f;
 }
 
+// A tensor-core block GEMM of operands quantized from normal values (A's spread over binades -spread..spread, so
+// that blocks take different scales): block_gemm's output (the emulator's model) against `device`'s, whose outputs
+// must share the model's bits (the message names the case and how many differ by more than one ulp).
+template <class Device>
+void expect_model_bits(const BlockGemmModel& model, const char* a_name, const char* b_name, int m, int n,
+                               int k, std::uint64_t seed, int spread, Device device) {
+  const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> binade(-spread, spread);
+  std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
+  for (auto& v : x) v = std::ldexp(normal(rng), binade(rng));
+  for (auto& v : y) v = normal(rng);
+  const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
+  std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
+  block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
+  device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
+  // Nothing vacuous: every output a finite nonzero number.
+  CHECK(std::count_if(cpu.begin(), cpu.end(), [](float v) { return std::isfinite(v) && v != 0; }) ==
+        static_cast<std::ptrdiff_t>(cpu.size()));
+  std::size_t same = 0, beyond_ulp = 0;
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
+    beyond_ulp += !(std::fabs(cpu[i] - gpu_out[i]) <= std::fabs(std::nextafter(cpu[i], INFINITY) - cpu[i]));
+  }
+  INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k << ": " << same << " of " << cpu.size()
+              << " outputs the model's bits, " << beyond_ulp << " more than one ulp away");
+  CHECK(same == cpu.size());
+}
+
 }  // namespace
 
 TEST_CASE("the rounding kernel matches the emulator bit for bit, counters included", "[gpu]") {
@@ -344,29 +374,10 @@ TEST_CASE("Blackwell's block-scaled GEMM against the b200 model (unvalidated: th
   const int shapes[][3] = {{35, 40, 300}, {130, 17, 256}, {16, 16, 64}};
   std::uint64_t seed = 90;
   for (const auto& [a_name, b_name, element] : pairs)
-    for (const auto& shape : shapes) {
-      const int m = shape[0], n = shape[1], k = shape[2];
-      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+    for (const auto& [m, n, k] : shapes) {
       BlockGemmModel model;
       model.tensor_core = *tensor_core_preset("b200", element, formats::binary32);
-      std::mt19937_64 rng(++seed);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::uniform_int_distribution<int> binade(-6, 6);
-      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
-      for (auto& v : x) v = std::ldexp(normal(rng), binade(rng));  // blocks of different scales
-      for (auto& v : y) v = normal(rng);
-      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
-      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
-      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
-      gpu::native_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
-      std::size_t same = 0, within_ulp = 0;
-      for (std::size_t i = 0; i < cpu.size(); ++i) {
-        same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
-        within_ulp += std::fabs(cpu[i] - gpu_out[i]) <= std::fabs(std::nextafter(cpu[i], INFINITY) - cpu[i]);
-      }
-      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k << ": " << same << " of " << cpu.size()
-                  << " outputs the model's bits, " << within_ulp << " within one ulp");
-      CHECK(same == cpu.size());
+      expect_model_bits(model, a_name, b_name, m, n, k, ++seed, 6, gpu::native_block_gemm_on_device);
     }
 }
 
@@ -382,25 +393,12 @@ TEST_CASE("Per-tensor FP8 (fp8-current, gemm = h100) on the H100's tensor cores 
   const int shapes[][3] = {{35, 40, 300}, {17, 130, 1000}, {16, 16, 16}};
   std::uint64_t seed = 70;
   for (const auto& [a_name, b_name] : pairs)
-    for (const auto& shape : shapes) {
-      const int m = shape[0], n = shape[1], k = shape[2];
-      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
+    for (const auto& [m, n, k] : shapes) {
       BlockGemmModel model;
-      model.tensor_core = *tensor_core_preset("h100", fa.element.floating.value(), formats::binary32);
+      model.tensor_core = *tensor_core_preset("h100", parse_block_format(a_name)->element.floating.value(),
+                                              formats::binary32);
       model.promotion_interval = k;  // block_scaled_gemm's: one block spans k
-      std::mt19937_64 rng(++seed);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
-      for (auto& v : x) v = normal(rng);
-      for (auto& v : y) v = normal(rng);
-      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
-      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
-      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
-      gpu::tensor_core_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
-      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k);
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < cpu.size(); ++i) same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
-      CHECK(same == cpu.size());
+      expect_model_bits(model, a_name, b_name, m, n, k, ++seed, 0, gpu::tensor_core_block_gemm_on_device);
     }
 }
 
@@ -418,24 +416,6 @@ TEST_CASE("DeepSeek-V3's FP8 GEMM on the H100's tensor cores gives block_gemm's 
   const int shapes[][3] = {{35, 40, 300}, {130, 17, 128}, {16, 16, 64}};
   std::uint64_t seed = 40;
   for (const auto& [a_name, b_name] : pairs)
-    for (const auto& shape : shapes) {
-      const int m = shape[0], n = shape[1], k = shape[2];
-      const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
-      std::mt19937_64 rng(++seed);
-      std::normal_distribution<float> normal(0.0f, 1.0f);
-      std::uniform_int_distribution<int> binade(-12, 12);
-      std::vector<float> x(static_cast<std::size_t>(m) * k), y(static_cast<std::size_t>(n) * k);
-      for (auto& v : x) v = std::ldexp(normal(rng), binade(rng));  // elements far from their tile's amax flush
-      for (auto& v : y) v = normal(rng);
-      const BlockOperand a = quantize_block_operand(fa, x, m, k), bt = quantize_block_operand(fb, y, n, k);
-      std::vector<float> cpu(static_cast<std::size_t>(m) * n), gpu_out(cpu.size());
-      block_gemm(model, fa, a, fb, bt, cpu.data(), m, n, k);
-      gpu::tensor_core_block_gemm_on_device(model, fa, a, fb, bt, gpu_out.data(), m, n, k);
-      INFO(a_name << " x " << b_name << ", " << m << " x " << n << " x " << k);
-      CHECK(std::count_if(cpu.begin(), cpu.end(), [](float v) { return std::isfinite(v) && v != 0; }) ==
-            static_cast<std::ptrdiff_t>(cpu.size()));
-      std::size_t same = 0;
-      for (std::size_t i = 0; i < cpu.size(); ++i) same += bits_of(cpu[i]) == bits_of(gpu_out[i]);
-      CHECK(same == cpu.size());
-    }
+    for (const auto& [m, n, k] : shapes)  // A's elements far from their tile's amax flush
+      expect_model_bits(model, a_name, b_name, m, n, k, ++seed, 12, gpu::tensor_core_block_gemm_on_device);
 }
