@@ -125,6 +125,18 @@ void write_output(const std::vector<float>& acc, const BlockOperand& a, const Bl
   }
 }
 
+// The tensor-core model's input for the unscaled elements of binary32-scaled
+// blocks: gemm rounds its operands to the model's input first, so mixed
+// elements (E5M2 gradients times E4M3 weights: fp8-current's dgrad and wgrad)
+// take a format that holds both exactly, the widest exponent with the widest
+// significand (E5M3, as the FP8 tensor-core check does: docs/tensor_cores.md);
+// the model's input of one element format stays as it is.
+Format joint_input(const TensorCoreModel& model, const ElementFormat& a, const ElementFormat& b) {
+  if (a == b || !a.floating || !b.floating) return model.input;
+  return Format{std::max(a.floating->exponent_bits, b.floating->exponent_bits),
+                std::max(a.floating->mantissa_bits, b.floating->mantissa_bits)};
+}
+
 // Block-scaled tensor cores with the scales in hardware (E8M0, UE4M3): the
 // products of scaled elements (element x its block's scale, exact in binary32
 // or refused) through the tensor-core model, whose inputs are then binary32,
@@ -370,6 +382,7 @@ void block_gemm(const BlockGemmModel& model, const BlockFormat& fa_in, const Blo
       AccumulationModel tc;
       tc.kind = AccumulationKind::tensor_core;
       tc.tensor_core = *model.tensor_core;
+      tc.tensor_core.input = joint_input(*model.tensor_core, fa.element, fb.element);
       tc.format = model.tensor_core->output;
       tc.mode = model.tensor_core->rounding;
       gemm(tc, x.data(), y.data(), p.data(), m, n, width, false, 1);

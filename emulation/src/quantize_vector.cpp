@@ -1247,11 +1247,13 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     nan_nonzero += l_nan_nonzero;
     total.nan += l_nan;
   };
-  const BlockLoop loop = !direct_elements ? BlockLoop::general
-                         : tile           ? BlockLoop::tile
-                         : infinities     ? BlockLoop::nvfp4_infinities
-                         : two_step       ? BlockLoop::nvfp4
-                                          : BlockLoop::power_of_two;
+  // The NVFP4 loops take E2M1-like elements only (their flags say never integers): NVFP4's rule with integer
+  // elements, which no preset or config builds, takes the general loop.
+  const BlockLoop loop = !direct_elements || (two_step && integer_elements) ? BlockLoop::general
+                         : tile                                              ? BlockLoop::tile
+                         : infinities                                        ? BlockLoop::nvfp4_infinities
+                         : two_step                                          ? BlockLoop::nvfp4
+                                                                             : BlockLoop::power_of_two;
   const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in,
                                 bool grouped) {
     switch (loop) {

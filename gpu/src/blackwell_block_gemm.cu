@@ -7,7 +7,11 @@
 // promotion; docs/tensor_cores.md) is ours, built from NVIDIA's documentation
 // and never compared with a Blackwell: the device case "Blackwell's
 // block-scaled GEMM against the b200 model" is that comparison, and none was
-// lent so far. Written for clarity, not speed, like mma_gemm.cu.
+// lent so far. Expect NVFP4 to differ from the model a priori: cuBLASLt runs
+// it as tcgen05.mma kind::mxf4nvf4 (K = 64 per instruction), while the b200
+// FP4 row follows kind::f8f6f4's K = 32. Untested by any case: NaN blocks
+// (zero elements under a NaN scale code), where the hardware's behaviour is
+// undocumented. Written for clarity, not speed, like mma_gemm.cu.
 #include <cublasLt.h>
 
 #include <cmath>
@@ -126,6 +130,8 @@ std::string native_block_gemm_refusal(const BlockFormat& a, const BlockFormat& b
   if (!ka || !kb || *ka != *kb)
     return "Blackwell's block-scaled tensor cores take MXFP8 (E4M3/E5M2 in 1 x 32 blocks, E8M0 scales) or NVFP4 (E2M1 "
            "in blocks of 16, UE4M3 scales) for both operands; got " + a.name() + " and " + b.name();
+  if (element_type(a) == CUDA_R_8F_E5M2 && element_type(b) == CUDA_R_8F_E5M2)
+    return "cuBLASLt has no E5M2 x E5M2 GEMM (its FP8 kernels take E4M3 on one side at least)";
   if (!is_b200_model(a, model))
     return "block-scaled GEMM sums through the tensor-core model " + to_string(model) +
            ", which Blackwell's own block-scaled GEMM does not give; the device runs the b200 one (gemm = \"b200\")";

@@ -5,11 +5,12 @@
 // row-major C (m x n, leading dimension ldc) = A (m x k) B (k x n), A given as
 // m rows of FP8 codes with k contiguous (leading dimension lda), B as B^T, n
 // rows of k contiguous codes (ldb): "TN" in cuBLASLt's column-major terms, the
-// only layout its FP8 kernels take. Unit scales, binary32 C and D, no epilogue.
-// Device pointers; m, n, k, the leading dimensions and the pointers' offsets
-// multiples of 16. Private to gpu/.
+// only layout its FP8 and block-scaled kernels take. Binary32 C and D, no
+// epilogue; cublaslt_fp8_matmul's scales are 1. Device pointers; m, n, k, the
+// leading dimensions and the pointers' offsets multiples of 16. Private to gpu/.
 #include <cublasLt.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 

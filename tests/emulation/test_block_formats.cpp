@@ -1229,6 +1229,24 @@ TEST_CASE("Block GEMM: DeepSeek-V3's promotion of H100 FP8 partials every 128 pr
   UNSCOPED_INFO("outputs where H100 partials differ from exact ones: " << different_from_exact << " of " << m * n);
 }
 
+TEST_CASE("Block GEMM: E5M2 x E4M3 partials through the H100 model keep every E4M3 bit", "[block][gemm]") {
+  // fp8-current's dgrad with gemm = "h100": E5M2 gradients times E4M3 weights, one binary32 scale each (both 1
+  // here: the amax is each format's largest). The product 57344 x 1.125 = 64512 is exact in the 14-bit
+  // accumulator; an E4M3 1.125 rounded to the E5M2 model input (1.0, a tie to even) would give 57344.
+  const BlockFormat fa = *parse_block_format("fp8-e5m2-tensor"), fb = *parse_block_format("fp8-e4m3-tensor");
+  const std::vector<float> x = {0.0f, 57344.0f}, y = {448.0f, 1.125f};
+  const BlockOperand a = quantize_block_operand(fa, x, 1, 2), bt = quantize_block_operand(fb, y, 1, 2);
+  REQUIRE(a.scales[0] == 1.0);
+  REQUIRE(bt.scales[0] == 1.0);
+  REQUIRE(bt.elements[1] == 1.125f);
+  BlockGemmModel model;
+  model.tensor_core = *tensor_core_preset("h100", formats::e5m2, formats::binary32);
+  model.promotion_interval = 2;  // one block spans k
+  float c = 0;
+  block_gemm(model, fa, a, fb, bt, &c, 1, 1, 2);
+  CHECK(c == 64512.0f);
+}
+
 TEST_CASE("block_scaled_dot (the host/device routine of the CUDA block GEMM) gives block_gemm's bits",
           "[block][gemm][device]") {
   std::mt19937_64 rng(20261203);

@@ -57,8 +57,8 @@ void keep_one_scale_meaningful(std::vector<float>& v) {
 // that blocks take different scales): block_gemm's output (the emulator's model) against `device`'s, whose outputs
 // must share the model's bits (the message names the case and how many differ by more than one ulp).
 template <class Device>
-void expect_model_bits(const BlockGemmModel& model, const char* a_name, const char* b_name, int m, int n,
-                               int k, std::uint64_t seed, int spread, Device device) {
+void expect_model_bits(const BlockGemmModel& model, const char* a_name, const char* b_name, int m, int n, int k,
+                       std::uint64_t seed, int spread, Device device) {
   const BlockFormat fa = *parse_block_format(a_name), fb = *parse_block_format(b_name);
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -324,6 +324,10 @@ TEST_CASE("cuBLASLt's block-scale layout: NVIDIA's worked example, and every sca
   CHECK(gpu::block_scale_offset(5, 2, 8) == 82);
   CHECK(gpu::block_scale_offset(5, 5, 8) == 593);
   CHECK(gpu::block_scale_bytes(128, 8) == 1024);
+  // Past 128 rows the tiles run along k first, then down the rows (the documentation's formula; PyTorch's
+  // to_blocked permutes (row tiles, k tiles, 128, 4) the same way): row 130's first block opens the third tile.
+  CHECK(gpu::block_scale_offset(130, 0, 8) == 2 * 512 + 2 * 16);
+  CHECK(gpu::block_scale_bytes(130, 8) == 2048);
   // Every (row, block) of padded shapes lands on a distinct byte inside the array, which it fills.
   for (const auto& [rows, groups] : {std::pair{128, 4}, std::pair{256, 12}, std::pair{384, 8}, std::pair{128, 1}}) {
     const std::int64_t tiles_k = gpu::block_scale_tile_columns(groups) * 4;
@@ -350,6 +354,9 @@ TEST_CASE("Blackwell's block-scaled GEMM names what it cannot take", "[gpu][bloc
   CHECK_THAT(gpu::native_block_gemm_refusal(mx, mx, *tensor_core_preset("h100", formats::e4m3, formats::binary32), 0),
              Catch::Contains("does not give"));
   CHECK_THAT(gpu::native_block_gemm_refusal(mx, mx, b200, 64), Catch::Contains("promotion interval"));
+  const BlockFormat mx5 = *parse_block_format("mxfp8-e5m2");
+  CHECK_THAT(gpu::native_block_gemm_refusal(mx5, mx5, *tensor_core_preset("b200", formats::e5m2, formats::binary32), 0),
+             Catch::Contains("E5M2 x E5M2"));
   // Taken, or refused only for want of a Blackwell: MXFP8, NVFP4 with 16 x 16 weight tiles.
   for (const auto& [a, b, model] : {std::tuple{mx, mx, b200}, std::tuple{nv, *parse_block_format("nvfp4-16x16"), b200_fp4}}) {
     const std::string why = gpu::native_block_gemm_refusal(a, b, model, 0);
