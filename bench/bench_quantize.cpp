@@ -10,8 +10,11 @@
 // log-uniform magnitudes over 2^-40..2^0, where many values underflow and take
 // the general path.
 //
-//   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock] [--compare-stores]
-//   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock] [--formats=a,b,...]
+//   bench_quantize --side-by-side [--repetitions=N] [--passes=P] [--wall-clock] [--compare-stores] [--target=T]
+//   bench_quantize --blocks [--repetitions=N] [--passes=P] [--wall-clock] [--formats=a,b,...] [--target=T]
+//
+// --target=T (e.g. AVX2) runs no vector target better than T (simd::ForceTarget):
+// a CPU with AVX-512 measures the AVX2 code that a CPU without it would run.
 //
 // --blocks: the bar of issue #19 §8, the same pairing for block-scaled formats
 // (quantize_blocks' fast path, counts on, 16M floats as one 1 x 16M tensor);
@@ -37,6 +40,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -45,6 +49,7 @@
 
 #include "mpsim/emulation/block_format.hpp"
 #include "mpsim/emulation/quantize.hpp"
+#include "mpsim/emulation/simd.hpp"
 
 namespace {
 
@@ -435,6 +440,7 @@ int main(int argc, char** argv) {
     int repetitions = 11, passes = 2;
     std::vector<mpsim::Stores> kinds{mpsim::Stores::cached};
     std::vector<std::string> formats;
+    std::optional<mpsim::simd::ForceTarget> forced;
     for (int a = 2; a < argc; ++a) {
       const std::string arg = argv[a];
       if (arg.rfind("--repetitions=", 0) == 0) repetitions = std::stoi(arg.substr(14));
@@ -442,9 +448,16 @@ int main(int argc, char** argv) {
       else if (arg == "--wall-clock") use_wall_clock = true;
       else if (arg == "--compare-stores" && !blocks) kinds = {mpsim::Stores::cached, mpsim::Stores::streaming};
       else if (arg.rfind("--formats=", 0) == 0 && blocks) formats = split_names(arg.substr(10));
-      else {
+      else if (arg.rfind("--target=", 0) == 0) {
+        try {
+          forced.emplace(arg.substr(9));
+        } catch (const std::invalid_argument& e) {
+          std::fprintf(stderr, "bench_quantize: %s\n", e.what());
+          return 2;
+        }
+      } else {
         std::fprintf(stderr, "bench_quantize %s: unknown option %s (accepted: --repetitions=N --passes=P "
-                     "--wall-clock%s)\n", argv[1], arg.c_str(), blocks ? " --formats=a,b" : " --compare-stores");
+                     "--wall-clock --target=T%s)\n", argv[1], arg.c_str(), blocks ? " --formats=a,b" : " --compare-stores");
         return 2;
       }
     }
