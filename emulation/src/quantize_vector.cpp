@@ -907,6 +907,16 @@ template <class D>
 struct BlockTallies {
   Tally<D> zeros, lost, saturated;  // zeros: x zero or (NVFP4) not finite, padding lanes included
   std::uint64_t lanes = 0;          // lanes looked at, padding included
+
+  static BlockTallies zero(D d) { return {{hn::Zero(d)}, {hn::Zero(d)}, {hn::Zero(d)}, 0}; }
+  void add(D d, const BlockTallies& other) {
+    for (auto [to, from] : {std::pair{&zeros, &other.zeros}, std::pair{&lost, &other.lost},
+                            std::pair{&saturated, &other.saturated}}) {
+      to->lanes = hn::Add(to->lanes, from->lanes);
+      to->scalar += from->scalar;
+    }
+    lanes += other.lanes;
+  }
 };
 
 // What a run of blocks does, fixed for the run (constants in the direct
@@ -1197,7 +1207,11 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
             // loop reads, kept the loop's invariants on the stack; perf, 2026-11-28).
             const std::uint64_t first_draw = l_first_index + run_begin;
             const bool one_word = (first_draw >> 32) == ((first_draw + group - 1) >> 32);
+            // The group's tallies start from zero and join the run's after it: a tally live across GroupAmax
+            // and GroupParams, where AVX2's 16 registers run out, stayed in memory throughout (a store and
+            // reload of each per vector; perf, 2026-11-28).
             const auto flat_group = [&](auto one_word_c) {
+              BlockTallies<D> gt = BlockTallies<D>::zero(d);
               V low_words = hn::Add(l_iota, hn::Set(d, static_cast<U>(first_draw)));
               const V high_term = hn::Set(d, draw_high_term(key, first_draw));
               for (std::size_t v = 0, j = run_begin; v < l_block; ++v, j += lanes) {
@@ -1214,10 +1228,11 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
                 const VF value = BlockVector<kMode>(d, lk, rounder, lc, hn::LoadU(df, x_in + j),
                                                     hn::Set(df, group_factor[v >> shift]),
                                                     hn::Set(df, group_dequant[v >> shift]), ts, flags, false, draw,
-                                                    lanes, lt, element);
+                                                    lanes, gt, element);
                 if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
                 if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
               }
+              lt.add(d, gt);
             };
             if (!stochastic || one_word) flat_group(std::true_type{});
             else flat_group(std::false_type{});
