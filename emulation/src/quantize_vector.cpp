@@ -77,6 +77,10 @@ struct Tally {
   hn::Vec<D> lanes;
   std::uint64_t scalar = 0;
 
+  HWY_INLINE void add(const Tally& other) {
+    lanes = hn::Add(lanes, other.lanes);
+    scalar += other.scalar;
+  }
   HWY_INLINE void add(D d, hn::Mask<D> mask) {
 #if HWY_TARGET <= HWY_AVX3
     scalar += hn::CountTrue(d, mask);
@@ -909,12 +913,10 @@ struct BlockTallies {
   std::uint64_t lanes = 0;          // lanes looked at, padding included
 
   static BlockTallies zero(D d) { return {{hn::Zero(d)}, {hn::Zero(d)}, {hn::Zero(d)}, 0}; }
-  void add(D d, const BlockTallies& other) {
-    for (auto [to, from] : {std::pair{&zeros, &other.zeros}, std::pair{&lost, &other.lost},
-                            std::pair{&saturated, &other.saturated}}) {
-      to->lanes = hn::Add(to->lanes, from->lanes);
-      to->scalar += from->scalar;
-    }
+  void add(const BlockTallies& other) {
+    zeros.add(other.zeros);
+    lost.add(other.lost);
+    saturated.add(other.saturated);
     lanes += other.lanes;
   }
 };
@@ -1202,9 +1204,8 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
             // The group's draws: where its indices share their high word (all but one group in 2^32 / group),
             // the hash's low words step by `lanes` in a register, instead of BlockDraws' per-vector test and
             // index arithmetic (NVFP4 stochastic, AVX-512, 2026-11-28: the index lived on the stack, a store
-            // and reload per vector).
-            // The choice is made per group, outside the loop (a per-vector branch on it, with the flags the
-            // loop reads, kept the loop's invariants on the stack; perf, 2026-11-28).
+            // and reload per vector). Which of the two is chosen once per group, outside the loop (tested per
+            // vector, it kept the loop's invariants on the stack too).
             const std::uint64_t first_draw = l_first_index + run_begin;
             const bool one_word = (first_draw >> 32) == ((first_draw + group - 1) >> 32);
             // The group's tallies start from zero and join the run's after it: a tally live across GroupAmax
@@ -1232,7 +1233,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
                 if (x_out != nullptr) hn::StoreU(value, df, x_out + j);
                 if (x_elements != nullptr) hn::StoreU(element, df, x_elements + j);
               }
-              lt.add(d, gt);
+              lt.add(gt);
             };
             if (!stochastic || one_word) flat_group(std::true_type{});
             else flat_group(std::false_type{});

@@ -190,11 +190,8 @@ std::string block_gemm_refusal_on_device(const BlockFormat& a, const BlockFormat
   if (a.scale == ScaleFormat::binary32) {
     // Software scales: the device takes them where one block spans k (per tensor, or k within a tile), as
     // block_gemm without a tensor-core model; shorter blocks need DeepSeek-V3's promotion.
-    const auto spans_k = [k](const BlockFormat& f) {
-      return (f.block_rows == 0 && f.block_cols == 0) || (k > 0 && f.block_cols >= k);
-    };
-    if (!spans_k(a) || !spans_k(b))
-      return (spans_k(a) ? b : a).name() + " has binary32 (software) scales on blocks shorter than k (DeepSeek-V3's " +
+    if (!a.one_block_along(k) || !b.one_block_along(k))
+      return (a.one_block_along(k) ? b : a).name() + " has binary32 (software) scales on blocks shorter than k (DeepSeek-V3's " +
              "tiles), which take a tensor-core promotion model; the device GEMM takes binary32 scales per tensor only";
     if (!per_tensor_sums_fit_int128(a.element, b.element, k > 0 ? k : (1 << 30)))
       return "sums of " + a.element.name() + " and " + b.element.name() + " can exceed the device's 128-bit sum";

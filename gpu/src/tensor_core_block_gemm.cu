@@ -67,13 +67,11 @@ std::string tensor_core_block_gemm_refusal(const BlockFormat& a, const BlockForm
            "E8M0/UE4M3 scales in the tensor core need Blackwell";
   // One binary32 scale per operand (fp8-current's per-tensor points; a tensor's shape makes it one block
   // spanning k) is a single block: one cuBLASLt call over all of k, padded with zeros to its step of 16.
-  const auto spans_k = [k](const BlockFormat& f) {
-    return (f.block_rows == 0 && f.block_cols == 0) || (k > 0 && f.block_cols >= k);
-  };
-  if (spans_k(a) != spans_k(b))
+  const bool one_block = a.one_block_along(k);
+  if (one_block != b.one_block_along(k))
     return "one operand has one scale along k and the other tiles; the device's tensor-core block GEMM takes "
            "tiles of one length or one scale per operand";
-  if (!spans_k(a) && (a.block_cols != b.block_cols || a.block_cols % 16 != 0))
+  if (!one_block && (a.block_cols != b.block_cols || a.block_cols % 16 != 0))
     return "the operands' blocks along k must be equal and a multiple of 16 (cuBLASLt's FP8 k step)";
   const ComputeCapability cc = compute_capability();
   if (cc.major != 9)

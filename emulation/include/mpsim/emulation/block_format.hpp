@@ -56,6 +56,11 @@ struct BlockFormat {
   std::string name() const;  // the preset's name, or a description
   // The format with a 0 x 0 block made the whole rows x cols tensor.
   BlockFormat for_shape(std::int64_t rows, std::int64_t cols) const;
+  // Whether one block covers the k values along a row: per-tensor (0 x 0), or
+  // blocks at least k long (k = 0: unknown, so per-tensor only).
+  bool one_block_along(std::int64_t k) const {
+    return (block_rows == 0 && block_cols == 0) || (k > 0 && block_cols >= k);
+  }
   friend bool operator==(const BlockFormat&, const BlockFormat&) = default;
 };
 
