@@ -65,14 +65,28 @@ const char* vector_target();
 // given[b] instead, and codes and clamped counts are left to the caller.
 // `out` (dequantized values) and `elements` (each element's value before
 // scaling) are written where not null. Element i draws index first_index + i;
-// n must be below 2^28 (lane counters).
+// n must be below 2^28 (lane counters). With `block_amax` (block_amax_bits'
+// output for these blocks), block b's largest magnitude is block_amax[b]
+// instead of being found again; `codes` may be `block_amax` (each block's
+// amax is read before its code is written). Then a finite NVFP4 tensor's
+// blocks leave the zeros of x to the caller, who counted them there
+// (zeros_uncounted): `nonzero` is the lanes looked at and `lost` the zero
+// elements among them, padding lanes (the last vector of a block of whole
+// vectors fewer) and zero x included.
 struct BlockKernelCounts {
   std::uint64_t nonzero = 0, lost = 0, saturated = 0, flushed = 0, nan = 0, clamped = 0;
+  bool zeros_uncounted = false;
 };
 void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
                             const float* in, float* out, float* elements, std::size_t n, std::size_t block,
-                            std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts);
+                            std::uint64_t first_index, const std::uint32_t* block_amax, std::uint32_t* codes,
+                            BlockKernelCounts& counts);
 // The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
 std::uint32_t amax_bits(const float* x, std::size_t n);
+// The same, each block's (block b, x[b block, min(n, (b + 1) block)), into
+// block_amax[b]) and the number of zeros in `zeros`: NVFP4's first pass, which
+// reads the tensor for its amax anyway.
+std::uint32_t block_amax_bits(const float* x, std::size_t n, std::size_t block, std::uint32_t* block_amax,
+                              std::uint64_t& zeros);
 
 }  // namespace mpsim::detail

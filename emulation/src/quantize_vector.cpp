@@ -929,6 +929,9 @@ struct BlockTallies {
 struct BlockFlags {
   bool tile = false, two_step = false, infinities = false, direct = false, integer = false;
   bool integer_carry = false;  // stochastic elements may take the integer carry (IntegerCarryElements)
+  // The caller counted x's zeros (block_amax_bits, a finite NVFP4 tensor): zeros go uncounted here and
+  // `lost` counts every zero element, padding and zero x included (x = 0 gives a zero element).
+  bool zeros_known = false;
 };
 
 // One vector of a block: y = x op scale, its counts, its element (`count`
@@ -956,7 +959,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
   const auto zero_x = hn::RebindMask(d, hn::Eq(x, hn::Zero(df)));
   const auto uncounted =
       infinities ? hn::Or(zero_x, hn::Eq(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 0x7F800000u))) : zero_x;
-  t.zeros.add(d, uncounted);
+  if (!flags.zeros_known) t.zeros.add(d, uncounted);
   V r;
   if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
     const bool capped = tile || two_step;
@@ -967,7 +970,7 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
     else
       r = NearestBlockElements(d, k, hn::BitCast(d, y), capped, t.saturated, r_magnitude);
     const auto zero_r = hn::RebindMask(d, hn::Eq(r_magnitude, hn::Zero(df)));
-    t.lost.add(d, hn::AndNot(zero_x, zero_r));
+    t.lost.add(d, flags.zeros_known ? zero_r : hn::AndNot(zero_x, zero_r));
     if (integer_elements) r = hn::IfThenZeroElse(zero_r, r);
   } else {  // the rounder counts y != 0 that become 0; `lost` the y that are 0 already
     t.lost.add(d, hn::AndNot(uncounted, hn::Eq(hn::And(hn::BitCast(d, y), magnitude), hn::Zero(d))));
@@ -1001,18 +1004,23 @@ HWY_INLINE hn::Vec<D> BlockDraws(D d, DrawKey key, std::uint64_t index, hn::Vec<
 // the lanes). Each block's lanes are reduced to one vector, then pairs of
 // vectors halve by even/odd lanes: after log2(lanes) rounds lane l holds
 // block l (a transpose and a max in one). For fixed-width targets (x86).
+// `zeros`, where given, counts the zeros among the values too.
 template <class D>
-HWY_INLINE hn::Vec<D> GroupAmax(D d, const float* in, std::size_t block) {
+HWY_INLINE hn::Vec<D> GroupAmax(D d, const float* in, std::size_t block, Tally<D>* zeros = nullptr) {
   const hn::RebindToFloat<D> df;
   constexpr std::size_t kLanes = hn::MaxLanes(D());  // x86 targets: the actual lane count, a constant
   const auto magnitude = hn::Set(d, 0x7FFFFFFFu);
+  const auto load = [&](const float* at) {
+    const auto a = hn::And(hn::BitCast(d, hn::LoadU(df, at)), magnitude);
+    if (zeros != nullptr) zeros->add(d, hn::Eq(a, hn::Zero(d)));
+    return a;
+  };
   hn::Vec<D> m[kLanes];  // in registers (32 on AVX-512)
   HWY_UNROLL(16)
   for (std::size_t b = 0; b < kLanes; ++b) {
     const float* x = in + b * block;
-    m[b] = hn::And(hn::BitCast(d, hn::LoadU(df, x)), magnitude);
-    for (std::size_t j = kLanes; j < block; j += kLanes)
-      m[b] = hn::Max(m[b], hn::And(hn::BitCast(d, hn::LoadU(df, x + j)), magnitude));
+    m[b] = load(x);
+    for (std::size_t j = kLanes; j < block; j += kLanes) m[b] = hn::Max(m[b], load(x + j));
   }
 #if HWY_TARGET != HWY_SCALAR
   HWY_UNROLL(16)
@@ -1102,7 +1110,9 @@ HWY_INLINE std::size_t GroupParams(D d, const BlockRule& rule, hn::Vec<D> amax, 
 // Which loop quantizes a run of blocks: `general` tests the flags per vector
 // (any element rounding); the others round elements directly
 // (DirectBlockElements) with one kind of scale (NVFP4's split by whether the
-// tensor holds infinities, which are neither zero nor counted as nonzero).
+// tensor holds infinities, which are neither zero nor counted as nonzero; the
+// finite one leaves x's zeros to the caller, BlockFlags::zeros_known, and is
+// taken only where the caller counted them: with block_amax).
 enum class BlockLoop { general, power_of_two, nvfp4, nvfp4_infinities, tile };
 template <BlockLoop kLoop>
 using LoopTag = std::integral_constant<BlockLoop, kLoop>;
@@ -1110,7 +1120,8 @@ using LoopTag = std::integral_constant<BlockLoop, kLoop>;
 template <RoundingMode kMode>
 void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
                         const float* in, float* out, float* elements, std::size_t n, std::size_t block,
-                        std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& total) {
+                        std::uint64_t first_index, const std::uint32_t* block_amax, std::uint32_t* codes,
+                        BlockKernelCounts& total) {
   using U = std::uint32_t;
   const Kernel<U> k = kernel;
   using D = hn::ScalableTag<U>;
@@ -1166,8 +1177,13 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     const BlockFlags flags =
         kLoop == BlockLoop::general
             ? BlockFlags{tile, two_step, infinities, false, integer_elements}
-            : BlockFlags{kLoop == BlockLoop::tile, kNvfp4, kLoop == BlockLoop::nvfp4_infinities, true,
-                         !kNvfp4 && integer_elements, !kNvfp4 && stochastic && IntegerCarryElements(lk)};
+            : BlockFlags{kLoop == BlockLoop::tile,
+                         kNvfp4,
+                         kLoop == BlockLoop::nvfp4_infinities,
+                         true,
+                         !kNvfp4 && integer_elements,
+                         !kNvfp4 && stochastic && IntegerCarryElements(lk),
+                         kLoop == BlockLoop::nvfp4};
     const std::size_t lanes = hn::Lanes(d);  // a constant on fixed-width targets, not the captured variable
     const std::size_t l_block = block;
     const VF ts = hn::Set(df, tensor_scale);
@@ -1198,8 +1214,9 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
           run_end = g += group;
           if (run_end + kPrefetchAhead <= end)
             for (std::size_t o = 0; o < group; o += kLineFloats) hwy::Prefetch(x_in + run_begin + kPrefetchAhead + o);
-          clamped += GroupParams(d, rule, GroupAmax(d, x_in + run_begin, l_block), group_factor, group_dequant,
-                                 codes + run_begin / l_block, group_nan);
+          const V amax = block_amax != nullptr ? hn::LoadU(d, block_amax + run_begin / l_block)
+                                                : GroupAmax(d, x_in + run_begin, l_block);
+          clamped += GroupParams(d, rule, amax, group_factor, group_dequant, codes + run_begin / l_block, group_nan);
           if (flat && hn::AllTrue(d, hn::Eq(hn::Load(d, group_nan), hn::Zero(d)))) {
             // The group's draws: where its indices share their high word (all but one group in 2^32 / group),
             // the hash's low words step by `lanes` in a register, instead of BlockDraws' per-vector test and
@@ -1297,9 +1314,10 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   // elements, which no preset or config builds, takes the general loop.
   const BlockLoop loop = !direct_elements || (two_step && integer_elements) ? BlockLoop::general
                          : tile                                              ? BlockLoop::tile
-                         : infinities                                        ? BlockLoop::nvfp4_infinities
+                         : two_step && (infinities || block_amax == nullptr) ? BlockLoop::nvfp4_infinities
                          : two_step                                          ? BlockLoop::nvfp4
                                                                              : BlockLoop::power_of_two;
+  total.zeros_uncounted = loop == BlockLoop::nvfp4;
   const auto quantize_run = [&](std::size_t begin, std::size_t end, const BlockParams* ps, const float* tail_in,
                                 bool grouped) {
     switch (loop) {
@@ -1336,6 +1354,10 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     BlockParams p;
     if (given != nullptr) {
       p = given[b];
+    } else if (block_amax != nullptr) {
+      p = block_params(rule, block_amax[b]);
+      codes[b] = p.code;
+      total.clamped += p.clamped;
     } else {
       V m = hn::Zero(d);
       for (; j + lanes <= end; j += lanes) m = hn::Max(m, hn::And(hn::BitCast(d, hn::LoadU(df, in + j)), magnitude));
@@ -1361,12 +1383,14 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
 
 void QuantizeBlocksFloat(const Kernel<std::uint32_t>& k, const BlockRule& rule, const BlockParams* given,
                          const float* in, float* out, float* elements, std::size_t n, std::size_t block,
-                         std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts) {
+                         std::uint64_t first_index, const std::uint32_t* block_amax, std::uint32_t* codes,
+                         BlockKernelCounts& counts) {
   if (k.mode == RoundingMode::stochastic)
-    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, given, in, out, elements, n, block, first_index, codes, counts);
+    QuantizeBlocksSpan<RoundingMode::stochastic>(k, rule, given, in, out, elements, n, block, first_index, block_amax,
+                                                 codes, counts);
   else
-    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, given, in, out, elements, n, block, first_index, codes,
-                                                   counts);
+    QuantizeBlocksSpan<RoundingMode::nearest_even>(k, rule, given, in, out, elements, n, block, first_index,
+                                                   block_amax, codes, counts);
 }
 
 // The largest |x| of x[0, n) as binary32 bits (a NaN's are above 0x7F800000).
@@ -1399,6 +1423,38 @@ std::uint32_t AmaxBits(const float* x, std::size_t n) {
   return result;
 }
 
+// AmaxBits, each block's amax into block_amax and the zeros' count: groups of
+// `lanes` blocks through GroupAmax (one vector store per group), the rest
+// block by block.
+std::uint32_t BlockAmaxBits(const float* x, std::size_t n, std::size_t block, std::uint32_t* block_amax,
+                           std::uint64_t& zeros) {
+  const hn::ScalableTag<std::uint32_t> d;
+  const std::size_t lanes = hn::Lanes(d);
+  auto m = hn::Zero(d);
+  Tally<hn::ScalableTag<std::uint32_t>> zero_tally{hn::Zero(d)};
+  std::size_t i = 0, b = 0;
+  if (block % lanes == 0) {
+    // Prefetched as AmaxBits prefetches (a pass that only reads).
+    constexpr std::size_t kAhead = 4096, kLineFloats = 64 / sizeof(float);
+    const std::size_t group = lanes * block;
+    for (; i + group <= n; i += group, b += lanes) {
+      if (i + group + kAhead <= n)
+        for (std::size_t o = 0; o < group; o += kLineFloats) hwy::Prefetch(x + i + kAhead + o);
+      const auto amax = GroupAmax(d, x + i, block, &zero_tally);
+      hn::StoreU(amax, d, block_amax + b);
+      m = hn::Max(m, amax);
+    }
+  }
+  zeros = zero_tally.total(d);
+  for (std::size_t j = i; j < n; ++j) zeros += (std::bit_cast<std::uint32_t>(x[j]) & 0x7FFFFFFFu) == 0;
+  std::uint32_t result = hn::GetLane(hn::MaxOfLanes(d, m));
+  for (; i < n; i += block, ++b) {
+    block_amax[b] = AmaxBits(x + i, std::min(block, n - i));
+    result = std::max(result, block_amax[b]);
+  }
+  return result;
+}
+
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace mpsim::detail::HWY_NAMESPACE
@@ -1412,15 +1468,22 @@ HWY_EXPORT(QuantizeDouble);
 HWY_EXPORT(TargetName);
 HWY_EXPORT(QuantizeBlocksFloat);
 HWY_EXPORT(AmaxBits);
+HWY_EXPORT(BlockAmaxBits);
 
 void quantize_blocks_vector(const Kernel<std::uint32_t>& kernel, const BlockRule& rule, const BlockParams* given,
                             const float* in, float* out, float* elements, std::size_t n, std::size_t block,
-                            std::uint64_t first_index, std::uint32_t* codes, BlockKernelCounts& counts) {
-  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, given, in, out, elements, n, block, first_index, codes,
-                                            counts);
+                            std::uint64_t first_index, const std::uint32_t* block_amax, std::uint32_t* codes,
+                            BlockKernelCounts& counts) {
+  HWY_DYNAMIC_DISPATCH(QuantizeBlocksFloat)(kernel, rule, given, in, out, elements, n, block, first_index,
+                                            block_amax, codes, counts);
 }
 
 std::uint32_t amax_bits(const float* x, std::size_t n) { return HWY_DYNAMIC_DISPATCH(AmaxBits)(x, n); }
+
+std::uint32_t block_amax_bits(const float* x, std::size_t n, std::size_t block, std::uint32_t* block_amax,
+                              std::uint64_t& zeros) {
+  return HWY_DYNAMIC_DISPATCH(BlockAmaxBits)(x, n, block, block_amax, zeros);
+}
 
 QuantizeCounts quantize_vector(const Kernel<std::uint32_t>& kernel, const float* in, float* out, std::size_t n,
                                std::uint64_t first_index) {

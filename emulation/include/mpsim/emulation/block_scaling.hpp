@@ -40,8 +40,9 @@ struct BlockRule {
 };
 
 // A format's rule for one tensor (host only): NVFP4's tensor scale comes from
-// the whole tensor's largest magnitude.
+// the whole tensor's largest magnitude, found here or given as binary32 bits.
 BlockRule block_rule(const BlockFormat& format, std::span<const float> tensor);
+BlockRule block_rule(const BlockFormat& format, std::uint32_t tensor_amax_bits);
 
 // The element format on binary32 patterns (host only): binary32_pattern_format
 // of a floating-point element, integer_pattern_format of an integer one.
