@@ -16,6 +16,9 @@
 namespace mpsim {
 namespace {
 
+// NVFP4's rules: a per-tensor scale over the block scales (its first pass finds the tensor's amax).
+bool two_level(ScaleRule rule) { return rule == ScaleRule::nvfp4 || rule == ScaleRule::nvfp4_te; }
+
 constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 
 // OCP MX v1.0 §5.3: elements saturate. E5M2's preset overflows to infinity,
@@ -141,8 +144,8 @@ class Quantizer {
     q_.elements.assign(x_.size(), 0);
     const std::int64_t grid_rows = (rows_ + f_.block_rows - 1) / f_.block_rows;
     const std::int64_t grid_cols = (cols_ + f_.block_cols - 1) / f_.block_cols;
-    const bool two_level = f_.rule == ScaleRule::nvfp4 || f_.rule == ScaleRule::nvfp4_te;
-    if (two_level) prepare_tensor_scale();
+    const bool nvfp4 = two_level(f_.rule);
+    if (nvfp4) prepare_tensor_scale();
     for (std::int64_t br = 0; br < grid_rows; ++br) {
       for (std::int64_t bc = 0; bc < grid_cols; ++bc) {
         const BlockSpan b{br * f_.block_rows, std::min<std::int64_t>(f_.block_rows, rows_ - br * f_.block_rows),
@@ -150,7 +153,7 @@ class Quantizer {
         BlockCounts counts;
         counts.elements = static_cast<std::uint64_t>(b.rows * b.cols);
         for_each(b, cols_, [&](std::int64_t i) { counts.nonzero += std::isfinite(x_[i]) && x_[i] != 0; });
-        if (two_level) nvfp4_block(b, counts);
+        if (nvfp4) nvfp4_block(b, counts);
         else if (f_.rule == ScaleRule::amax_over_max) amax_over_max_block(b, counts);
         else power_of_two_block(b, counts);
         q_.counts += counts;
@@ -311,8 +314,8 @@ class Quantizer {
 // --- The fast path -------------------------------------------------------------------
 // NVFP4's tensor scale first, 2-D tiles' scales next (they span rows), then
 // one fused vector pass over the tensor in memory order (quantize_kernel.hpp),
-// which finds 1 x N blocks' scales itself with block_scaling.hpp's binary32
-// operations, the reference's. y = x op scale is the reference's y exactly:
+// which finds 1 x N blocks' scales itself (NVFP4's from the amaxes its first
+// pass kept) with block_scaling.hpp's binary32 operations, the reference's. y = x op scale is the reference's y exactly:
 // for the MX formats x * 2^-e is exact unless it falls below binary32's normal
 // range, where it is far below the element's smallest subnormal (2^-16 at
 // most): nearest-even and stochastic rounding (its 32-bit fraction is then 0)
@@ -334,8 +337,7 @@ class FastQuantizer {
     // x's zeros, work the second pass, limited by its arithmetic, then skips (bench_quantize --blocks, 16M
     // floats, AVX-512 AMD EPYC VM, 2026-11-28: stochastic 0.47x memcpy -> 0.52-0.56x; on the AVX2 code,
     // nearest-even 0.35-0.39x -> 0.52-0.53x).
-    const bool two_level = f_.rule == ScaleRule::nvfp4 || f_.rule == ScaleRule::nvfp4_te;
-    block_amax_ = two_level && f_.block_rows == 1 && !x_.empty();
+    block_amax_ = two_level(f_.rule) && f_.block_rows == 1 && !x_.empty();
     if (f_.block_rows == 1) summary_.scale_codes.resize(blocks);
     if (block_amax_) {
       const auto block = static_cast<std::size_t>(f_.block_cols);
@@ -385,7 +387,9 @@ class FastQuantizer {
   // blocks, one pass over the data; 1 x N blocks find their own scales, a row
   // of 2-D tiles takes theirs from params_.
   void quantize_rows() {
-    std::uint64_t looked = 0, zero_elements = 0;  // the runs that left x's zeros to us (zeros_uncounted)
+    // The runs that left x's zeros to us (zeros_uncounted): all of them or none (one rule, kernel and
+    // block_amax_ for the tensor).
+    std::uint64_t looked = 0, zero_elements = 0, runs = 0, uncounted_runs = 0;
     QuantizeOptions q;
     q.rounding = o_.rounding;
     q.stochastic = {o_.key, 0};
@@ -402,13 +406,16 @@ class FastQuantizer {
         const std::size_t n = static_cast<std::size_t>(std::min(cols_, b1 * f_.block_cols) - b0 * f_.block_cols);
         const Params* given =
             params_.empty() ? nullptr : params_.data() + static_cast<std::size_t>(r / f_.block_rows * grid_cols_ + b0);
-        // 1 x N blocks write their codes in place (over their amax where block_amax_); tiles' are written.
+        // 1 x N blocks write their codes in place (over their amax where block_amax_); tiles' were written
+        // in run().
         std::uint32_t* codes = given == nullptr ? summary_.scale_codes.data() + r * grid_cols_ + b0 : nullptr;
         detail::BlockKernelCounts counts;
         detail::quantize_blocks_vector(kernel, rule_, given, x_.data() + first, out_ ? out_ + first : nullptr,
                                        elements_ ? elements_ + first : nullptr, n, block, o_.first_index + first,
                                        block_amax_ ? codes : nullptr, codes, counts);
+        ++runs;
         if (counts.zeros_uncounted) {
+          ++uncounted_runs;
           looked += counts.nonzero;
           zero_elements += counts.lost;
           counts.nonzero = counts.lost = 0;
@@ -420,7 +427,8 @@ class FastQuantizer {
         summary_.counts.scale_clamped += counts.clamped;
       }
     }
-    if (looked > 0) {  // every run did (one rule and loop for the tensor): x's zeros and the padding lanes
+    if (uncounted_runs > 0) {  // x's zeros and the padding lanes
+      if (uncounted_runs != runs) throw std::logic_error("quantize_blocks: some runs counted x's zeros, some not");
       const std::uint64_t padding = looked - x_.size();
       summary_.counts.nonzero += x_.size() - zeros_;
       summary_.counts.flushed += zero_elements - zeros_ - padding;
@@ -517,12 +525,11 @@ BlockCounts& BlockCounts::operator+=(const BlockCounts& o) {
 namespace detail {
 
 BlockRule block_rule(const BlockFormat& f, std::span<const float> tensor) {
-  const bool nvfp4 = f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te;
-  return block_rule(f, nvfp4 && !tensor.empty() ? amax_bits(tensor.data(), tensor.size()) : 0u);
+  return block_rule(f, two_level(f.rule) && !tensor.empty() ? amax_bits(tensor.data(), tensor.size()) : 0u);
 }
 
 BlockRule block_rule(const BlockFormat& f, std::uint32_t tensor_amax_bits) {
-  BlockRule rule{f.rule == ScaleRule::nvfp4 || f.rule == ScaleRule::nvfp4_te ? BlockKind::nvfp4
+  BlockRule rule{two_level(f.rule) ? BlockKind::nvfp4
                  : f.rule == ScaleRule::amax_over_max                        ? BlockKind::tile
                                                                              : BlockKind::power_of_two,
                  f.rule == ScaleRule::ceil, f.rule == ScaleRule::nvfp4_te, f.element.emax(),

@@ -68,11 +68,11 @@ const char* vector_target();
 // n must be below 2^28 (lane counters). With `block_amax` (block_amax_bits'
 // output for these blocks), block b's largest magnitude is block_amax[b]
 // instead of being found again; `codes` may be `block_amax` (each block's
-// amax is read before its code is written). Then a finite NVFP4 tensor's
-// blocks leave the zeros of x to the caller, who counted them there
-// (zeros_uncounted): `nonzero` is the lanes looked at and `lost` the zero
-// elements among them, padding lanes (the last vector of a block of whole
-// vectors fewer) and zero x included.
+// amax is read before its code is written). Then the blocks of a finite
+// NVFP4 tensor whose elements round directly leave the zeros of x to the
+// caller, who counted them there, and say so (zeros_uncounted): `nonzero` is
+// the lanes looked at and `lost` the zero elements among them, zero x and the
+// padding lanes of a block's last partial vector included.
 struct BlockKernelCounts {
   std::uint64_t nonzero = 0, lost = 0, saturated = 0, flushed = 0, nan = 0, clamped = 0;
   bool zeros_uncounted = false;

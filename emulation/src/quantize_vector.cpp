@@ -906,7 +906,8 @@ inline bool DirectBlockElements(const Kernel<std::uint32_t>& k) {
 
 // A block kernel's counts (Tally: lanes or scalars, per target). Zeros, not
 // nonzeros, are counted: on AVX2 "not equal" is an equality and a negation.
-// The nonzero count is then the lanes looked at less `zeros`.
+// The nonzero count is then the lanes looked at less `zeros` (less nothing
+// where the caller counted x's zeros: BlockFlags::zeros_known).
 template <class D>
 struct BlockTallies {
   Tally<D> zeros, lost, saturated;  // zeros: x zero or (NVFP4) not finite, padding lanes included
@@ -961,7 +962,8 @@ HWY_INLINE VF BlockVector(D d, const Kernel<std::uint32_t>& k, const VectorRound
       infinities ? hn::Or(zero_x, hn::Eq(hn::And(hn::BitCast(d, x), magnitude), hn::Set(d, 0x7F800000u))) : zero_x;
   if (!flags.zeros_known) t.zeros.add(d, uncounted);
   V r;
-  if (direct_elements) {  // flushed: a nonzero x whose element is 0 (y itself 0 included; infinities saturate)
+  if (direct_elements) {  // lost: a nonzero x whose element is 0 (y itself 0 included; infinities saturate), or
+                          // with zeros_known every zero element
     const bool capped = tile || two_step;
     VF r_magnitude;
     if constexpr (kMode == RoundingMode::stochastic)
@@ -1142,15 +1144,15 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   const float tensor_scale = rule.tensor_scale;
   const V iota = hn::Iota(d, 0);
-  // A group's input is fetched this many floats ahead (2 KiB): GroupAmax's loads are the first touch of
-  // every line, and without it a sample of them missed all the way to memory (perf on an AVX-512 AMD EPYC
+  // A group's input is fetched this many floats ahead (2 KiB): GroupAmax's loads (or, given block_amax,
+  // the elements') are the first touch of every line, and without it a sample of them missed all the way to memory (perf on an AVX-512 AMD EPYC
   // VM, 2026-11-28: MXFP8 at 16M floats 2.3 -> 4.2-4.7 G/s, NVFP4 2.3 -> 2.7 G/s; 256 and 1024 floats
   // were no better, prefetching the output for writing no different).
   constexpr std::size_t kPrefetchAhead = 512, kLineFloats = 64 / sizeof(float);
   // The elements of blocks [begin, end), block i with scale ps[i]; `tail_in`: the last block's last
   // (end - begin) mod lanes values, zero-padded. Or, `grouped`, whole groups of `lanes` blocks of whole
   // vectors from `begin` (a multiple of lanes * block), each group's scales computed together on vectors
-  // (GroupAmax, GroupParams: a per-block cross-lane reduction and scalar scale cost as much as the block's
+  // (GroupAmax or block_amax, GroupParams: a per-block cross-lane reduction and scalar scale cost as much as the block's
   // elements), and where the elements round directly, the block a power-of-two number of vectors and no
   // block NaN, the group's elements in one flat loop, each vector's scale broadcast from the group's arrays
   // (a block of NVFP4 on AVX2 is two vectors: a loop per block costs as much again).
@@ -1431,26 +1433,32 @@ std::uint32_t BlockAmaxBits(const float* x, std::size_t n, std::size_t block, st
   const hn::ScalableTag<std::uint32_t> d;
   const std::size_t lanes = hn::Lanes(d);
   auto m = hn::Zero(d);
-  Tally<hn::ScalableTag<std::uint32_t>> zero_tally{hn::Zero(d)};
+  zeros = 0;
   std::size_t i = 0, b = 0;
   if (block % lanes == 0) {
     // Prefetched as AmaxBits prefetches (a pass that only reads).
     constexpr std::size_t kAhead = 4096, kLineFloats = 64 / sizeof(float);
     const std::size_t group = lanes * block;
-    for (; i + group <= n; i += group, b += lanes) {
-      if (i + group + kAhead <= n)
-        for (std::size_t o = 0; o < group; o += kLineFloats) hwy::Prefetch(x + i + kAhead + o);
-      const auto amax = GroupAmax(d, x + i, block, &zero_tally);
-      hn::StoreU(amax, d, block_amax + b);
-      m = hn::Max(m, amax);
+    // The zeros' lane counters (32 bits below AVX-512) are emptied every 2^28 values at most.
+    const std::size_t groups_per_tally = std::max<std::size_t>(1, (std::size_t{1} << 28) / group);
+    while (i + group <= n) {
+      Tally<hn::ScalableTag<std::uint32_t>> zero_tally{hn::Zero(d)};
+      for (std::size_t g = 0; g < groups_per_tally && i + group <= n; ++g, i += group, b += lanes) {
+        if (i + group + kAhead <= n)
+          for (std::size_t o = 0; o < group; o += kLineFloats) hwy::Prefetch(x + i + kAhead + o);
+        const auto amax = GroupAmax(d, x + i, block, &zero_tally);
+        hn::StoreU(amax, d, block_amax + b);
+        m = hn::Max(m, amax);
+      }
+      zeros += zero_tally.total(d);
     }
   }
-  zeros = zero_tally.total(d);
-  for (std::size_t j = i; j < n; ++j) zeros += (std::bit_cast<std::uint32_t>(x[j]) & 0x7FFFFFFFu) == 0;
   std::uint32_t result = hn::GetLane(hn::MaxOfLanes(d, m));
   for (; i < n; i += block, ++b) {
-    block_amax[b] = AmaxBits(x + i, std::min(block, n - i));
+    const std::size_t end = std::min(n, i + block);
+    block_amax[b] = AmaxBits(x + i, end - i);
     result = std::max(result, block_amax[b]);
+    for (std::size_t j = i; j < end; ++j) zeros += (std::bit_cast<std::uint32_t>(x[j]) & 0x7FFFFFFFu) == 0;
   }
   return result;
 }
