@@ -22,7 +22,7 @@
 #include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #if HWY_ARCH_X86_64
-#include <immintrin.h>  // _mm_getcsr, _mm_setcsr (ScopedRounding), _MM_FROUND_*
+#include <immintrin.h>  // _mm_getcsr, _mm_setcsr (ScopedMxcsr), _MM_FROUND_*
 #endif
 
 #include <algorithm>
@@ -446,8 +446,9 @@ static_assert(kToNearest == _MM_FROUND_TO_NEAREST_INT && kDownward == _MM_FROUND
 
 // AVX-512 names the rounding of each addition in the instruction. Other x86-64
 // targets run QuantizeShortLanesFpu's loop with MXCSR's rounding set for the
-// call (ScopedRounding, in QuantizeMode), so their plain additions round as
-// the mode needs (not 32-bit x86, whose scalar code may use the x87 unit).
+// call (ScopedMxcsr, in QuantizeMode, on every x86-64 target), so their plain
+// additions round as the mode needs (not 32-bit x86, whose scalar code may use
+// the x87 unit).
 // Elsewhere the path serves nearest-even only, where the host found the FPU
 // rounding to nearest (Kernel::subnormal_magic != 0, which also needs mantissa
 // bits and a normal subnormal quantum).
@@ -465,17 +466,20 @@ constexpr AdditionRounding kSumRounding = kMode == RoundingMode::nearest_even   
                                                                                    : kTowardZero;
 
 #if HWY_ARCH_X86_64
-// MXCSR's rounding control set to `rounding` for a scope (bits 13-14), every
+// For a scope: MXCSR's rounding control set to `rounding` (bits 13-14), every
 // floating-point exception masked (bits 7-12: an unmasked inexact would trap
-// on the first rounding), DAZ and FTZ as they were; restored after.
-class ScopedRounding {
+// on the first rounding), and DAZ and FTZ cleared (bits 6 and 15), so that a
+// binary32 subnormal operand or result is the IEEE 754 value whatever the
+// caller set: QuantizeShortLanesFpu then serves subnormal inputs too, and the
+// short path's test is one comparison (VectorRounder). Restored after.
+class ScopedMxcsr {
  public:
-  explicit ScopedRounding(AdditionRounding rounding) : saved_(_mm_getcsr()) {
-    _mm_setcsr((saved_ & ~0x6000u) | 0x1F80u | (static_cast<unsigned>(rounding) << 13));
+  explicit ScopedMxcsr(AdditionRounding rounding) : saved_(_mm_getcsr()) {
+    _mm_setcsr((saved_ & ~0xE040u) | 0x1F80u | (static_cast<unsigned>(rounding) << 13));
   }
-  ~ScopedRounding() { _mm_setcsr(saved_); }
-  ScopedRounding(const ScopedRounding&) = delete;
-  ScopedRounding& operator=(const ScopedRounding&) = delete;
+  ~ScopedMxcsr() { _mm_setcsr(saved_); }
+  ScopedMxcsr(const ScopedMxcsr&) = delete;
+  ScopedMxcsr& operator=(const ScopedMxcsr&) = delete;
 
  private:
   unsigned saved_;
@@ -511,6 +515,49 @@ HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 #endif
 }
 
+#if HWY_TARGET == HWY_AVX2
+// QuantizeShortLanesFpu's stochastic magnitude on AVX2, the remainder's 0.32
+// fraction of the quantum taken from the pattern, not the FPU: AVX2 has no
+// unsigned conversion or comparison, and its 16 registers could not hold the
+// FPU route's constants (2026-11-29: about 105 instructions per 8 lanes, a
+// fifth of them constants reloaded). With e = a >> 23 and the quantum's
+// binade b = max(e, emin), m = (a - (e << 23)) | 2^23 is the significand and
+// s = b - e + 23 - mantissa bits of its bits lie below the quantum (s >= 1);
+// the fraction is m << (32 - s) for s <= 32 (the bits at and above the
+// quantum shift out), else m >> (s - 32). AVX2's variable shifts give 0 for
+// counts above 31 (Intel SDM, VPSLLVD/VPSRLVD), so both shifts of the one
+// signed count s - 32, or-ed, give the fraction for every s. A binary32
+// subnormal (e = 0; its significand has no hidden bit and its s is one less)
+// lies below 2^-126 <= q 2^-32 (q >= 2^-94, the host's condition), where both
+// forms give the fraction 0. The carry (Carry) is that of fraction + draw:
+// it did not wrap where max(sum, draw) == sum.
+template <class D>
+HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> a, hn::Vec<D> draw) {
+  using V = hn::Vec<D>;
+  const hn::RebindToFloat<D> df;
+  const V e = hn::ShiftRight<23>(a);
+  const V binade = hn::Max(e, hn::Set(d, k.format.min_normal_exponent));
+  const auto magic = hn::BitCast(df, hn::Add(hn::ShiftLeft<23>(binade), hn::Set(d, k.fpu_magic_offset)));
+  const V truncated = hn::BitCast(d, AddRounded<kTowardZero>(df, hn::BitCast(df, a), magic));
+  const V significand = hn::Or(hn::Sub(a, hn::ShiftLeft<23>(e)), hn::Set(d, 1u << 23));
+  // s - 32, as a two's-complement count: negative (above 31 unsigned) where s < 32.
+  const V s_minus_32 = hn::Add(hn::Sub(binade, e), hn::Set(d, (k.fpu_magic_offset >> 23) - 32u));
+  V fraction{_mm256_or_si256(_mm256_sllv_epi32(significand.raw, hn::Sub(hn::Zero(d), s_minus_32).raw),
+                             _mm256_srlv_epi32(significand.raw, s_minus_32.raw))};
+  if (k.random_mask != ~std::uint32_t{0}) {
+    const V random_mask = hn::Set(d, k.random_mask);
+    fraction = hn::And(fraction, random_mask);
+    draw = hn::And(draw, random_mask);
+  }
+  const V sum = hn::Add(fraction, draw);
+  const V kept = hn::VecFromMask(d, hn::Eq(hn::Max(sum, draw), sum));  // all ones where no carry
+  // truncated + 1 - (no carry): one quantum more where the sum carried.
+  const V rounded = hn::Add(hn::Add(truncated, hn::Set(d, 1u)), kept);
+  return hn::BitCast(d, SubExact(df, hn::BitCast(df, rounded), magic));
+}
+#endif
+
+
 // Any mode, binary32 storage, when every lane is zero or a normal number of
 // the storage at most the largest finite value (the short path's test), in
 // the FPU. |x| lies in binade e (or below the format's emin, where the
@@ -532,7 +579,7 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
-  const V sign = hn::And(x, hn::Set(d, 0x80000000u));
+  const V sign = hn::Xor(x, a);
   const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.format.min_normal_exponent << 23));
   const V magic_bits = hn::Add(binade, hn::Set(d, k.fpu_magic_offset));
   const auto magic = hn::BitCast(df, magic_bits);
@@ -562,18 +609,25 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
     }
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
   } else {  // stochastic
+#if HWY_TARGET == HWY_AVX2
+    magnitude = StochasticMagnitudeAvx2(d, k, a, draw);
+#else
     const auto sum = AddRounded<kTowardZero>(df, fa, magic);
     const auto rest = hn::Sub(fa, SubExact(df, sum, magic));
     // 2^32 / q, from C = 2^23 q: a normal number (q >= 2^-94); the product is exact.
     const auto bits_per_quantum = hn::BitCast(df, hn::Sub(hn::Set(d, (254u + 23u + 32u) << 23), magic_bits));
     const V up = hn::IfThenElseZero(Carry(d, k, FloorBits(d, df, hn::Mul(rest, bits_per_quantum)), draw), hn::Set(d, 1u));
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
+#endif
   }
   const V r = hn::Or(magnitude, sign);
-  const auto nonzero_result = hn::Ne(magnitude, hn::Zero(d));
+  // Magnitudes lie below 2^31: signed comparisons, one instruction on every target.
+  const hn::RebindToSigned<D> di;
+  const auto zero_result = hn::Eq(magnitude, hn::Zero(d));
+  const auto below_normal = hn::RebindMask(d, hn::Lt(hn::BitCast(di, magnitude), hn::Set(di, static_cast<std::int32_t>(k.format.smallest_normal))));
   c.inexact_tally.add(d, hn::Ne(r, x));
-  c.flushed_tally.add(d, hn::Not(hn::Or(zero, nonzero_result)));
-  c.subnormal_tally.add(d, hn::And(nonzero_result, hn::Lt(magnitude, hn::Set(d, k.format.smallest_normal))));
+  c.flushed_tally.add(d, hn::AndNot(zero, zero_result));
+  c.subnormal_tally.add(d, hn::AndNot(zero_result, below_normal));
   return r;
 }
 
@@ -616,7 +670,22 @@ struct VectorRounder {
   HWY_INLINE V operator()(D d, V x, V draw, Counters<D>& c) const {
     const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
     const V ordinary_low = hn::Set(d, k.format.smallest_normal);
-    if (kShort != ShortLanes::pattern || k.subnormal_scale != 0) {
+    if constexpr (kShort != ShortLanes::pattern && HWY_ARCH_X86_64) {
+      // Under ScopedMxcsr (no DAZ, no FTZ) the FPU path serves every lane at
+      // most the largest finite value, binary32 subnormals and zeros included:
+      // one signed comparison (a < 2^31) picks it.
+      const hn::RebindToSigned<D> di;
+      const auto signed_a = hn::BitCast(di, a);
+      if (!hn::AllFalse(di, hn::Gt(signed_a, hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)))))
+        return Apart(d, x, draw, c);
+      const auto zero = hn::Eq(a, hn::Zero(d));
+      if constexpr (kShort == ShortLanes::pattern_then_fpu) {
+        // The pattern serves vectors with no lane below the format's smallest normal but zeros.
+        const auto small = hn::AndNot(zero, hn::RebindMask(d, hn::Lt(signed_a, hn::BitCast(di, ordinary_low))));
+        if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+      }
+      return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+    } else if (kShort != ShortLanes::pattern || k.subnormal_scale != 0) {
       // Where the host enabled QuantizeSubnormalLanes, one range test picks the
       // short paths: every lane zero or in [storage's smallest normal, largest finite].
       const auto zero = hn::Eq(a, hn::Zero(d));
@@ -653,7 +722,7 @@ struct VectorRounder {
   const Kernel<U>& k;
 };
 
-// Not inlined: under ScopedRounding the call is what keeps the compiler from
+// Not inlined: under ScopedMxcsr the call is what keeps the compiler from
 // moving its floating-point operations across the MXCSR writes (no
 // -frounding-math here).
 template <RoundingMode kMode, class T, ShortLanes kShort>
@@ -767,8 +836,7 @@ QuantizeCounts QuantizeMode(const KernelFor<T>& k, const T* in, T* out, std::siz
     // The host's fpu_magic_offset; off x86-64, nearest-even also needs the FPU rounding to nearest.
     if (k.fpu_magic_offset != 0 && (HWY_ARCH_X86_64 || k.subnormal_magic != 0)) {
 #if HWY_ARCH_X86_64
-      std::optional<ScopedRounding> rounding;
-      if (!kNamedRounding) rounding.emplace(kSumRounding<kMode>);
+      const ScopedMxcsr mxcsr(kSumRounding<kMode>);
 #endif
       if (MostlyBelowNormal(k, in, n)) return QuantizeSpan<kMode, T, ShortLanes::fpu>(k, in, out, n, first);
       return QuantizeSpan<kMode, T, ShortLanes::pattern_then_fpu>(k, in, out, n, first);

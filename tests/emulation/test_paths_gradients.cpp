@@ -128,42 +128,50 @@ TEST_CASE("paths on gradient-like data: the FPU's rounding mode does not leak in
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-TEST_CASE("paths on gradient-like data: denormals-are-zero and flush-to-zero do not leak in", "[paths]") {
-  // Binary32 subnormal inputs (2^-150..) beside underflowing ones: the vector
-  // paths may use the FPU only where no operand or result is a binary32
-  // subnormal, so DAZ/FTZ settings cannot change a bit or a counter. Both
-  // paths run under the settings; the reference is the scalar path without them.
+TEST_CASE("paths on gradient-like data: denormals-are-zero and flush-to-zero do not leak in, on every vector target",
+          "[paths]") {
+  // Binary32 subnormal inputs (2^-150..) beside underflowing ones. The FPU
+  // short path serves them under its own MXCSR (DAZ and FTZ cleared for the
+  // call); every other vector path keeps binary32 subnormals off the FPU. So
+  // DAZ/FTZ settings cannot change a bit or a counter. Both paths run under
+  // the settings; the reference is the scalar path without them.
   const unsigned saved = _mm_getcsr();
   const auto in = gradient_like<float>(std::size_t{1} << 14, -150, 0, 8);
   std::vector<float> reference(in.size()), got(in.size());
-  for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2"}) {
-    const Format f = *parse_format(name);
-    for (RoundingMode mode : all_modes) {
-      QuantizeOptions options;
-      options.rounding.mode = mode;
-      options.stochastic = {{2026, 11}, 5};
-      options.threads = 1;
-      options.path = Path::scalar;
-      const QuantizeCounts expected = quantize(f, std::span<const float>(in), std::span<float>(reference), options);
-      for (unsigned bits : {0x0040u, 0x8000u, 0x8040u}) {  // DAZ, FTZ, both
-        for (Path path : {Path::scalar, Path::vector}) {
-          options.path = path;
-          _mm_setcsr(saved | bits);
-          const QuantizeCounts counts = quantize(f, std::span<const float>(in), std::span<float>(got), options);
-          _mm_setcsr(saved);
-          INFO(name << " " << to_string(mode) << " MXCSR bits " << bits << (path == Path::scalar ? " scalar" : " vector"));
-          CHECK(counts == expected);
-          CHECK(std::memcmp(got.data(), reference.data(), in.size() * sizeof(float)) == 0);
+  on_every_vector_target([&](std::int64_t target) {
+    for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2"}) {
+      const Format f = *parse_format(name);
+      for (RoundingMode mode : all_modes) {
+        QuantizeOptions options;
+        options.rounding.mode = mode;
+        options.stochastic = {{2026, 11}, 5};
+        options.threads = 1;
+        options.path = Path::scalar;
+        const QuantizeCounts expected = quantize(f, std::span<const float>(in), std::span<float>(reference), options);
+        for (unsigned bits : {0x0040u, 0x8000u, 0x8040u}) {  // DAZ, FTZ, both
+          for (Path path : {Path::scalar, Path::vector}) {
+            options.path = path;
+            _mm_setcsr(saved | bits);
+            const QuantizeCounts counts = quantize(f, std::span<const float>(in), std::span<float>(got), options);
+            const unsigned after = _mm_getcsr();
+            _mm_setcsr(saved);
+            INFO("vector target " << hwy::TargetName(target) << ", " << name << " " << to_string(mode) << " MXCSR bits "
+                                  << bits << (path == Path::scalar ? " scalar" : " vector"));
+            CHECK(counts == expected);
+            CHECK(std::memcmp(got.data(), reference.data(), in.size() * sizeof(float)) == 0);
+            CHECK((after & ~0x3Fu) == ((saved | bits) & ~0x3Fu));  // the caller's settings come back
+          }
         }
       }
     }
-  }
+  });
 }
 #endif
 
 // The short paths' rounding at every position the quantum can take: for each
 // binade of the storage up to the format's largest finite value (so whole
-// vectors stay on the short path: zero or normal, no overflow) and each bit
+// vectors stay on the short paths: no overflow; binary32 subnormals, which
+// the FPU path serves on x86-64, included) and each bit
 // position p of the significand, patterns whose bits below p are 0, 1, half
 // minus one, half, half plus one and all ones (exact, just above, ties and
 // their neighbours at every quantum, normal and subnormal results alike),
@@ -173,13 +181,14 @@ std::vector<float> every_quantum_position(const Format& f) {
   const auto largest = std::bit_cast<std::uint32_t>(static_cast<float>(f.largest_finite()));
   std::mt19937_64 rng(2611);
   std::vector<float> v{0.0f, -0.0f};
-  for (std::uint32_t binade = 1; binade <= (largest >> 23); ++binade) {
+  for (std::uint32_t binade = 0; binade <= (largest >> 23); ++binade) {  // 0: binary32 subnormals
     for (int p = 1; p <= 23; ++p) {
       const std::uint32_t half = std::uint32_t{1} << (p - 1), low_mask = (std::uint32_t{1} << p) - 1;
       for (std::uint32_t low : {0u, 1u, half - 1, half, half + 1, low_mask}) {
         for (int draw = 0; draw < 2; ++draw) {
           const std::uint32_t high = static_cast<std::uint32_t>(rng()) & 0x7FFFFFu & ~low_mask;
           const std::uint32_t bits = (binade << 23) | high | (low & low_mask);
+          if (bits == 0) continue;
           if (bits > largest) continue;
           v.push_back(std::bit_cast<float>(bits | ((rng() & 1) ? 0x80000000u : 0u)));
         }
