@@ -209,8 +209,11 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
   if constexpr (sizeof(T) == 4) {
     const int offset = std::numeric_limits<T>::digits - 1 - static_cast<int>(p.mantissa_bits);
     const auto top_binade = std::max<std::uint32_t>(p.largest_finite >> 23, p.min_normal_exponent);
-    if (gradual && quantum_exponent >= -94 && offset > 0 && top_binade + offset <= 254)
+    if (gradual && quantum_exponent >= -94 && offset > 0 && top_binade + offset <= 254) {
       k.fpu_magic_offset = static_cast<std::uint32_t>(offset) << 23;
+      k.fpu_min_binade = p.min_normal_exponent << 23;
+      k.fpu_shift_offset = static_cast<std::uint32_t>(offset - 32);
+    }
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);
   k.key = make_draw_key(o.stochastic.key);

@@ -97,11 +97,15 @@ struct Tally {
   }
 };
 
-// The general lane code counts in vectors; the short paths in Tallies (a
-// population count on AVX-512, vector lanes elsewhere). Start every member
-// at zero: Counters<D>::zero(d).
+// The general lane code counts in vectors (CountLanes), the short paths in
+// Tallies (a population count on AVX-512, vector lanes elsewhere). Below
+// AVX-512 a Tally is a vector count too, so there the general code counts
+// into the tallies: one register per kind, not two (16 registers; the AVX2
+// short paths' constants had been reloaded every vector for want of them,
+// 2026-11-29). Start every member at zero: Counters<D>::zero(d).
 template <class D>
 struct Counters {
+#if HWY_TARGET <= HWY_AVX3
   hn::Vec<D> inexact, flushed, subnormal, overflow, nan;
   Tally<D> inexact_tally, flushed_tally, subnormal_tally, overflow_tally;
 
@@ -109,7 +113,43 @@ struct Counters {
     const hn::Vec<D> z = hn::Zero(d);
     return {z, z, z, z, z, {z}, {z}, {z}, {z}};
   }
+#else
+  hn::Vec<D> overflow, nan;
+  Tally<D> inexact_tally, flushed_tally, subnormal_tally, overflow_tally;
+
+  static Counters zero(D d) {
+    const hn::Vec<D> z = hn::Zero(d);
+    return {z, z, {z}, {z}, {z}, {z}};
+  }
+#endif
 };
+
+// The general lane code's counts of inexact, flushed and subnormal lanes:
+// their vectors on AVX-512, else the kinds' tallies (Counters).
+template <class D>
+HWY_INLINE hn::Vec<D>& InexactLanes(Counters<D>& c) {
+#if HWY_TARGET <= HWY_AVX3
+  return c.inexact;
+#else
+  return c.inexact_tally.lanes;
+#endif
+}
+template <class D>
+HWY_INLINE hn::Vec<D>& FlushedLanes(Counters<D>& c) {
+#if HWY_TARGET <= HWY_AVX3
+  return c.flushed;
+#else
+  return c.flushed_tally.lanes;
+#endif
+}
+template <class D>
+HWY_INLINE hn::Vec<D>& SubnormalLanes(Counters<D>& c) {
+#if HWY_TARGET <= HWY_AVX3
+  return c.subnormal;
+#else
+  return c.subnormal_tally.lanes;
+#endif
+}
 
 // Stochastic rounding's decision: keep the draw's and the fraction's top
 // random bits (a 0.32 fraction in the low 32 bits of each lane) and round away
@@ -212,11 +252,11 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
 
   const V result_magnitude = hn::And(result, hn::Set(d, L::kMagnitude));
   const auto changed = hn::And(finite, hn::Ne(result_magnitude, a));
-  Count(d, c.inexact, hn::And(valid, hn::Or(changed, overflow)));
+  Count(d, InexactLanes(c), hn::And(valid, hn::Or(changed, overflow)));
   Count(d, c.overflow, hn::And(valid, overflow));
-  Count(d, c.flushed, hn::And(valid, hn::And(hn::And(finite, hn::Ne(a, hn::Zero(d))),
+  Count(d, FlushedLanes(c), hn::And(valid, hn::And(hn::And(finite, hn::Ne(a, hn::Zero(d))),
                                              hn::Eq(result_magnitude, hn::Zero(d)))));
-  Count(d, c.subnormal, hn::And(valid, hn::And(hn::Ne(result_magnitude, hn::Zero(d)),
+  Count(d, SubnormalLanes(c), hn::And(valid, hn::And(hn::Ne(result_magnitude, hn::Zero(d)),
                                                hn::Lt(result_magnitude, hn::Set(d, k.format.smallest_normal)))));
   Count(d, c.nan, hn::And(valid, hn::Gt(result_magnitude, inf)));
   return result;
@@ -529,8 +569,7 @@ HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 // signed count s - 32, or-ed, give the fraction for every s. A binary32
 // subnormal (e = 0; its significand has no hidden bit and its s is one less)
 // lies below 2^-126 <= q 2^-32 (q >= 2^-94, the host's condition), where both
-// forms give the fraction 0. The carry (Carry) is that of fraction + draw:
-// it did not wrap where max(sum, draw) == sum.
+// forms give the fraction 0. The carry (Carry) is that of fraction + draw.
 template <class D>
 HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> a, hn::Vec<D> draw) {
   using V = hn::Vec<D>;
@@ -541,7 +580,7 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
   const V truncated = hn::BitCast(d, AddRounded<kTowardZero>(df, hn::BitCast(df, a), magic));
   const V significand = hn::Or(hn::Sub(a, hn::ShiftLeft<23>(e)), hn::Set(d, 1u << 23));
   // s - 32, as a two's-complement count: negative (above 31 unsigned) where s < 32.
-  const V s_minus_32 = hn::Add(hn::Sub(binade, e), hn::Set(d, (k.fpu_magic_offset >> 23) - 32u));
+  const V s_minus_32 = hn::Add(hn::Sub(binade, e), hn::Set(d, k.fpu_shift_offset));
   V fraction{_mm256_or_si256(_mm256_sllv_epi32(significand.raw, hn::Sub(hn::Zero(d), s_minus_32).raw),
                              _mm256_srlv_epi32(significand.raw, s_minus_32.raw))};
   if (k.random_mask != ~std::uint32_t{0}) {
@@ -549,10 +588,12 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
     fraction = hn::And(fraction, random_mask);
     draw = hn::And(draw, random_mask);
   }
-  const V sum = hn::Add(fraction, draw);
-  const V kept = hn::VecFromMask(d, hn::Eq(hn::Max(sum, draw), sum));  // all ones where no carry
-  // truncated + 1 - (no carry): one quantum more where the sum carried.
-  const V rounded = hn::Add(hn::Add(truncated, hn::Set(d, 1u)), kept);
+  // draw > ~fraction, unsigned: (draw ^ 2^31) > (fraction ^ (2^31 - 1)), signed.
+  const hn::RebindToSigned<D> di;
+  const auto carry = hn::Gt(hn::BitCast(di, hn::Xor(draw, hn::Set(d, 0x80000000u))),
+                            hn::BitCast(di, hn::Xor(fraction, hn::Set(d, 0x7FFFFFFFu))));
+  // One quantum more where the sum carried (the mask's lanes are -1).
+  const V rounded = hn::Sub(truncated, hn::VecFromMask(d, hn::RebindMask(d, carry)));
   return hn::BitCast(d, SubExact(df, hn::BitCast(df, rounded), magic));
 }
 #endif
@@ -580,7 +621,7 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   const V sign = hn::Xor(x, a);
-  const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.format.min_normal_exponent << 23));
+  const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.fpu_min_binade));
   const V magic_bits = hn::Add(binade, hn::Set(d, k.fpu_magic_offset));
   const auto magic = hn::BitCast(df, magic_bits);
   const auto fa = hn::BitCast(df, a);
@@ -791,10 +832,12 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::StoreU(r, df, at); });
     }
     if (j < block) partial(block - j);  // the tail
-    HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)];
+    HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)] = {};
+#if HWY_TARGET <= HWY_AVX3
     hn::Store(c.inexact, d, lane_counts[0]);
     hn::Store(c.flushed, d, lane_counts[1]);
     hn::Store(c.subnormal, d, lane_counts[2]);
+#endif
     hn::Store(c.overflow, d, lane_counts[3]);
     hn::Store(c.nan, d, lane_counts[4]);
     total.inexact += c.inexact_tally.total(d);
@@ -1438,8 +1481,10 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
     }
     quantize_run(begin, end, &p, tail_in, false);
   }
-  HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)];
+  HWY_ALIGN U lane_counts[2][HWY_MAX_BYTES / sizeof(U)] = {};
+#if HWY_TARGET <= HWY_AVX3
   hn::Store(c.flushed, d, lane_counts[0]);
+#endif
   hn::Store(c.overflow, d, lane_counts[1]);
   total.flushed += c.flushed_tally.total(d);
   total.saturated += c.overflow_tally.total(d) + tallies.saturated.total(d);
