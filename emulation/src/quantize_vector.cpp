@@ -709,6 +709,14 @@ struct VectorRounder {
   using V = hn::Vec<D>;
   // Scalars, not vectors: sizeless vector types cannot be members; the Sets hoist out of loops.
   HWY_INLINE V operator()(D d, V x, V draw, Counters<D>& c) const {
+    V r;
+    if (Short(d, x, draw, c, r)) return r;
+    return Apart(d, x, draw, c);
+  }
+
+  // A short path's rounding of x into r; false where a lane needs the
+  // general lane code (Apart).
+  HWY_INLINE bool Short(D d, V x, V draw, Counters<D>& c, V& r) const {
     const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
     const V ordinary_low = hn::Set(d, k.format.smallest_normal);
     if constexpr (kShort != ShortLanes::pattern && HWY_ARCH_X86_64) {
@@ -718,33 +726,46 @@ struct VectorRounder {
       const hn::RebindToSigned<D> di;
       const auto signed_a = hn::BitCast(di, a);
       if (!hn::AllFalse(di, hn::Gt(signed_a, hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)))))
-        return Apart(d, x, draw, c);
+        return false;
       const auto zero = hn::Eq(a, hn::Zero(d));
       if constexpr (kShort == ShortLanes::pattern_then_fpu) {
         // The pattern serves vectors with no lane below the format's smallest normal but zeros.
         const auto small = hn::AndNot(zero, hn::RebindMask(d, hn::Lt(signed_a, hn::BitCast(di, ordinary_low))));
-        if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+        if (hn::AllFalse(d, small)) {
+          r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+          return true;
+        }
       }
-      return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+      r = QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+      return true;
     } else if (kShort != ShortLanes::pattern || k.subnormal_scale != 0) {
       // Where the host enabled QuantizeSubnormalLanes, one range test picks the
       // short paths: every lane zero or in [storage's smallest normal, largest finite].
       const auto zero = hn::Eq(a, hn::Zero(d));
       const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
       const auto short_path = hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span), zero);
-      if (!hn::AllTrue(d, short_path)) return Apart(d, x, draw, c);
-      if constexpr (kShort == ShortLanes::fpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+      if (!hn::AllTrue(d, short_path)) return false;
+      if constexpr (kShort == ShortLanes::fpu) {
+        r = QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+        return true;
+      }
       // Zero lanes round to themselves in the ordinary code of every mode.
       const auto small = hn::AndNot(zero, hn::Lt(a, ordinary_low));
-      if (hn::AllFalse(d, small)) return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-      if constexpr (kShort == ShortLanes::pattern_then_fpu) return QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
-      return QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
+      if (hn::AllFalse(d, small)) {
+        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+      } else if constexpr (kShort == ShortLanes::pattern_then_fpu) {
+        r = QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
+      } else {
+        r = QuantizeSubnormalLanes<kMode>(d, k, x, a, small, zero, draw, c);
+      }
+      return true;
     }
     // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
     const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
-    if (hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
-      return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-    return Apart(d, x, draw, c);
+    if (!hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
+      return false;
+    r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+    return true;
   }
 
   // The general lane code for a vector that leaves the short paths: out of line (QuantizeLanesApart) where
@@ -813,11 +834,33 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       T* const dst = out + i;
       const std::size_t end = block;
       std::size_t at = j;
+#if HWY_TARGET <= HWY_AVX3
       for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
         const V x = hn::BitCast(d, hn::LoadU(df, src + at));
         const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
         store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
       }
+#else
+      // The short paths in a loop of their own, the general lane code's call
+      // outside it: every vector register is the caller's to save across a
+      // call, so a call inside the loop made GCC 12 rebuild the loop's
+      // constants every vector (AVX2, 2026-11-29).
+      while (at + lanes <= end) {
+        for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
+          const V x = hn::BitCast(d, hn::LoadU(df, src + at));
+          const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+          V r;
+          if (!round_vector.Short(d, x, draw, lc, r)) break;
+          store(hn::BitCast(df, r), dst + at);
+        }
+        if (at + lanes > end) break;
+        const V x = hn::BitCast(d, hn::LoadU(df, src + at));
+        const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+        store(hn::BitCast(df, round_vector.Apart(d, x, draw, lc)), dst + at);
+        at += lanes;
+        words = hn::Add(words, step);
+      }
+#endif
       j = at;
       low_words = words;
       c = lc;
