@@ -357,6 +357,20 @@ HWY_INLINE hn::Vec<D> FloorBits(D d, DF df, hn::Vec<DF> z) {
   } else if constexpr (HWY_TARGET <= HWY_AVX3 && HWY_ARCH_X86 && hn::MaxLanes(D()) == 16) {
     // No inexact flag, no trap (maskz: the unmasked form trips a false GCC 12 warning).
     return hn::Vec<D>{_mm512_maskz_cvtt_roundps_epu32(0xFFFF, z.raw, _MM_FROUND_NO_EXC)};
+  } else if constexpr (HWY_ARCH_X86 && (HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_SSE4 || HWY_TARGET == HWY_SSSE3) &&
+                       hn::MaxLanes(D()) * 4 == HWY_MAX_BYTES) {
+    // x86's truncating conversion without Highway's fix-up of out-of-range
+    // lanes (three more instructions; 0x80000000 is what we want from them):
+    // floor(z) = 2 floor(z / 2) + (floor(z) & 1). z / 2 < 2^31 converts
+    // exactly; z itself where z < 2^31, and above that z is even (24-bit
+    // significand) and the conversion's 0x80000000 has its last bit 0.
+    const auto half = hn::Mul(z, hn::Set(df, 0.5f));
+#if HWY_TARGET == HWY_AVX2
+    const hn::Vec<D> whole{_mm256_cvttps_epi32(z.raw)}, halves{_mm256_cvttps_epi32(half.raw)};
+#else
+    const hn::Vec<D> whole{_mm_cvttps_epi32(z.raw)}, halves{_mm_cvttps_epi32(half.raw)};
+#endif
+    return hn::Or(hn::ShiftLeft<1>(halves), hn::And(whole, hn::Set(d, 1u)));
   } else {
     // int32 conversion covers [0, 2^31); at or above 2^31 z is an integer
     // (24-bit significand), and z - 2^31 is exact.
