@@ -315,7 +315,9 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
   if constexpr (kMode == RoundingMode::nearest_even) {
     r = RoundPatternNearestEven(d, k, x);
   } else if constexpr (kMode == RoundingMode::nearest_away) {
-    r = k.format.shift == 0 ? x : hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
+    // No branch on shift 0 (unit 1, low and half 0: x itself), so that the
+    // compiler hoists the constants out of the loop.
+    r = hn::AndNot(low, hn::Add(x, hn::ShiftRight<1>(unit)));
   } else if constexpr (kMode == RoundingMode::toward_zero) {
     r = truncated;
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
@@ -324,7 +326,9 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
     r = kMode == RoundingMode::toward_positive ? hn::IfThenElse(negative, truncated, away)
                                                : hn::IfThenElse(negative, away, truncated);
   } else if constexpr (kMode == RoundingMode::odd) {
-    r = no_mantissa ? truncated : hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), unit));
+    // The bit to set, chosen on the host: no branch in the loop.
+    const V odd_bit = hn::Set(d, no_mantissa ? U{0} : U{1} << k.format.shift);
+    r = hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), odd_bit));
   } else {  // stochastic
     // The remainder as a 0.32 fraction of the quantum; none where the format
     // keeps every storage bit (shift 0: shifting by 32 is undefined).
@@ -728,6 +732,32 @@ struct VectorRounder {
     return Apart(d, x, draw, c);
   }
 
+  // The path most vectors of this loop take, alone (QuantizeSpan's inner
+  // loop): on x86-64 with kShort == fpu the FPU short path, else the ordinary
+  // pattern rounding. False where x needs any other.
+  HWY_INLINE bool Hot(D d, V x, V draw, Counters<D>& c, V& r) const {
+    if constexpr (kShort == ShortLanes::fpu && !HWY_ARCH_X86_64) {
+      return Short(d, x, draw, c, r);
+    } else {
+      const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
+      if constexpr (kShort == ShortLanes::fpu) {
+        const hn::RebindToSigned<D> di;
+        const auto above = hn::Gt(hn::BitCast(di, a), hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)));
+        if (!hn::AllFalse(di, above)) return false;
+        r = QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
+        return true;
+      } else {
+        // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
+        const V ordinary_low = hn::Set(d, k.format.smallest_normal);
+        const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
+        if (!hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
+          return false;
+        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+        return true;
+      }
+    }
+  }
+
   // A short path's rounding of x into r; false where a lane needs the
   // general lane code (Apart).
   HWY_INLINE bool Short(D d, V x, V draw, Counters<D>& c, V& r) const {
@@ -789,13 +819,18 @@ struct VectorRounder {
 #if HWY_TARGET <= HWY_AVX3
     return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
 #else
-    const LanesResult<D> result = QuantizeLanesApart<kMode>(d, k, x, draw, c);
+    const LanesResult<D> result = QuantizeLanesApart<kMode>(d, outside, x, draw, c);
     c = result.counters;
     return result.rounded;
 #endif
   }
 
   const Kernel<U>& k;
+  // The same kernel, for the out-of-line call: `k` is QuantizeSpan's local
+  // copy, which no call and no pointer reaches, so that the loop's vector
+  // stores (Highway's may alias anything) cannot make GCC reload its fields
+  // and rebuild the constants made from them every vector (AVX2, 2026-11-29).
+  const Kernel<U>& outside;
 };
 
 // Not inlined: under ScopedMxcsr the call is what keeps the compiler from
@@ -813,7 +848,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const VectorRounder<kMode, D, kShort> round_vector{k};
+  const VectorRounder<kMode, D, kShort> round_vector{k, kernel};
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -848,33 +883,25 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       T* const dst = out + i;
       const std::size_t end = block;
       std::size_t at = j;
-#if HWY_TARGET <= HWY_AVX3
-      for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
-        const V x = hn::BitCast(d, hn::LoadU(df, src + at));
-        const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
-        store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
-      }
-#else
-      // The short paths in a loop of their own, the general lane code's call
-      // outside it: every vector register is the caller's to save across a
-      // call, so a call inside the loop made GCC 12 rebuild the loop's
-      // constants every vector (AVX2, 2026-11-29).
+      // The path most vectors take in a loop of its own, every other path
+      // outside it: the rare paths' constants and calls (every vector register
+      // is the caller's to save across a call) otherwise made GCC 12 rebuild
+      // the hot path's constants every vector (AVX2 and AVX3, 2026-11-29).
       while (at + lanes <= end) {
         for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
           const V x = hn::BitCast(d, hn::LoadU(df, src + at));
           const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
           V r;
-          if (!round_vector.Short(d, x, draw, lc, r)) break;
+          if (!round_vector.Hot(d, x, draw, lc, r)) break;
           store(hn::BitCast(df, r), dst + at);
         }
         if (at + lanes > end) break;
         const V x = hn::BitCast(d, hn::LoadU(df, src + at));
         const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
-        store(hn::BitCast(df, round_vector.Apart(d, x, draw, lc)), dst + at);
+        store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
         at += lanes;
         words = hn::Add(words, step);
       }
-#endif
       j = at;
       low_words = words;
       c = lc;
@@ -1335,7 +1362,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
                                    const float* tail_in, bool grouped) {
     constexpr BlockLoop kLoop = decltype(loop)::value;
     const Kernel<U> lk = k;
-    const VectorRounder<kMode, D> rounder{lk};
+    const VectorRounder<kMode, D> rounder{lk, k};
     Counters<D> lc = c;
     BlockTallies<D> lt = tallies;
     const float* const x_in = in;
