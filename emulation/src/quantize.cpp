@@ -199,13 +199,16 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
     k.subnormal_scale = pattern_of(std::ldexp(1.0, -quantum_exponent));
     k.subnormal_quantum = pattern_of(std::ldexp(1.0, quantum_exponent));
   }
-  // Every lane of the short path (zero, or a normal binary32 at most the
-  // largest finite value) rounds in one FPU addition to 2^(binade + 23 - M)
-  // (QuantizeShortLanesFpu). Exact when the subnormal quantum 2^(emin - M) is
-  // at least 2^-94 (so half of it, its reciprocal and every remainder that can
-  // move a stochastic decision are normal numbers: DAZ/FTZ cannot change a bit),
-  // the format has at most 22 mantissa bits (so the constant lies above |x|)
-  // and the largest value's constant is finite.
+  // Every lane of the short path (at most the largest finite value; binary32
+  // subnormals too on x86-64, where the kernel clears DAZ and FTZ for the
+  // call) rounds in one FPU addition to 2^(binade + 23 - M)
+  // (QuantizeShortLanesFpu). Exact when the subnormal quantum q = 2^(emin - M)
+  // is at least 2^-94 (so half of it, its reciprocal and every remainder that
+  // can move a stochastic decision are normal numbers, and a binary32
+  // subnormal lies below q 2^-32, which StochasticMagnitudeAvx2's fraction
+  // needs: the bound is exact there, keep the two together), the format has at
+  // most 22 mantissa bits (so the constant lies above |x|) and the largest
+  // value's constant is finite.
   if constexpr (sizeof(T) == 4) {
     const int offset = std::numeric_limits<T>::digits - 1 - static_cast<int>(p.mantissa_bits);
     const auto top_binade = std::max<std::uint32_t>(p.largest_finite >> 23, p.min_normal_exponent);

@@ -30,7 +30,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <optional>
 #include <vector>
 
 #include "emulation/src/quantize_kernel.hpp"
@@ -97,7 +96,7 @@ struct Tally {
   }
 };
 
-// The general lane code counts in vectors (CountLanes), the short paths in
+// The general lane code counts in vectors (Count), the short paths in
 // Tallies (a population count on AVX-512, vector lanes elsewhere). Below
 // AVX-512 a Tally is a vector count too, so there the general code counts
 // into the tallies: one register per kind, not two (16 registers; the AVX2
@@ -617,9 +616,9 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
 #endif
 
 
-// Any mode, binary32 storage, when every lane is zero or a normal number of
-// the storage at most the largest finite value (the short path's test), in
-// the FPU. |x| lies in binade e (or below the format's emin, where the
+// Any mode, binary32 storage, when every lane is at most the largest finite
+// value (on x86-64, under ScopedMxcsr: no DAZ, no FTZ, so binary32 subnormals
+// too; elsewhere zero or binary32-normal lanes only), in the FPU. |x| lies in binade e (or below the format's emin, where the
 // quantum stops shrinking: take e = emin); its quantum is q = 2^(e - M), and
 // C = 2^(e + 23 - M) lies above |x| (M <= 22): |x| + C falls in [C, 2C], where
 // binary32's spacing is q, so one addition rounded in the wanted direction
@@ -630,9 +629,10 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
 // sum rounded upward is then one more); stochastic truncates, takes the
 // remainder |x| - t (exact) in units of q, and adds one q on the reference's
 // carry (Carry). Toward +/-infinity round the signed value with C signed like
-// x. The host enables it (fpu_magic_offset != 0) only where q/2, 2^32/q and
-// every remainder that can decide a draw are normal: DAZ and FTZ cannot change
-// a bit.
+// x. The host enables it (fpu_magic_offset != 0) only where q >= 2^-94, so
+// that q/2, 2^32/q and every remainder that can decide a draw are normal
+// (DAZ and FTZ, where the caller's, cannot change a bit) and a binary32
+// subnormal lies below q 2^-32 (StochasticMagnitudeAvx2 relies on it).
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
@@ -711,8 +711,8 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
   else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
 }
 
-// How a vector on the short path (every lane zero or normal in the storage,
-// none above the largest finite value) rounds: `pattern`, on the pattern when
+// How a vector on the short path (no lane above the largest finite value;
+// binary32 subnormals only under ScopedMxcsr, on x86-64) rounds: `pattern`, on the pattern when
 // no lane lies below the format's smallest normal (QuantizeOrdinaryLanes), else
 // QuantizeSubnormalLanes; `pattern_then_fpu`, the same with
 // QuantizeShortLanesFpu for the second; `fpu`, QuantizeShortLanesFpu always
@@ -766,7 +766,7 @@ struct VectorRounder {
     if constexpr (kShort != ShortLanes::pattern && HWY_ARCH_X86_64) {
       // Under ScopedMxcsr (no DAZ, no FTZ) the FPU path serves every lane at
       // most the largest finite value, binary32 subnormals and zeros included:
-      // one signed comparison (a < 2^31) picks it.
+      // one signed comparison (|x| > largest finite, |x| < 2^31) rules it out.
       const hn::RebindToSigned<D> di;
       const auto signed_a = hn::BitCast(di, a);
       if (!hn::AllFalse(di, hn::Gt(signed_a, hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)))))

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -132,33 +133,54 @@ TEST_CASE("paths on gradient-like data: denormals-are-zero and flush-to-zero do 
           "[paths]") {
   // Binary32 subnormal inputs (2^-150..) beside underflowing ones. The FPU
   // short path serves them under its own MXCSR (DAZ and FTZ cleared for the
-  // call); every other vector path keeps binary32 subnormals off the FPU. So
-  // DAZ/FTZ settings cannot change a bit or a counter. Both paths run under
-  // the settings; the reference is the scalar path without them.
+  // call); the elementwise quantizer's other vector paths keep binary32
+  // subnormals off the FPU. So DAZ/FTZ settings cannot change a bit or a
+  // counter. Two inputs: mostly below the format's smallest normal (the
+  // kernel's FPU loop) and normal but for one in 1,024, half of them binary32
+  // subnormals, placed where the kernel's sample (every 64th element) does
+  // not look, so that it picks its loop that tries the pattern first (for
+  // binary16 and the FP8 formats). Both paths run under the settings; the
+  // reference is the scalar path without them.
   const unsigned saved = _mm_getcsr();
-  const auto in = gradient_like<float>(std::size_t{1} << 14, -150, 0, 8);
-  std::vector<float> reference(in.size()), got(in.size());
+  const auto below = gradient_like<float>(std::size_t{1} << 14, -150, 0, 8);
+  auto mostly_normal = gradient_like<float>(std::size_t{1} << 14, -6, 3, 9);
+  for (std::size_t i = 37, k = 0; i < mostly_normal.size(); i += 1024, ++k)
+    mostly_normal[i] = k % 2 ? below[i] : std::bit_cast<float>(static_cast<std::uint32_t>(1 + 40503 * k) | (k % 4 ? 0u : 0x80000000u));
+  std::vector<float> reference(below.size()), got(below.size());
   on_every_vector_target([&](std::int64_t target) {
     for (const char* name : {"binary16", "e4m3", "e5m2", "e3m2"}) {
       const Format f = *parse_format(name);
-      for (RoundingMode mode : all_modes) {
+      for (const auto& [mode, random_bits, in] : {std::tuple{RoundingMode::nearest_even, 32, &below},
+                                                   {RoundingMode::nearest_away, 32, &below},
+                                                   {RoundingMode::toward_zero, 32, &below},
+                                                   {RoundingMode::toward_positive, 32, &below},
+                                                   {RoundingMode::toward_negative, 32, &below},
+                                                   {RoundingMode::odd, 32, &below},
+                                                   {RoundingMode::stochastic, 32, &below},
+                                                   {RoundingMode::stochastic, 4, &below},
+                                                   {RoundingMode::nearest_even, 32, &mostly_normal},
+                                                   {RoundingMode::odd, 32, &mostly_normal},
+                                                   {RoundingMode::toward_negative, 32, &mostly_normal},
+                                                   {RoundingMode::stochastic, 32, &mostly_normal},
+                                                   {RoundingMode::stochastic, 4, &mostly_normal}}) {
         QuantizeOptions options;
-        options.rounding.mode = mode;
+        options.rounding = {mode, random_bits};
         options.stochastic = {{2026, 11}, 5};
         options.threads = 1;
         options.path = Path::scalar;
-        const QuantizeCounts expected = quantize(f, std::span<const float>(in), std::span<float>(reference), options);
+        const QuantizeCounts expected = quantize(f, std::span<const float>(*in), std::span<float>(reference), options);
         for (unsigned bits : {0x0040u, 0x8000u, 0x8040u}) {  // DAZ, FTZ, both
           for (Path path : {Path::scalar, Path::vector}) {
             options.path = path;
             _mm_setcsr(saved | bits);
-            const QuantizeCounts counts = quantize(f, std::span<const float>(in), std::span<float>(got), options);
+            const QuantizeCounts counts = quantize(f, std::span<const float>(*in), std::span<float>(got), options);
             const unsigned after = _mm_getcsr();
             _mm_setcsr(saved);
-            INFO("vector target " << hwy::TargetName(target) << ", " << name << " " << to_string(mode) << " MXCSR bits "
-                                  << bits << (path == Path::scalar ? " scalar" : " vector"));
+            INFO("vector target " << hwy::TargetName(target) << ", " << name << " " << to_string(mode) << " ("
+                                  << random_bits << " random bits), " << (in == &below ? "mostly below normal" : "mostly normal")
+                                  << ", MXCSR bits " << bits << (path == Path::scalar ? ", scalar" : ", vector"));
             CHECK(counts == expected);
-            CHECK(std::memcmp(got.data(), reference.data(), in.size() * sizeof(float)) == 0);
+            CHECK(std::memcmp(got.data(), reference.data(), in->size() * sizeof(float)) == 0);
             CHECK((after & ~0x3Fu) == ((saved | bits) & ~0x3Fu));  // the caller's settings come back
           }
         }
@@ -270,8 +292,7 @@ TEST_CASE("paths: stochastic rounding at its carry boundaries, on every vector t
   });
 }
 
-// Targets without AVX-512 run the FPU short path with MXCSR's rounding set
-// for the call: the caller's rounding mode must come back, and must not leak
+// Every x86-64 target runs the FPU short path with MXCSR set for the call: the caller's rounding mode must come back, and must not leak
 // into the results, on every target.
 TEST_CASE("paths: every vector target leaves the FPU's rounding mode as it found it", "[paths]") {
   const auto in = gradient_like<float>(std::size_t{1} << 12, -40, 0, 21);
