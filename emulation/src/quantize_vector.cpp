@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "emulation/src/quantize_kernel.hpp"
@@ -125,29 +126,17 @@ struct Counters {
 
 // The general lane code's counts of inexact, flushed and subnormal lanes:
 // their vectors on AVX-512, else the kinds' tallies (Counters).
-template <class D>
-HWY_INLINE hn::Vec<D>& InexactLanes(Counters<D>& c) {
+enum class LaneCount { inexact, flushed, subnormal };
+template <LaneCount kKind, class D>
+HWY_INLINE hn::Vec<D>& Lanes(Counters<D>& c) {
 #if HWY_TARGET <= HWY_AVX3
-  return c.inexact;
+  auto [inexact, flushed, subnormal] = std::tie(c.inexact, c.flushed, c.subnormal);
 #else
-  return c.inexact_tally.lanes;
+  auto [inexact, flushed, subnormal] = std::tie(c.inexact_tally.lanes, c.flushed_tally.lanes, c.subnormal_tally.lanes);
 #endif
-}
-template <class D>
-HWY_INLINE hn::Vec<D>& FlushedLanes(Counters<D>& c) {
-#if HWY_TARGET <= HWY_AVX3
-  return c.flushed;
-#else
-  return c.flushed_tally.lanes;
-#endif
-}
-template <class D>
-HWY_INLINE hn::Vec<D>& SubnormalLanes(Counters<D>& c) {
-#if HWY_TARGET <= HWY_AVX3
-  return c.subnormal;
-#else
-  return c.subnormal_tally.lanes;
-#endif
+  if constexpr (kKind == LaneCount::inexact) return inexact;
+  else if constexpr (kKind == LaneCount::flushed) return flushed;
+  else return subnormal;
 }
 
 // Stochastic rounding's decision: keep the draw's and the fraction's top
@@ -251,11 +240,11 @@ HWY_INLINE hn::Vec<D> QuantizeLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::V
 
   const V result_magnitude = hn::And(result, hn::Set(d, L::kMagnitude));
   const auto changed = hn::And(finite, hn::Ne(result_magnitude, a));
-  Count(d, InexactLanes(c), hn::And(valid, hn::Or(changed, overflow)));
+  Count(d, Lanes<LaneCount::inexact>(c), hn::And(valid, hn::Or(changed, overflow)));
   Count(d, c.overflow, hn::And(valid, overflow));
-  Count(d, FlushedLanes(c), hn::And(valid, hn::And(hn::And(finite, hn::Ne(a, hn::Zero(d))),
+  Count(d, Lanes<LaneCount::flushed>(c), hn::And(valid, hn::And(hn::And(finite, hn::Ne(a, hn::Zero(d))),
                                              hn::Eq(result_magnitude, hn::Zero(d)))));
-  Count(d, SubnormalLanes(c), hn::And(valid, hn::And(hn::Ne(result_magnitude, hn::Zero(d)),
+  Count(d, Lanes<LaneCount::subnormal>(c), hn::And(valid, hn::And(hn::Ne(result_magnitude, hn::Zero(d)),
                                                hn::Lt(result_magnitude, hn::Set(d, k.format.smallest_normal)))));
   Count(d, c.nan, hn::And(valid, hn::Gt(result_magnitude, inf)));
   return result;
