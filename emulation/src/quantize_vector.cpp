@@ -730,21 +730,30 @@ struct VectorRounder {
     } else {
       const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
       if constexpr (kShort == ShortLanes::fpu) {
-        const hn::RebindToSigned<D> di;
-        const auto above = hn::Gt(hn::BitCast(di, a), hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)));
-        if (!hn::AllFalse(di, above)) return false;
+        if (AnyAboveLargest(a)) return false;
         r = QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
-        return true;
       } else {
-        // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
-        const V ordinary_low = hn::Set(d, k.format.smallest_normal);
-        const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
-        if (!hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
-          return false;
+        if (!AllOrdinary(d, a)) return false;
         r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-        return true;
       }
+      return true;
     }
+  }
+
+  // Whether a lane's magnitude a exceeds the largest finite value (a < 2^31:
+  // one signed comparison).
+  HWY_INLINE bool AnyAboveLargest(V a) const {
+    const hn::RebindToSigned<D> di;
+    using I = hn::TFromD<decltype(di)>;
+    return !hn::AllFalse(di, hn::Gt(hn::BitCast(di, a), hn::Set(di, static_cast<I>(k.format.largest_finite))));
+  }
+
+  // Whether every lane is zero or ordinary: smallest_normal <= a <=
+  // largest_finite (an unsigned wrap-around test).
+  HWY_INLINE bool AllOrdinary(D d, V a) const {
+    const V low = hn::Set(d, k.format.smallest_normal);
+    const V span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
+    return hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, low), span), hn::Eq(a, hn::Zero(d))));
   }
 
   // A short path's rounding of x into r; false where a lane needs the
@@ -754,12 +763,10 @@ struct VectorRounder {
     const V ordinary_low = hn::Set(d, k.format.smallest_normal);
     if constexpr (kShort != ShortLanes::pattern && HWY_ARCH_X86_64) {
       // Under ScopedMxcsr (no DAZ, no FTZ) the FPU path serves every lane at
-      // most the largest finite value, binary32 subnormals and zeros included:
-      // one signed comparison (|x| > largest finite, |x| < 2^31) rules it out.
+      // most the largest finite value, binary32 subnormals and zeros included.
+      if (AnyAboveLargest(a)) return false;
       const hn::RebindToSigned<D> di;
       const auto signed_a = hn::BitCast(di, a);
-      if (!hn::AllFalse(di, hn::Gt(signed_a, hn::Set(di, static_cast<hn::TFromD<decltype(di)>>(k.format.largest_finite)))))
-        return false;
       const auto zero = hn::Eq(a, hn::Zero(d));
       if constexpr (kShort == ShortLanes::pattern_then_fpu) {
         // The pattern serves vectors with no lane below the format's smallest normal but zeros.
@@ -793,10 +800,7 @@ struct VectorRounder {
       }
       return true;
     }
-    // a is ordinary when smallest_normal <= a <= largest_finite (unsigned wrap-around test).
-    const V ordinary_span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
-    if (!hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, ordinary_low), ordinary_span), hn::Eq(a, hn::Zero(d)))))
-      return false;
+    if (!AllOrdinary(d, a)) return false;
     r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
     return true;
   }
@@ -808,18 +812,13 @@ struct VectorRounder {
 #if HWY_TARGET <= HWY_AVX3
     return QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, hn::Lanes(d)), c);
 #else
-    const LanesResult<D> result = QuantizeLanesApart<kMode>(d, outside, x, draw, c);
+    const LanesResult<D> result = QuantizeLanesApart<kMode>(d, k, x, draw, c);
     c = result.counters;
     return result.rounded;
 #endif
   }
 
   const Kernel<U>& k;
-  // The same kernel, for the out-of-line call: `k` is QuantizeSpan's local
-  // copy, which no call and no pointer reaches, so that the loop's vector
-  // stores (Highway's may alias anything) cannot make GCC reload its fields
-  // and rebuild the constants made from them every vector (AVX2, 2026-11-29).
-  const Kernel<U>& outside;
 };
 
 // Not inlined: under ScopedMxcsr the call is what keeps the compiler from
@@ -837,7 +836,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
   const std::size_t lanes = hn::Lanes(d);
   QuantizeCounts total;
   total.elements = n;
-  const VectorRounder<kMode, D, kShort> round_vector{k, kernel};
+  const VectorRounder<kMode, D, kShort> round_vector{k};
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
@@ -1351,7 +1350,7 @@ void QuantizeBlocksSpan(const Kernel<std::uint32_t>& kernel, const BlockRule& ru
                                    const float* tail_in, bool grouped) {
     constexpr BlockLoop kLoop = decltype(loop)::value;
     const Kernel<U> lk = k;
-    const VectorRounder<kMode, D> rounder{lk, k};
+    const VectorRounder<kMode, D> rounder{lk};
     Counters<D> lc = c;
     BlockTallies<D> lt = tallies;
     const float* const x_in = in;
