@@ -215,7 +215,7 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
     if (gradual && quantum_exponent >= -94 && offset > 0 && top_binade + offset <= 254) {
       k.fpu_magic_offset = static_cast<std::uint32_t>(offset) << 23;
       k.fpu_min_binade = p.min_normal_exponent << 23;
-      k.fpu_shift_offset = static_cast<std::uint32_t>(offset - 32);
+      k.fpu_shift_offset = static_cast<std::uint32_t>(offset - 24);
     }
   }
   k.random_mask = ~std::uint32_t{0} << (32 - o.rounding.random_bits);

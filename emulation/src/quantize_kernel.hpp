@@ -36,7 +36,7 @@ struct Kernel {
   // or 0 where that path is off (not exact there; 23 mantissa bits give 0 too).
   std::uint32_t fpu_magic_offset = 0;
   // With it: the format's smallest normal binade as an exponent field
-  // (emin << 23), and 23 - mantissa bits - 32 (StochasticMagnitudeAvx2's
+  // (emin << 23), and 23 - mantissa bits - 24 (StochasticMagnitudeAvx2's
   // shift offset), worked out here so that the loop reloads, not recomputes,
   // what it has no register for.
   std::uint32_t fpu_min_binade = 0;

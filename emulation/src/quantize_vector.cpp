@@ -567,15 +567,18 @@ HWY_INLINE hn::Vec<DF> SubExact(DF df, hn::Vec<DF> a, hn::Vec<DF> b) {
 // unsigned conversion or comparison, and its 16 registers could not hold the
 // FPU route's constants (2026-11-29: about 105 instructions per 8 lanes, a
 // fifth of them constants reloaded). With e = a >> 23 and the quantum's
-// binade b = max(e, emin), m = (a - (e << 23)) | 2^23 is the significand and
+// binade b = max(e, emin), m = (a & (2^23 - 1)) | 2^23 is the significand and
 // s = b - e + 23 - mantissa bits of its bits lie below the quantum (s >= 1);
 // the fraction is m << (32 - s) for s <= 32 (the bits at and above the
-// quantum shift out), else m >> (s - 32). AVX2's variable shifts give 0 for
-// counts above 31 (Intel SDM, VPSLLVD/VPSRLVD), so both shifts of the one
-// signed count s - 32, or-ed, give the fraction for every s. A binary32
-// subnormal (e = 0; its significand has no hidden bit and its s is one less)
-// lies below 2^-126 <= q 2^-32 (q >= 2^-94, the host's condition), where both
-// forms give the fraction 0. The carry (Carry) is that of fraction + draw.
+// quantum shift out), else m >> (s - 32); from h = m << 8 (whose low 8 bits
+// are 0) the same is h << (24 - s) for s <= 24, else h >> (s - 24). AVX2's
+// variable shifts give 0 for counts above 31 (Intel SDM, VPSLLVD/VPSRLVD),
+// so both shifts of the one signed count s - 24, or-ed, give the fraction for
+// every s. h = (a << 8) | 2^31 needs no constant but the sign bit's, live
+// anyway (AVX2 has 16 registers). A binary32 subnormal (e = 0) lies below
+// 2^-126 <= q 2^-32 (q >= 2^-94, the host's condition): its fraction is 0, and
+// so are both shifts of h (the hidden bit set regardless), as s - 24 = b + 23
+// - M - 24 >= 32 there. The carry (Carry) is that of fraction + draw.
 template <class D>
 HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> a, hn::Vec<D> draw) {
   using V = hn::Vec<D>;
@@ -584,11 +587,13 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
   const V binade = hn::Max(e, hn::Set(d, k.format.min_normal_exponent));
   const auto magic = hn::BitCast(df, hn::Add(hn::ShiftLeft<23>(binade), hn::Set(d, k.fpu_magic_offset)));
   const V truncated = hn::BitCast(d, AddRounded<kTowardZero>(df, hn::BitCast(df, a), magic));
-  const V significand = hn::Or(hn::Sub(a, hn::ShiftLeft<23>(e)), hn::Set(d, 1u << 23));
-  // s - 32, as a two's-complement count: negative (above 31 unsigned) where s < 32.
-  const V s_minus_32 = hn::Add(hn::Sub(binade, e), hn::Set(d, k.fpu_shift_offset));
-  V fraction{_mm256_or_si256(_mm256_sllv_epi32(significand.raw, hn::Sub(hn::Zero(d), s_minus_32).raw),
-                             _mm256_srlv_epi32(significand.raw, s_minus_32.raw))};
+  // m << 8, its hidden bit the sign bit's constant.
+  const V high_significand = hn::Or(hn::ShiftLeft<8>(a), hn::Set(d, 0x80000000u));
+  // s - 24 and 24 - s, two's-complement counts (a negative one is above 31 unsigned).
+  const V offset_binade = hn::Add(binade, hn::Set(d, k.fpu_shift_offset));
+  const V s_minus_24 = hn::Sub(offset_binade, e), minus_s_minus_24 = hn::Sub(e, offset_binade);
+  V fraction{_mm256_or_si256(_mm256_sllv_epi32(high_significand.raw, minus_s_minus_24.raw),
+                             _mm256_srlv_epi32(high_significand.raw, s_minus_24.raw))};
   if (k.random_mask != ~std::uint32_t{0}) {
     const V random_mask = hn::Set(d, k.random_mask);
     fraction = hn::And(fraction, random_mask);
