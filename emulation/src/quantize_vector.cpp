@@ -628,11 +628,10 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
 // (DAZ and FTZ, where the caller's, cannot change a bit) and a binary32
 // subnormal lies below q 2^-32 (StochasticMagnitudeAvx2 relies on it).
 template <RoundingMode kMode, class D>
-HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
-                                            hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
+HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
+                                             hn::Vec<D> draw) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
-  const V sign = hn::Xor(x, a);
   const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.fpu_min_binade));
   const V magic_bits = hn::Add(binade, hn::Set(d, k.fpu_magic_offset));
   const auto magic = hn::BitCast(df, magic_bits);
@@ -642,7 +641,7 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
   if constexpr (kMode == RoundingMode::nearest_even || kMode == RoundingMode::toward_zero) {
     magnitude = hn::BitCast(d, SubExact(df, AddRounded<kSum>(df, fa, magic), magic));
   } else if constexpr (kMode == RoundingMode::toward_positive || kMode == RoundingMode::toward_negative) {
-    const auto signed_magic = hn::BitCast(df, hn::Or(magic_bits, sign));
+    const auto signed_magic = hn::BitCast(df, hn::Or(magic_bits, hn::Xor(x, a)));
     const auto r = SubExact(df, AddRounded<kSum>(df, hn::BitCast(df, x), signed_magic), signed_magic);
     magnitude = hn::And(hn::BitCast(d, r), hn::Set(d, 0x7FFFFFFFu));
   } else if constexpr (kMode == RoundingMode::nearest_away) {
@@ -673,16 +672,64 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
 #endif
   }
-  const V r = hn::Or(magnitude, sign);
-  // Magnitudes lie below 2^31: signed comparisons, one instruction on every target.
+  return magnitude;
+}
+
+// Whether a result magnitude lies below the format's smallest normal
+// (magnitudes lie below 2^31: a signed comparison, one instruction on every target).
+template <class D>
+HWY_INLINE hn::Mask<D> BelowNormal(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> magnitude) {
   const hn::RebindToSigned<D> di;
+  return hn::RebindMask(d, hn::Lt(hn::BitCast(di, magnitude), hn::Set(di, static_cast<std::int32_t>(k.format.smallest_normal))));
+}
+
+// QuantizeShortLanesFpu's rounding of x (magnitude a; `zero`: a == 0), counted in c.
+template <RoundingMode kMode, class D>
+HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
+                                            hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
+  const hn::Vec<D> magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
+  const hn::Vec<D> r = hn::Or(magnitude, hn::Xor(x, a));
   const auto zero_result = hn::Eq(magnitude, hn::Zero(d));
-  const auto below_normal = hn::RebindMask(d, hn::Lt(hn::BitCast(di, magnitude), hn::Set(di, static_cast<std::int32_t>(k.format.smallest_normal))));
   c.inexact_tally.add(d, hn::Ne(r, x));
   c.flushed_tally.add(d, hn::AndNot(zero, zero_result));
-  c.subnormal_tally.add(d, hn::AndNot(zero_result, below_normal));
+  c.subnormal_tally.add(d, hn::AndNot(zero_result, BelowNormal(d, k, magnitude)));
   return r;
 }
+
+#if HWY_TARGET > HWY_AVX3
+// QuantizeShortLanesFpu's counts in QuantizeSpan's inner loop below AVX-512,
+// where a count is a vector operation per mask (Tally): four masks that need
+// no combining, each count one subtraction, and the kinds derived where the
+// loop ends (MoveInto): inexact = lanes seen - exact, flushed = zero results
+// - zero inputs (a zero input's result is zero), subnormal = results below
+// normal - zero results (a zero is below normal). Eight vector operations
+// per vector where counting the kinds took ten.
+template <class D>
+struct ShortLaneCounts {
+  hn::Vec<D> exact, zero_input, zero_result, below_normal;
+  std::uint32_t vectors;  // below 2^28 / lanes: QuantizeSpan moves them out per block
+
+  static ShortLaneCounts zero(D d) {
+    const hn::Vec<D> z = hn::Zero(d);
+    return {z, z, z, z, 0};
+  }
+  HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude,
+                      hn::Vec<D> r) {
+    Count(d, exact, hn::Eq(r, x));
+    Count(d, zero_input, hn::Eq(a, hn::Zero(d)));
+    Count(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
+    Count(d, below_normal, BelowNormal(d, k, magnitude));
+    ++vectors;
+  }
+  // Adds the counts to c's tallies and starts again from zero.
+  HWY_INLINE void MoveInto(D d, Counters<D>& c) {
+    c.inexact_tally.lanes = hn::Add(c.inexact_tally.lanes, hn::Sub(hn::Set(d, vectors), exact));
+    c.flushed_tally.lanes = hn::Add(c.flushed_tally.lanes, hn::Sub(zero_result, zero_input));
+    c.subnormal_tally.lanes = hn::Add(c.subnormal_tally.lanes, hn::Sub(below_normal, zero_result));
+    *this = zero(d);
+  }
+};
+#endif
 
 // The keyed hash of rounding.cpp's random_draw, on 32-bit lanes of
 // consecutive indices whose high word is the same (the caller splits at
@@ -726,17 +773,31 @@ struct VectorRounder {
     return Apart(d, x, draw, c);
   }
 
+  // The counts Hot keeps: the FPU path's own below AVX-512 (ShortLaneCounts,
+  // moved into the Counters where QuantizeSpan's inner loop ends), else the Counters.
+#if HWY_TARGET > HWY_AVX3
+  using HotCounts = std::conditional_t<kShort == ShortLanes::fpu && HWY_ARCH_X86_64, ShortLaneCounts<D>, Counters<D>>;
+#else
+  using HotCounts = Counters<D>;
+#endif
+
   // The path most vectors of this loop take, alone (QuantizeSpan's inner
   // loop): on x86-64 with kShort == fpu the FPU short path, else the ordinary
   // pattern rounding. False where x needs any other.
-  HWY_INLINE bool Hot(D d, V x, V draw, Counters<D>& c, V& r) const {
+  HWY_INLINE bool Hot(D d, V x, V draw, HotCounts& c, V& r) const {
     if constexpr (kShort == ShortLanes::fpu && !HWY_ARCH_X86_64) {
       return Short(d, x, draw, c, r);
     } else {
       const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
       if constexpr (kShort == ShortLanes::fpu) {
         if (AnyAboveLargest(a)) return false;
-        r = QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
+        if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
+          r = QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
+        } else {
+          const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
+          r = hn::Or(magnitude, hn::Xor(x, a));
+          c.add(d, k, x, a, magnitude, r);
+        }
       } else {
         if (!AllOrdinary(d, a)) return false;
         r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
@@ -880,14 +941,22 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       // outside it: the rare paths' constants and calls (every vector register
       // is the caller's to save across a call) otherwise made GCC 12 rebuild
       // the hot path's constants every vector (AVX2 and AVX3, 2026-11-29).
+      using HotCounts = typename decltype(round_vector)::HotCounts;
+      constexpr bool kHotCountsApart = !std::is_same_v<HotCounts, Counters<D>>;
+      HotCounts own_hot_counts = HotCounts::zero(d);  // unused where the Hot path counts in lc
+      HotCounts& hot_counts = [&]() -> HotCounts& {
+        if constexpr (kHotCountsApart) return own_hot_counts;
+        else return lc;
+      }();
       while (at + lanes <= end) {
         for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
           const V x = hn::BitCast(d, hn::LoadU(df, src + at));
           const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
           V r;
-          if (!round_vector.Hot(d, x, draw, lc, r)) break;
+          if (!round_vector.Hot(d, x, draw, hot_counts, r)) break;
           store(hn::BitCast(df, r), dst + at);
         }
+        if constexpr (kHotCountsApart) own_hot_counts.MoveInto(d, lc);
         if (at + lanes > end) break;
         const V x = hn::BitCast(d, hn::LoadU(df, src + at));
         const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
