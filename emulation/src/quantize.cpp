@@ -179,6 +179,13 @@ KernelFor<T> kernel_of(const PatternFormat<std::conditional_t<std::is_same_v<T, 
   KernelFor<T> k{};
   k.mode = o.rounding.mode;
   k.format = p;
+  k.quantum = U{1} << p.shift;
+  k.below_quantum = k.quantum - 1;
+  const bool no_mantissa = p.shift == static_cast<U>(StorageLayout<U>::trailing_bits);
+  k.odd_bit = no_mantissa ? 0 : k.quantum;
+  k.nearest_parity_mask = p.shift != 0 && !no_mantissa ? 1 : 0;
+  k.nearest_bias = p.shift == 0 ? 0 : (U{1} << (p.shift - 1)) - 1 + (no_mantissa ? 1 : 0);
+  k.ordinary_span = p.largest_finite - p.smallest_normal + 1;
   const auto mode = static_cast<std::uint8_t>(o.rounding.mode);
   k.overflow_positive = pattern_detail::overflow_result<U>(p, mode, 0);
   k.overflow_negative = pattern_detail::overflow_result<U>(p, mode, StorageLayout<U>::sign);

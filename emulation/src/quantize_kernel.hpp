@@ -31,6 +31,22 @@ struct Kernel {
   // exact (see QuantizeSubnormalLanes).
   U subnormal_scale;
   U subnormal_quantum;
+  // The quantum of ordinary lanes on the pattern, 2^shift, and the bits below it
+  // (RoundOrdinaryLanes): worked out here, not in the loop, where GCC 12
+  // recomputed them every vector.
+  U quantum;
+  U below_quantum;
+  // Round-to-odd's bit to set where inexact: the quantum, or none where the
+  // significand has no bits (it is 1, odd already).
+  U odd_bit;
+  // Nearest-even on the pattern (RoundPatternNearestEven): the bit above the
+  // quantum is the significand's parity where the format has mantissa bits
+  // (mask 1), else the significand is 1, odd (mask 0, one more in the bias);
+  // shift 0 rounds nothing (mask 0). The bias: half a quantum minus one, plus that.
+  U nearest_parity_mask;
+  U nearest_bias;
+  // largest finite - smallest normal + 1: AllOrdinary's wrap-around span.
+  U ordinary_span;
   // Binary32 storage: (23 - mantissa bits) << 23, the offset from a binade's
   // exponent field to the pattern of its rounding constant (QuantizeShortLanesFpu),
   // or 0 where that path is off (not exact there; 23 mantissa bits give 0 too).

@@ -270,16 +270,13 @@ HWY_NOINLINE LanesResult<D> QuantizeLanesApart(D d, const Kernel<U>& k, hn::Vec<
 // Nearest-even on the whole pattern at the fixed quantum 2^base_shift: add half
 // an ulp minus one, plus the kept last bit, and truncate; ties go to even. With
 // no mantissa bits the significand is 1, always odd (the bit at the quantum is
-// the exponent's).
+// the exponent's): the host folds that into the bias (Kernel::nearest_bias),
+// so that the loop has no branch and no constant to derive.
 template <class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> RoundPatternNearestEven(D d, const Kernel<U>& k, hn::Vec<D> x) {
-  const auto one = hn::Set(d, U{1});
-  const auto s = hn::Set(d, k.format.shift);
-  const auto low = hn::Sub(one << s, one);
-  const auto parity = k.format.shift == U{Layout<U>::kMantissa}
-                          ? one
-                          : hn::And(x >> s, hn::Set(d, k.format.shift != 0 ? U{1} : U{0}));
-  return hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::ShiftRight<1>(low))));
+  const auto low = hn::Set(d, k.below_quantum);
+  const auto parity = hn::And(x >> hn::Set(d, k.format.shift), hn::Set(d, k.nearest_parity_mask));
+  return hn::AndNot(low, hn::Add(x, hn::Add(parity, hn::Set(d, k.nearest_bias))));
 }
 
 // The common case, taken when every lane is zero or within [smallest normal,
@@ -291,14 +288,9 @@ template <RoundingMode kMode, class D, class U = hn::TFromD<D>>
 HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, hn::Vec<D> draw) {
   using V = hn::Vec<D>;
   using L = Layout<U>;
-  const V one = hn::Set(d, U{1});
-  const V s = hn::Set(d, k.format.shift);
-  const V unit = one << s;
-  const V low = hn::Sub(unit, one);
+  const V unit = hn::Set(d, k.quantum);
+  const V low = hn::Set(d, k.below_quantum);
   const V truncated = hn::AndNot(low, x);
-  // With no mantissa bits the significand is 1, always odd (the bit at the
-  // quantum is the exponent's).
-  const bool no_mantissa = k.format.shift == U{L::kMantissa};
   V r;
   if constexpr (kMode == RoundingMode::nearest_even) {
     r = RoundPatternNearestEven(d, k, x);
@@ -315,8 +307,7 @@ HWY_INLINE hn::Vec<D> RoundOrdinaryLanes(D d, const Kernel<U>& k, hn::Vec<D> x, 
                                                : hn::IfThenElse(negative, away, truncated);
   } else if constexpr (kMode == RoundingMode::odd) {
     // The bit to set, chosen on the host: no branch in the loop.
-    const V odd_bit = hn::Set(d, no_mantissa ? U{0} : U{1} << k.format.shift);
-    r = hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), odd_bit));
+    r = hn::Or(truncated, hn::IfThenElseZero(hn::Ne(truncated, x), hn::Set(d, k.odd_bit)));
   } else {  // stochastic
     // The remainder as a 0.32 fraction of the quantum; none where the format
     // keeps every storage bit (shift 0: shifting by 32 is undefined).
@@ -697,13 +688,14 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 }
 
 #if HWY_TARGET > HWY_AVX3
-// QuantizeShortLanesFpu's counts in QuantizeSpan's inner loop below AVX-512,
-// where a count is a vector operation per mask (Tally): four masks that need
-// no combining, each count one subtraction, and the kinds derived where the
-// loop ends (MoveInto): inexact = lanes seen - exact, flushed = zero results
-// - zero inputs (a zero input's result is zero), subnormal = results below
-// normal - zero results (a zero is below normal). Eight vector operations
-// per vector where counting the kinds took ten.
+// The short paths' counts in QuantizeSpan's inner loop below AVX-512 on
+// x86-64, where a count is a vector operation per mask (Tally): four masks
+// that need no combining, each count one subtraction, and the kinds derived
+// where the loop ends (MoveInto): inexact = lanes seen - exact, flushed =
+// zero results - zero inputs (a zero input's result is zero), subnormal =
+// results below normal - zero results (a zero is below normal). For the FPU
+// path eight vector operations per vector where counting the kinds took ten;
+// for ordinary lanes two (Ne is an equality and a negation on AVX2).
 template <class D>
 struct ShortLaneCounts {
   hn::Vec<D> exact, zero_input, zero_result, below_normal;
@@ -717,6 +709,8 @@ struct ShortLaneCounts {
     const hn::Vec<D> z = hn::Zero(d);
     return {z, z, z, z, 0};
   }
+  // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
+  HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { Count(d, exact, hn::Eq(r, x)); }
   HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude,
                       hn::Vec<D> r) {
     Count(d, exact, hn::Eq(r, x));
@@ -779,7 +773,7 @@ struct VectorRounder {
   // The counts Hot keeps: the FPU path's own below AVX-512 (ShortLaneCounts,
   // moved into the Counters where QuantizeSpan's inner loop ends), else the Counters.
 #if HWY_TARGET > HWY_AVX3
-  using HotCounts = std::conditional_t<kShort == ShortLanes::fpu && HWY_ARCH_X86_64, ShortLaneCounts<D>, Counters<D>>;
+  using HotCounts = std::conditional_t<HWY_ARCH_X86_64, ShortLaneCounts<D>, Counters<D>>;
 #else
   using HotCounts = Counters<D>;
 #endif
@@ -803,7 +797,12 @@ struct VectorRounder {
         }
       } else {
         if (!AllOrdinary(d, a)) return false;
-        r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+        if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
+          r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+        } else {
+          r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+          c.add_ordinary(d, x, r);
+        }
       }
       return true;
     }
@@ -821,7 +820,7 @@ struct VectorRounder {
   // largest_finite (an unsigned wrap-around test).
   HWY_INLINE bool AllOrdinary(D d, V a) const {
     const V low = hn::Set(d, k.format.smallest_normal);
-    const V span = hn::Set(d, static_cast<U>(k.format.largest_finite - k.format.smallest_normal + 1));
+    const V span = hn::Set(d, k.ordinary_span);
     return hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, low), span), hn::Eq(a, hn::Zero(d))));
   }
 
@@ -944,6 +943,11 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       // outside it: the rare paths' constants and calls (every vector register
       // is the caller's to save across a call) otherwise made GCC 12 rebuild
       // the hot path's constants every vector (AVX2 and AVX3, 2026-11-29).
+      // The hot path's own copy of the kernel: the general path's call takes the
+      // address of k, after which a store through `out` may write it, and GCC 12
+      // reloaded k's fields and recomputed what it derives from them every vector.
+      const Kernel<U> hot_k = k;
+      const VectorRounder<kMode, D, kShort> hot_rounder{hot_k};
       using HotCounts = typename decltype(round_vector)::HotCounts;
       constexpr bool kHotCountsApart = !std::is_same_v<HotCounts, Counters<D>>;
       HotCounts own_hot_counts = HotCounts::zero(d);  // unused where the Hot path counts in lc
@@ -953,11 +957,11 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       }();
       while (at + lanes <= end) {
         const std::size_t hot_begin = at;
-        for (; at + lanes <= end; at += lanes, words = hn::Add(words, step)) {
+        for (; at + lanes <= end; at += lanes, words = stochastic ? hn::Add(words, step) : words) {
           const V x = hn::BitCast(d, hn::LoadU(df, src + at));
           const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
           V r;
-          if (!round_vector.Hot(d, x, draw, hot_counts, r)) break;
+          if (!hot_rounder.Hot(d, x, draw, hot_counts, r)) break;
           store(hn::BitCast(df, r), dst + at);
         }
         if constexpr (kHotCountsApart) own_hot_counts.vectors += static_cast<std::uint32_t>((at - hot_begin) / lanes);
