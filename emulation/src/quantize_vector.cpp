@@ -689,19 +689,20 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 
 #if HWY_TARGET > HWY_AVX3
 // The short paths' counts in QuantizeSpan's inner loop below AVX-512 on
-// x86-64, where a count is a vector operation per mask (Tally): four masks
-// that need no combining, each count one subtraction, and the kinds derived
-// where the loop ends (MoveInto): inexact = lanes seen - exact, flushed =
-// zero results - zero inputs (a zero input's result is zero), subnormal =
-// results below normal - zero results (a zero is below normal). For the FPU
-// path eight vector operations per vector where counting the kinds took ten;
-// for ordinary lanes two (Ne is an equality and a negation on AVX2).
+// x86-64, where a count is a vector operation per mask (Tally). With E = the
+// result equals x, Z = the result is zero, B = it lies below the smallest
+// normal: exact lanes count E (inexact = lanes seen - exact, derived where
+// the loop ends: MoveInto; Ne would be an equality and a negation on AVX2),
+// flushed lanes Z and not E (a zero result equals x exactly where x is zero),
+// subnormal ones B and not Z. Eight vector operations and three registers
+// per FPU-path vector where the kinds took ten (and four registers counting
+// zero inputs apart, 2026-11-29: AVX2 has 16); two for ordinary lanes.
 template <class D>
 struct ShortLaneCounts {
   hn::Vec<D> exact, zero_input, zero_result, below_normal;
   // Vectors counted, below 2^28 / lanes (QuantizeSpan moves the counts out per
   // block), added by the caller from its loop's positions: an increment in add()
-  // made GCC 12 copy the four count vectors from register to register every vector
+  // made GCC 12 copy the count vectors from register to register every vector
   // (AVX2 nearest-even on binary16 gradients 5.7 -> 5.2 G/s in cache, 2026-11-29).
   std::uint32_t vectors;
 
@@ -711,8 +712,7 @@ struct ShortLaneCounts {
   }
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
   HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { Count(d, exact, hn::Eq(r, x)); }
-  HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude,
-                      hn::Vec<D> r) {
+  HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude, hn::Vec<D> r) {
     Count(d, exact, hn::Eq(r, x));
     Count(d, zero_input, hn::Eq(a, hn::Zero(d)));
     Count(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
@@ -780,32 +780,43 @@ struct VectorRounder {
 
   // The path most vectors of this loop take, alone (QuantizeSpan's inner
   // loop): on x86-64 with kShort == fpu the FPU short path, else the ordinary
-  // pattern rounding. False where x needs any other.
-  HWY_INLINE bool Hot(D d, V x, V draw, HotCounts& c, V& r) const {
-    if constexpr (kShort == ShortLanes::fpu && !HWY_ARCH_X86_64) {
-      return Short(d, x, draw, c, r);
+  // pattern rounding. HotTakes says whether it takes x, HotRound rounds x then.
+  // a: x's magnitude, for HotRound.
+  HWY_INLINE bool HotTakes(D d, V x, V& a) const {
+    a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
+    if constexpr (kShort == ShortLanes::fpu && HWY_ARCH_X86_64) {
+      return !AnyAboveLargest(a);
+    } else if constexpr (kShort == ShortLanes::fpu) {
+      return AllStorageNormalOrZero(d, a);
     } else {
-      const V a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
-      if constexpr (kShort == ShortLanes::fpu) {
-        if (AnyAboveLargest(a)) return false;
-        if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
-          r = QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
-        } else {
-          const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
-          r = hn::Or(magnitude, hn::Xor(x, a));
-          c.add(d, k, x, a, magnitude, r);
-        }
-      } else {
-        if (!AllOrdinary(d, a)) return false;
-        if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
-          r = QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
-        } else {
-          r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
-          c.add_ordinary(d, x, r);
-        }
-      }
-      return true;
+      return AllOrdinary(d, a);
     }
+  }
+  HWY_INLINE V HotRound(D d, V x, V a, V draw, HotCounts& c) const {
+    if constexpr (kShort == ShortLanes::fpu) {
+      if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
+        return QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
+      } else {
+        const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
+        const V r = hn::Or(magnitude, hn::Xor(x, a));
+        c.add(d, k, x, a, magnitude, r);
+        return r;
+      }
+    } else if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
+      return QuantizeOrdinaryLanes<kMode>(d, k, x, draw, c.inexact_tally);
+    } else {
+      const V r = RoundOrdinaryLanes<kMode>(d, k, x, draw);
+      c.add_ordinary(d, x, r);
+      return r;
+    }
+  }
+
+  // Whether every lane is zero or a normal number of the storage at most the
+  // largest finite value (an unsigned wrap-around test).
+  HWY_INLINE bool AllStorageNormalOrZero(D d, V a) const {
+    const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
+    return hn::AllTrue(d, hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span),
+                                 hn::Eq(a, hn::Zero(d))));
   }
 
   // Whether a lane's magnitude a exceeds the largest finite value (a < 2^31:
@@ -849,10 +860,8 @@ struct VectorRounder {
     } else if (kShort != ShortLanes::pattern || k.subnormal_scale != 0) {
       // Where the host enabled QuantizeSubnormalLanes, one range test picks the
       // short paths: every lane zero or in [storage's smallest normal, largest finite].
+      if (!AllStorageNormalOrZero(d, a)) return false;
       const auto zero = hn::Eq(a, hn::Zero(d));
-      const V storage_normal_span = hn::Set(d, static_cast<U>(k.format.largest_finite - Layout<U>::kHidden + 1));
-      const auto short_path = hn::Or(hn::Lt(hn::Sub(a, hn::Set(d, Layout<U>::kHidden)), storage_normal_span), zero);
-      if (!hn::AllTrue(d, short_path)) return false;
       if constexpr (kShort == ShortLanes::fpu) {
         r = QuantizeShortLanesFpu<kMode>(d, k, x, a, zero, draw, c);
         return true;
@@ -955,18 +964,26 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         if constexpr (kHotCountsApart) return own_hot_counts;
         else return lc;
       }();
+      // Each vector is tested before the last one's rounding ends the iteration, so that the loop
+      // leaves only at its end, after the counts' updates: left in the middle, it made GCC 12 copy
+      // or spill the counts every vector to keep their values for the exit (AVX2, 2026-11-29).
       while (at + lanes <= end) {
         const std::size_t hot_begin = at;
-        for (; at + lanes <= end; at += lanes, words = stochastic ? hn::Add(words, step) : words) {
-          const V x = hn::BitCast(d, hn::LoadU(df, src + at));
-          const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
-          V r;
-          if (!hot_rounder.Hot(d, x, draw, hot_counts, r)) break;
-          store(hn::BitCast(df, r), dst + at);
+        V x = hn::BitCast(d, hn::LoadU(df, src + at)), a;
+        if (hot_rounder.HotTakes(d, x, a)) {
+          for (;;) {
+            const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+            store(hn::BitCast(df, hot_rounder.HotRound(d, x, a, draw, hot_counts)), dst + at);
+            at += lanes;
+            if constexpr (stochastic) words = hn::Add(words, step);
+            if (at + lanes > end) break;
+            x = hn::BitCast(d, hn::LoadU(df, src + at));
+            if (!hot_rounder.HotTakes(d, x, a)) break;
+          }
         }
         if constexpr (kHotCountsApart) own_hot_counts.vectors += static_cast<std::uint32_t>((at - hot_begin) / lanes);
         if (at + lanes > end) break;
-        const V x = hn::BitCast(d, hn::LoadU(df, src + at));
+        // x: the vector at `at`, which the hot path does not take.
         const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
         store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
         at += lanes;
