@@ -689,14 +689,15 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 
 #if HWY_TARGET > HWY_AVX3
 // The short paths' counts in QuantizeSpan's inner loop below AVX-512 on
-// x86-64, where a count is a vector operation per mask (Tally). With E = the
-// result equals x, Z = the result is zero, B = it lies below the smallest
-// normal: exact lanes count E (inexact = lanes seen - exact, derived where
-// the loop ends: MoveInto; Ne would be an equality and a negation on AVX2),
-// flushed lanes Z and not E (a zero result equals x exactly where x is zero),
-// subnormal ones B and not Z. Eight vector operations and three registers
-// per FPU-path vector where the kinds took ten (and four registers counting
-// zero inputs apart, 2026-11-29: AVX2 has 16); two for ordinary lanes.
+// x86-64, where a count is a vector operation per mask (Tally): four masks
+// that need no combining, each count one subtraction, and the kinds derived
+// where the loop ends (MoveInto): inexact = lanes seen - exact (Ne would be an
+// equality and a negation on AVX2), flushed = zero results - zero inputs (a
+// zero input's result is +0 or -0), subnormal = results below normal - zero
+// results (a zero is below normal). Eight vector operations per FPU-path
+// vector where counting the kinds took ten; two for ordinary lanes. (Three
+// counts, flushed as "zero and not exact", measured slower on AVX2: odd on
+// binary16 gradients 4.86 -> 4.47 G/s in cache, 2026-11-29.)
 template <class D>
 struct ShortLaneCounts {
   hn::Vec<D> exact, zero_input, zero_result, below_normal;
@@ -770,8 +771,9 @@ struct VectorRounder {
     return Apart(d, x, draw, c);
   }
 
-  // The counts Hot keeps: the FPU path's own below AVX-512 (ShortLaneCounts,
-  // moved into the Counters where QuantizeSpan's inner loop ends), else the Counters.
+  // The counts HotRound keeps: below AVX-512 on x86-64 both hot paths' own
+  // (ShortLaneCounts, moved into the Counters where QuantizeSpan's hot loop
+  // ends), else the Counters.
 #if HWY_TARGET > HWY_AVX3
   using HotCounts = std::conditional_t<HWY_ARCH_X86_64, ShortLaneCounts<D>, Counters<D>>;
 #else
@@ -779,8 +781,9 @@ struct VectorRounder {
 #endif
 
   // The path most vectors of this loop take, alone (QuantizeSpan's inner
-  // loop): on x86-64 with kShort == fpu the FPU short path, else the ordinary
-  // pattern rounding. HotTakes says whether it takes x, HotRound rounds x then.
+  // loop): with kShort == fpu the FPU short path (off x86-64 for zero or
+  // storage-normal lanes only), else the ordinary pattern rounding. HotTakes
+  // says whether it takes x, HotRound rounds x then.
   // a: x's magnitude, for HotRound.
   HWY_INLINE bool HotTakes(D d, V x, V& a) const {
     a = hn::And(x, hn::Set(d, Layout<U>::kMagnitude));
@@ -959,7 +962,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       const VectorRounder<kMode, D, kShort> hot_rounder{hot_k};
       using HotCounts = typename decltype(round_vector)::HotCounts;
       constexpr bool kHotCountsApart = !std::is_same_v<HotCounts, Counters<D>>;
-      HotCounts own_hot_counts = HotCounts::zero(d);  // unused where the Hot path counts in lc
+      HotCounts own_hot_counts = HotCounts::zero(d);  // unused where HotRound counts in lc
       HotCounts& hot_counts = [&]() -> HotCounts& {
         if constexpr (kHotCountsApart) return own_hot_counts;
         else return lc;
@@ -972,7 +975,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         V x = hn::BitCast(d, hn::LoadU(df, src + at)), a;
         if (hot_rounder.HotTakes(d, x, a)) {
           for (;;) {
-            const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+            const V draw = stochastic ? LaneDraws(d, d32, hot_k.key, words, high_term) : hn::Zero(d);
             store(hn::BitCast(df, hot_rounder.HotRound(d, x, a, draw, hot_counts)), dst + at);
             at += lanes;
             if constexpr (stochastic) words = hn::Add(words, step);
