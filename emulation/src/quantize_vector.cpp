@@ -64,6 +64,22 @@ template <class D>
 HWY_INLINE void Count(D d, hn::Vec<D>& counter, hn::Mask<D> mask) {
   counter = hn::Sub(counter, hn::VecFromMask(d, mask));
 }
+// Count's result as a value, the subtraction on AVX2 written so that its
+// result lands in the counter's own register: GCC 12 put the new count in the
+// mask's register and copied it back on the loop's edge, one instruction per
+// count per vector in ShortLaneCounts' loops, which the front end bounds
+// (FPU-path odd and stochastic rounding 2-5% faster in cache, 2026-11-29).
+template <class D>
+HWY_INLINE hn::Vec<D> CountedInPlace(D d, hn::Vec<D> counter, hn::Mask<D> mask) {
+#if HWY_TARGET == HWY_AVX2 && (defined(__GNUC__) || defined(__clang__))
+  if constexpr (sizeof(hn::TFromD<D>) == 4) {
+    auto raw = counter.raw;
+    asm("vpsubd %1, %0, %0" : "+x"(raw) : "x"(hn::VecFromMask(d, mask).raw));
+    return hn::Vec<D>{raw};
+  }
+#endif
+  return hn::Sub(counter, hn::VecFromMask(d, mask));
+}
 
 // A count of mask lanes, kept the way the target counts cheapest. AVX-512
 // keeps masks in k registers: their population count is scalar work beside
@@ -712,12 +728,12 @@ struct ShortLaneCounts {
     return {z, z, z, z, 0};
   }
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
-  HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { Count(d, exact, hn::Eq(r, x)); }
+  HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { exact = CountedInPlace(d, exact, hn::Eq(r, x)); }
   HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude, hn::Vec<D> r) {
-    Count(d, exact, hn::Eq(r, x));
-    Count(d, zero_input, hn::Eq(a, hn::Zero(d)));
-    Count(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
-    Count(d, below_normal, BelowNormal(d, k, magnitude));
+    exact = CountedInPlace(d, exact, hn::Eq(r, x));
+    zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
+    zero_result = CountedInPlace(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
+    below_normal = CountedInPlace(d, below_normal, BelowNormal(d, k, magnitude));
   }
   // Adds the counts to c's tallies and starts again from zero.
   HWY_INLINE void MoveInto(D d, Counters<D>& c) {
