@@ -636,7 +636,7 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
 // subnormal lies below q 2^-32 (StochasticMagnitudeAvx2 relies on it).
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
-                                             hn::Vec<D> draw) {
+                                             hn::Vec<D> draw, hn::Mask<D>& exact) {
   using V = hn::Vec<D>;
   const hn::RebindToFloat<D> df;
   const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.fpu_min_binade));
@@ -663,8 +663,11 @@ HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k
       // something was dropped: its last bit is the one to set.
       odd = hn::Or(hn::BitCast(d, sum), hn::And(hn::BitCast(d, AddRounded<kUpward>(df, fa, magic)), hn::Set(d, 1u)));
     } else {
-      const auto dropped = hn::RebindMask(d, hn::Ne(SubExact(df, sum, magic), fa));
-      odd = hn::Or(hn::BitCast(d, sum), hn::IfThenElseZero(dropped, hn::Set(d, 1u)));
+      // Exact where the truncation dropped nothing (the result is then a itself; else it is odd on the
+      // grid, and a is not): the one comparison serves the last bit and the counts.
+      exact = hn::RebindMask(d, hn::Eq(hn::BitCast(d, SubExact(df, sum, magic)), a));
+      odd = hn::Or(hn::BitCast(d, sum), hn::AndNot(hn::VecFromMask(d, exact), hn::Set(d, 1u)));
+      return hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
     }
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
   } else {  // stochastic
@@ -679,6 +682,7 @@ HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
 #endif
   }
+  exact = hn::Eq(magnitude, a);
   return magnitude;
 }
 
@@ -694,7 +698,8 @@ HWY_INLINE hn::Mask<D> BelowNormal(D d, const Kernel<std::uint32_t>& k, hn::Vec<
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
                                             hn::Mask<D> zero, hn::Vec<D> draw, Counters<D>& c) {
-  const hn::Vec<D> magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
+  hn::Mask<D> exact;
+  const hn::Vec<D> magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw, exact);
   const hn::Vec<D> r = hn::Or(magnitude, hn::Xor(x, a));
   const auto zero_result = hn::Eq(magnitude, hn::Zero(d));
   c.inexact_tally.add(d, hn::Ne(r, x));
@@ -729,8 +734,9 @@ struct ShortLaneCounts {
   }
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
   HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { exact = CountedInPlace(d, exact, hn::Eq(r, x)); }
-  HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a, hn::Vec<D> magnitude, hn::Vec<D> r) {
-    exact = CountedInPlace(d, exact, hn::Eq(r, x));
+  // An FPU-path vector: `is_exact`, where its magnitude is a's (ShortLanesFpuMagnitude).
+  HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Mask<D> is_exact, hn::Vec<D> a, hn::Vec<D> magnitude) {
+    exact = CountedInPlace(d, exact, is_exact);
     zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
     zero_result = CountedInPlace(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
     below_normal = CountedInPlace(d, below_normal, BelowNormal(d, k, magnitude));
@@ -816,9 +822,10 @@ struct VectorRounder {
       if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
         return QuantizeShortLanesFpu<kMode>(d, k, x, a, hn::Eq(a, hn::Zero(d)), draw, c);
       } else {
-        const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw);
+        hn::Mask<D> exact;
+        const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw, exact);
         const V r = hn::Or(magnitude, hn::Xor(x, a));
-        c.add(d, k, x, a, magnitude, r);
+        c.add(d, k, exact, a, magnitude);
         return r;
       }
     } else if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
