@@ -634,6 +634,7 @@ HWY_INLINE hn::Vec<D> StochasticMagnitudeAvx2(D d, const Kernel<std::uint32_t>& 
 // that q/2, 2^32/q and every remainder that can decide a draw are normal
 // (DAZ and FTZ, where the caller's, cannot change a bit) and a binary32
 // subnormal lies below q 2^-32 (StochasticMagnitudeAvx2 relies on it).
+// Returns the rounded magnitude; `exact`: the lanes where it is a itself.
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
                                              hn::Vec<D> draw, hn::Mask<D>& exact) {
