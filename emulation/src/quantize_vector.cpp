@@ -639,6 +639,13 @@ template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
                                              hn::Vec<D> draw, hn::Mask<D>& exact) {
   using V = hn::Vec<D>;
+#if HWY_TARGET == HWY_AVX2
+  if constexpr (kMode == RoundingMode::stochastic) {  // its own constants, from the pattern
+    const V magnitude = StochasticMagnitudeAvx2(d, k, a, draw);
+    exact = hn::Eq(magnitude, a);
+    return magnitude;
+  }
+#endif
   const hn::RebindToFloat<D> df;
   const V binade = hn::Max(hn::And(a, hn::Set(d, 0x7F800000u)), hn::Set(d, k.fpu_min_binade));
   const V magic_bits = hn::Add(binade, hn::Set(d, k.fpu_magic_offset));
@@ -671,17 +678,13 @@ HWY_INLINE hn::Vec<D> ShortLanesFpuMagnitude(D d, const Kernel<std::uint32_t>& k
       return hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
     }
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, odd), magic));
-  } else {  // stochastic
-#if HWY_TARGET == HWY_AVX2
-    magnitude = StochasticMagnitudeAvx2(d, k, a, draw);
-#else
+  } else {  // stochastic (AVX2: above)
     const auto sum = AddRounded<kTowardZero>(df, fa, magic);
     const auto rest = hn::Sub(fa, SubExact(df, sum, magic));
     // 2^32 / q, from C = 2^23 q: a normal number (q >= 2^-94); the product is exact.
     const auto bits_per_quantum = hn::BitCast(df, hn::Sub(hn::Set(d, (254u + 23u + 32u) << 23), magic_bits));
     const V up = hn::IfThenElseZero(Carry(d, k, FloorBits(d, df, hn::Mul(rest, bits_per_quantum)), draw), hn::Set(d, 1u));
     magnitude = hn::BitCast(d, SubExact(df, hn::BitCast(df, hn::Add(hn::BitCast(d, sum), up)), magic));
-#endif
   }
   exact = hn::Eq(magnitude, a);
   return magnitude;
