@@ -698,6 +698,17 @@ HWY_INLINE hn::Mask<D> BelowNormal(D d, const Kernel<std::uint32_t>& k, hn::Vec<
   return hn::RebindMask(d, hn::Lt(hn::BitCast(di, magnitude), hn::Set(di, static_cast<std::int32_t>(k.format.smallest_normal))));
 }
 
+// Whether a result magnitude is subnormal, 0 < magnitude < smallest normal:
+// magnitude - 1 + 2^31 (mod 2^32) maps 0 to the largest signed value and
+// [1, 2^31) onto [-2^31, 0) in order, so one addition and one signed comparison.
+template <class D>
+HWY_INLINE hn::Mask<D> SubnormalResult(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> magnitude) {
+  const hn::RebindToSigned<D> di;
+  const auto shifted = hn::BitCast(di, hn::Add(magnitude, hn::Set(d, 0x7FFFFFFFu)));
+  const auto bound = static_cast<std::int32_t>(k.format.smallest_normal - 1u + 0x80000000u);
+  return hn::RebindMask(d, hn::Lt(shifted, hn::Set(di, bound)));
+}
+
 // QuantizeShortLanesFpu's rounding of x (magnitude a; `zero`: a == 0), counted in c.
 template <RoundingMode kMode, class D>
 HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k, hn::Vec<D> x, hn::Vec<D> a,
@@ -739,11 +750,22 @@ struct ShortLaneCounts {
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
   HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { exact = CountedInPlace(d, exact, hn::Eq(r, x)); }
   // An FPU-path vector: `is_exact`, where its magnitude is a's (ShortLanesFpuMagnitude).
+  // Round-to-odd never flushes there (the FPU path underflows gradually, and
+  // an inexact result is odd, so not zero): its zero results are its zero
+  // inputs, and it counts only the exact and the subnormal results (into
+  // below_normal, the zero counts left at 0), one comparison fewer and two
+  // counts fewer per vector (odd on binary16 gradients, AVX2: see
+  // docs/performance.md, 2026-11-29).
+  template <RoundingMode kMode>
   HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Mask<D> is_exact, hn::Vec<D> a, hn::Vec<D> magnitude) {
     exact = CountedInPlace(d, exact, is_exact);
-    zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
-    zero_result = CountedInPlace(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
-    below_normal = CountedInPlace(d, below_normal, BelowNormal(d, k, magnitude));
+    if constexpr (kMode == RoundingMode::odd) {
+      below_normal = CountedInPlace(d, below_normal, SubnormalResult(d, k, magnitude));
+    } else {
+      zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
+      zero_result = CountedInPlace(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
+      below_normal = CountedInPlace(d, below_normal, BelowNormal(d, k, magnitude));
+    }
   }
   // Adds the counts to c's tallies and starts again from zero.
   HWY_INLINE void MoveInto(D d, Counters<D>& c) {
@@ -829,7 +851,7 @@ struct VectorRounder {
         hn::Mask<D> exact;
         const V magnitude = ShortLanesFpuMagnitude<kMode>(d, k, x, a, draw, exact);
         const V r = hn::Or(magnitude, hn::Xor(x, a));
-        c.add(d, k, exact, a, magnitude);
+        c.template add<kMode>(d, k, exact, a, magnitude);
         return r;
       }
     } else if constexpr (std::is_same_v<HotCounts, Counters<D>>) {
