@@ -49,11 +49,12 @@ std::vector<T> gradient_like(std::size_t n, double low, double high, std::uint64
 }
 
 template <class T>
-void check_same_as_scalar(const Format& f, RoundingMode mode, const std::vector<T>& in, int random_bits = 32) {
+void check_same_as_scalar(const Format& f, RoundingMode mode, const std::vector<T>& in, int random_bits = 32,
+                          std::uint64_t first_index = 5) {
   using U = std::conditional_t<std::is_same_v<T, float>, std::uint32_t, std::uint64_t>;
   QuantizeOptions options;
   options.rounding = {mode, random_bits};
-  options.stochastic = {{2026, 11}, 5};
+  options.stochastic = {{2026, 11}, first_index};
   options.threads = 1;
   std::vector<T> reference(in.size()), fast(in.size());
   options.path = Path::scalar;
@@ -369,6 +370,25 @@ TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[pa
         check_same_as_scalar(*parse_format(name), mode, in);
         check_same_as_scalar(*parse_format(name), mode, wide);
         check_same_as_scalar(*parse_format(name), mode, in_double);
+      }
+    }
+  });
+}
+
+// Stochastic rounding's vector loops draw within windows of 2^16 indices
+// (draw_window_term): arrays that cross several windows, and 2^32, starting
+// off a vector's boundary, on every vector target.
+TEST_CASE("paths on gradient-like data: stochastic draws across 2^16 windows, on every vector target", "[paths]") {
+  const std::size_t n = (std::size_t{3} << 16) + 13;
+  const auto in = gradient_like<float>(n, -40, 0, 21);
+  const auto in_double = gradient_like<double>(n, -40, 0, 22);
+  on_every_vector_target([&](std::int64_t target) {
+    INFO("vector target " << hwy::TargetName(target));
+    for (std::uint64_t first_index : {(std::uint64_t{1} << 16) - 3, (std::uint64_t{1} << 32) - 70001}) {
+      INFO("first index " << first_index);
+      for (const char* name : {"binary16", "bfloat16", "e4m3"}) {
+        check_same_as_scalar(*parse_format(name), RoundingMode::stochastic, in, 32, first_index);
+        check_same_as_scalar(*parse_format(name), RoundingMode::stochastic, in_double, 32, first_index);
       }
     }
   });

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <random>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -21,6 +22,7 @@
 
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/quantize.hpp"
+#include "mpsim/emulation/random_draw.hpp"
 #include "mpsim/emulation/rounding.hpp"
 
 namespace mpsim {
@@ -356,6 +358,29 @@ TEST_CASE("stochastic: same seed gives the same bits for any threads or split an
 TEST_CASE("stochastic: quantize equals round_to_format with the draw of each element index", "[stochastic]") {
   for (const Format& f : kPresets)
     for_each_array_type(f, [&](auto zero) { check_scalar_draws<decltype(zero)>(f); });
+}
+
+// random_draw's state after its first xorshift, as the vector loops form it
+// within one 2^16 window of indices (draw_window_term), for keys and indices
+// around window boundaries and 2^32.
+TEST_CASE("stochastic: draw_window_term gives random_draw's first round within a window", "[stochastic]") {
+  std::mt19937_64 rng(20261129);
+  for (int trial = 0; trial < 64; ++trial) {
+    const DrawKey key{static_cast<std::uint32_t>(rng()), static_cast<std::uint32_t>(rng())};
+    const std::uint64_t window_start = (rng() & 0xFFFFFFFFFFF0000u) + (trial % 2 == 0 ? 0 : 0xFFFF0000u);
+    const std::uint32_t term = draw_window_term(key, window_start + (rng() & 0xFFFF));
+    for (std::uint64_t offset : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{0x7FFF}, std::uint64_t{0xFFFF}}) {
+      const std::uint64_t index = window_start + offset;
+      std::uint32_t x = static_cast<std::uint32_t>(index) ^ key.low;
+      x ^= x >> 16;
+      CHECK(x == (static_cast<std::uint32_t>(index) ^ term));
+    }
+    // The next window's indices need their own term.
+    const std::uint64_t next = window_start + 0x10000;
+    std::uint32_t y = static_cast<std::uint32_t>(next) ^ key.low;
+    y ^= y >> 16;
+    CHECK(y != (static_cast<std::uint32_t>(next) ^ term));
+  }
 }
 
 TEST_CASE("stochastic: binomial p-value helper", "[stochastic]") {
