@@ -749,26 +749,55 @@ struct ShortLaneCounts {
   }
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
   HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { exact = CountedInPlace(d, exact, hn::Eq(r, x)); }
+  // Stochastic rounding's blocks span at most 2^16 elements (QuantizeSpan's
+  // windows of draws), so below AVX-512 a lane counts fewer than 2^15 of them:
+  // its zero results and its results below normal share one lane of
+  // below_normal as two 16-bit counts (zero results in the low half).
+  static constexpr bool kPackedStochastic = sizeof(hn::TFromD<D>) == 4 && HWY_TARGET != HWY_SCALAR;
+
   // An FPU-path vector: `is_exact`, where its magnitude is a's (ShortLanesFpuMagnitude).
-  // Round-to-odd never flushes there (the FPU path underflows gradually, and
-  // an inexact result is odd, so not zero): its zero results are its zero
-  // inputs, and it counts only the exact and the subnormal results (into
-  // below_normal, the zero counts left at 0), one comparison fewer and two
-  // counts fewer per vector (odd on binary16 gradients, AVX2: see
-  // docs/performance.md, 2026-11-29).
+  // - Round-to-odd never flushes there (the FPU path underflows gradually, and
+  //   an inexact result is odd, so not zero): its zero results are its zero
+  //   inputs, and it counts only the exact and the subnormal results (into
+  //   below_normal, the zero counts left at 0): one comparison and two counts
+  //   fewer per vector.
+  // - Stochastic rounding counts zero and below-normal results with one
+  //   16-bit comparison and one count (kPackedStochastic): both halves of a
+  //   lane hold its result's high half, which is 0 only for a zero result (a
+  //   nonzero one is at least q >= 2^-94) and below the smallest normal's high
+  //   half only for a result below it (that normal, a power of two, has a low
+  //   half of 0). One operation fewer per vector.
+  // (FPU-path odd and stochastic on binary16 gradients, AVX2: docs/performance.md, 2026-11-29.)
   template <RoundingMode kMode>
   HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Mask<D> is_exact, hn::Vec<D> a, hn::Vec<D> magnitude) {
     exact = CountedInPlace(d, exact, is_exact);
     if constexpr (kMode == RoundingMode::odd) {
       below_normal = CountedInPlace(d, below_normal, SubnormalResult(d, k, magnitude));
+      return;
+    }
+    zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
+    if constexpr (kMode == RoundingMode::stochastic && kPackedStochastic) {
+      const hn::Repartition<std::int16_t, D> d16;
+      const hn::Repartition<std::uint8_t, D> d8;
+      alignas(16) static constexpr std::uint8_t kHighHalves[16] = {2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15};
+      const auto high_halves = hn::TableLookupBytes(magnitude, hn::BitCast(d, hn::LoadDup128(d8, kHighHalves)));
+      // Low halves: 1 > the high half (zero); high halves: the smallest normal's high half > it.
+      const auto bounds = hn::BitCast(d16, hn::Set(d, (k.format.smallest_normal & 0xFFFF0000u) | 1u));
+      const auto below = hn::Gt(bounds, hn::BitCast(d16, high_halves));
+      below_normal = hn::BitCast(d, hn::Sub(hn::BitCast(d16, below_normal), hn::VecFromMask(d16, below)));
     } else {
-      zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
       zero_result = CountedInPlace(d, zero_result, hn::Eq(magnitude, hn::Zero(d)));
       below_normal = CountedInPlace(d, below_normal, BelowNormal(d, k, magnitude));
     }
   }
   // Adds the counts to c's tallies and starts again from zero.
+  template <RoundingMode kMode>
   HWY_INLINE void MoveInto(D d, Counters<D>& c) {
+    if constexpr (kMode == RoundingMode::stochastic && kPackedStochastic) {
+      HWY_DASSERT(vectors < (1u << 15));
+      zero_result = hn::And(below_normal, hn::Set(d, 0xFFFFu));
+      below_normal = hn::ShiftRight<16>(below_normal);
+    }
     c.inexact_tally.lanes = hn::Add(c.inexact_tally.lanes, hn::Sub(hn::Set(d, vectors), exact));
     c.flushed_tally.lanes = hn::Add(c.flushed_tally.lanes, hn::Sub(zero_result, zero_input));
     c.subnormal_tally.lanes = hn::Add(c.subnormal_tally.lanes, hn::Sub(below_normal, zero_result));
@@ -988,8 +1017,9 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
     // Blocks keep 32-bit lane counters from wrapping and the random index's
     // high word fixed; under stochastic rounding its bits 16 to 31 too, for
     // the hot loop's draws (WindowDraws: 2.49 -> 2.6 G/s, binary16 gradients,
-    // AVX2, 2026-11-29), at the cost of a part vector per 2^16 elements where
-    // the windows do not fall on whole vectors.
+    // AVX2, 2026-11-29) and its 16-bit counts (ShortLaneCounts), at the cost
+    // of a part vector per 2^16 elements where the windows do not fall on
+    // whole vectors.
     const std::uint64_t index = first_index + i;
     const std::uint64_t window = std::uint64_t{1} << (stochastic ? 16 : 32);
     const std::uint64_t to_wrap = window - (index & (window - 1));
@@ -1063,7 +1093,7 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         at += lanes;
         words = hn::Add(words, step);
       }
-      if constexpr (kHotCountsApart) own_hot_counts.MoveInto(d, lc);
+      if constexpr (kHotCountsApart) own_hot_counts.template MoveInto<kMode>(d, lc);
       j = at;
       low_words = words;
       c = lc;
