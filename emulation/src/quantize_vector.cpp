@@ -749,11 +749,11 @@ struct ShortLaneCounts {
   }
   // A vector of ordinary lanes (RoundOrdinaryLanes): only inexact can count.
   HWY_INLINE void add_ordinary(D d, hn::Vec<D> x, hn::Vec<D> r) { exact = CountedInPlace(d, exact, hn::Eq(r, x)); }
-  // Stochastic rounding's blocks span at most 2^16 elements (QuantizeSpan's
-  // windows of draws), so below AVX-512 a lane counts fewer than 2^15 of them:
-  // its zero results and its results below normal share one lane of
-  // below_normal as two 16-bit counts (zero results in the low half).
-  static constexpr bool kPackedStochastic = sizeof(hn::TFromD<D>) == 4 && HWY_TARGET != HWY_SCALAR;
+  // QuantizeSpan's blocks span at most 2^17 elements, so below AVX-512 a lane
+  // counts fewer than 2^16 of them: its zero results and its results below
+  // normal share one lane of below_normal as two 16-bit counts (zero results
+  // in the low half).
+  static constexpr bool kPacked = sizeof(hn::TFromD<D>) == 4 && HWY_TARGET != HWY_SCALAR;
 
   // An FPU-path vector: `is_exact`, where its magnitude is a's (ShortLanesFpuMagnitude).
   // - Round-to-odd never flushes there (the FPU path underflows gradually, and
@@ -761,13 +761,13 @@ struct ShortLaneCounts {
   //   inputs, and it counts only the exact and the subnormal results (into
   //   below_normal, the zero counts left at 0): one comparison and two counts
   //   fewer per vector.
-  // - Stochastic rounding counts zero and below-normal results with one
-  //   16-bit comparison and one count (kPackedStochastic): both halves of a
-  //   lane hold its result's high half, which is 0 only for a zero result (a
-  //   nonzero one is at least q >= 2^-94) and below the smallest normal's high
-  //   half only for a result below it (that normal, a power of two, has a low
-  //   half of 0). One operation fewer per vector.
-  // (FPU-path odd and stochastic on binary16 gradients, AVX2: docs/performance.md, 2026-11-29.)
+  // - The other modes count zero and below-normal results with one 16-bit
+  //   comparison and one count (kPacked): both halves of a lane hold its
+  //   result's high half, which is 0 only for a zero result (a nonzero one is
+  //   at least q >= 2^-94) and below the smallest normal's high half only for a
+  //   result below it (that normal, a power of two, has a low half of 0). One
+  //   operation fewer per vector.
+  // (FPU-path odd, directed and stochastic rounding on binary16 gradients, AVX2: docs/performance.md, 2026-11-29.)
   template <RoundingMode kMode>
   HWY_INLINE void add(D d, const Kernel<std::uint32_t>& k, hn::Mask<D> is_exact, hn::Vec<D> a, hn::Vec<D> magnitude) {
     exact = CountedInPlace(d, exact, is_exact);
@@ -776,7 +776,7 @@ struct ShortLaneCounts {
       return;
     }
     zero_input = CountedInPlace(d, zero_input, hn::Eq(a, hn::Zero(d)));
-    if constexpr (kMode == RoundingMode::stochastic && kPackedStochastic) {
+    if constexpr (kPacked) {
       const hn::Repartition<std::int16_t, D> d16;
       const hn::Repartition<std::uint8_t, D> d8;
       alignas(16) static constexpr std::uint8_t kHighHalves[16] = {2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15};
@@ -793,8 +793,8 @@ struct ShortLaneCounts {
   // Adds the counts to c's tallies and starts again from zero.
   template <RoundingMode kMode>
   HWY_INLINE void MoveInto(D d, Counters<D>& c) {
-    if constexpr (kMode == RoundingMode::stochastic && kPackedStochastic) {
-      HWY_DASSERT(vectors < (1u << 15));
+    if constexpr (kMode != RoundingMode::odd && kPacked) {
+      HWY_DASSERT(vectors < (1u << 16));
       zero_result = hn::And(below_normal, hn::Set(d, 0xFFFFu));
       below_normal = hn::ShiftRight<16>(below_normal);
     }
@@ -1014,17 +1014,17 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
   constexpr bool stochastic = kMode == RoundingMode::stochastic;
   std::size_t i = 0;
   while (i < n) {
-    // Blocks keep 32-bit lane counters from wrapping and the random index's
-    // high word fixed; under stochastic rounding its bits 16 to 31 too, for
-    // the hot loop's draws (WindowDraws: 2.49 -> 2.6 G/s, binary16 gradients,
-    // AVX2, 2026-11-29) and its 16-bit counts (ShortLaneCounts), at the cost
-    // of a part vector per 2^16 elements where the windows do not fall on
-    // whole vectors.
+    // Blocks of at most 2^17 elements keep the lane counts from wrapping (16
+    // bits in ShortLaneCounts) and the random index's high word fixed; under
+    // stochastic rounding its bits 16 to 31 too, for the hot loop's draws
+    // (WindowDraws: 2.49 -> 2.6 G/s, binary16 gradients, AVX2, 2026-11-29),
+    // at the cost of a part vector per 2^16 elements where the windows do not
+    // fall on whole vectors.
     const std::uint64_t index = first_index + i;
     const std::uint64_t window = std::uint64_t{1} << (stochastic ? 16 : 32);
     const std::uint64_t to_wrap = window - (index & (window - 1));
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
-                                                                                std::uint64_t{1} << 28}));
+                                                                                std::uint64_t{1} << 17}));
     const auto high_term = hn::Set(d32, draw_high_term(k.key, index));
     const auto window_term = hn::Set(d32, draw_window_term(k.key, index));
     Counters<D> c = Counters<D>::zero(d);

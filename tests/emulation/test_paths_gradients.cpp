@@ -375,10 +375,12 @@ TEST_CASE("paths on gradient-like data: every vector target this CPU runs", "[pa
   });
 }
 
-// Stochastic rounding's vector loops draw within windows of 2^16 indices
-// (draw_window_term): arrays that cross several windows, and 2^32, starting
+// The vector loops work in blocks of at most 2^17 elements (their 16-bit lane
+// counts) and, under stochastic rounding, draw within windows of 2^16 indices
+// (draw_window_term): arrays that cross several of both, and 2^32, starting
 // off a vector's boundary, on every vector target.
-TEST_CASE("paths on gradient-like data: stochastic draws across 2^16 windows, on every vector target", "[paths]") {
+TEST_CASE("paths on gradient-like data: across 2^17 blocks and 2^16 windows of draws, on every vector target",
+          "[paths]") {
   const std::size_t n = (std::size_t{3} << 16) + 13;
   const auto in = gradient_like<float>(n, -40, 0, 21);
   const auto in_double = gradient_like<double>(n, -40, 0, 22);
@@ -387,8 +389,10 @@ TEST_CASE("paths on gradient-like data: stochastic draws across 2^16 windows, on
     for (std::uint64_t first_index : {(std::uint64_t{1} << 16) - 3, (std::uint64_t{1} << 32) - 70001}) {
       INFO("first index " << first_index);
       for (const char* name : {"binary16", "bfloat16", "e4m3"}) {
-        check_same_as_scalar(*parse_format(name), RoundingMode::stochastic, in, 32, first_index);
-        check_same_as_scalar(*parse_format(name), RoundingMode::stochastic, in_double, 32, first_index);
+        for (RoundingMode mode : {RoundingMode::stochastic, RoundingMode::nearest_even, RoundingMode::toward_positive}) {
+          check_same_as_scalar(*parse_format(name), mode, in, 32, first_index);
+          check_same_as_scalar(*parse_format(name), mode, in_double, 32, first_index);
+        }
       }
     }
   });
