@@ -737,7 +737,7 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 template <class D>
 struct ShortLaneCounts {
   hn::Vec<D> exact, zero_input, zero_result, below_normal;
-  // Vectors counted, below 2^28 / lanes (QuantizeSpan moves the counts out per
+  // Vectors counted, at most 2^17 / lanes (QuantizeSpan moves the counts out per
   // block), added by the caller from its loop's positions: an increment in add()
   // made GCC 12 copy the count vectors from register to register every vector
   // (AVX2 nearest-even on binary16 gradients 5.7 -> 5.2 G/s in cache, 2026-11-29).
