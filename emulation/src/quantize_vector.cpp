@@ -731,7 +731,8 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 // equality and a negation on AVX2), flushed = zero results - zero inputs (a
 // zero input's result is +0 or -0), subnormal = results below normal - zero
 // results (a zero is below normal). Eight vector operations per FPU-path
-// vector where counting the kinds took ten; two for ordinary lanes. (Three
+// vector where counting the kinds took ten (seven with the two 16-bit counts
+// of add(), five for round-to-odd); two for ordinary lanes. (Three
 // counts, flushed as "zero and not exact", measured slower on AVX2: odd on
 // binary16 gradients 4.86 -> 4.47 G/s in cache, 2026-11-29.)
 template <class D>
@@ -806,10 +807,8 @@ struct ShortLaneCounts {
 };
 #endif
 
-// The keyed hash of rounding.cpp's random_draw, on 32-bit lanes of
-// consecutive indices whose high word is the same (the caller splits at
-// multiples of 2^32).
-// From the state after the first xorshift (`mixed`) on.
+// random_draw (random_draw.hpp) from the state after its first xorshift
+// (`mixed`) on.
 template <class D32>
 HWY_INLINE hn::Vec<D32> DrawsFromMixed(D32 d, hn::Vec<D32> mixed, hn::Vec<D32> high_term) {
   auto x = hn::Mul(mixed, hn::Set(d, kDrawMultiplier1));
@@ -818,6 +817,8 @@ HWY_INLINE hn::Vec<D32> DrawsFromMixed(D32 d, hn::Vec<D32> mixed, hn::Vec<D32> h
   x = hn::Mul(x, hn::Set(d, kDrawMultiplier2));
   return hn::Xor(x, hn::ShiftRight<16>(x));
 }
+// The keyed hash of random_draw, on 32-bit lanes of consecutive indices whose
+// high word is the same (the caller splits at multiples of 2^32).
 template <class D32>
 HWY_INLINE hn::Vec<D32> Draws(D32 d, DrawKey key, hn::Vec<D32> low_words, hn::Vec<D32> high_term) {
   const auto x = hn::Xor(low_words, hn::Set(d, key.low));
