@@ -737,6 +737,10 @@ HWY_INLINE hn::Vec<D> QuantizeShortLanesFpu(D d, const Kernel<std::uint32_t>& k,
 // binary16 gradients 4.86 -> 4.47 G/s in cache, 2026-11-29.)
 template <class D>
 struct ShortLaneCounts {
+  // What add() leaves in them depends on the mode (see add): round-to-odd
+  // keeps subnormal results in below_normal and no zero counts; the other
+  // modes with kPacked keep zero results and results below normal as the low
+  // and high 16 bits of below_normal, which MoveInto splits into the two.
   hn::Vec<D> exact, zero_input, zero_result, below_normal;
   // Vectors counted, at most 2^17 / lanes (QuantizeSpan moves the counts out per
   // block), added by the caller from its loop's positions: an increment in add()
