@@ -811,15 +811,19 @@ struct ShortLaneCounts {
 };
 #endif
 
-// random_draw (random_draw.hpp) from the state after its first xorshift
-// (`mixed`) on.
+// random_draw (random_draw.hpp) from its first product on: `product`, the
+// state after the first multiplication.
 template <class D32>
-HWY_INLINE hn::Vec<D32> DrawsFromMixed(D32 d, hn::Vec<D32> mixed, hn::Vec<D32> high_term) {
-  auto x = hn::Mul(mixed, hn::Set(d, kDrawMultiplier1));
-  x = hn::Xor(x, hn::ShiftRight<15>(x));
+HWY_INLINE hn::Vec<D32> DrawsFromProduct(D32 d, hn::Vec<D32> product, hn::Vec<D32> high_term) {
+  auto x = hn::Xor(product, hn::ShiftRight<15>(product));
   x = hn::Xor(x, high_term);
   x = hn::Mul(x, hn::Set(d, kDrawMultiplier2));
   return hn::Xor(x, hn::ShiftRight<16>(x));
+}
+// The same from the state after its first xorshift (`mixed`) on.
+template <class D32>
+HWY_INLINE hn::Vec<D32> DrawsFromMixed(D32 d, hn::Vec<D32> mixed, hn::Vec<D32> high_term) {
+  return DrawsFromProduct(d, hn::Mul(mixed, hn::Set(d, kDrawMultiplier1)), high_term);
 }
 // The keyed hash of random_draw, on 32-bit lanes of consecutive indices whose
 // high word is the same (the caller splits at multiples of 2^32).
@@ -828,12 +832,6 @@ HWY_INLINE hn::Vec<D32> Draws(D32 d, DrawKey key, hn::Vec<D32> low_words, hn::Ve
   const auto x = hn::Xor(low_words, hn::Set(d, key.low));
   return DrawsFromMixed(d, hn::Xor(x, hn::ShiftRight<16>(x)), high_term);
 }
-// The same for low words that share their bits 16 to 31 (one 2^16 window of
-// indices, whose draw_window_term is window_term): two operations fewer.
-template <class D32>
-HWY_INLINE hn::Vec<D32> WindowDraws(D32 d, hn::Vec<D32> low_words, hn::Vec<D32> window_term, hn::Vec<D32> high_term) {
-  return DrawsFromMixed(d, hn::Xor(low_words, window_term), high_term);
-}
 
 // The draws of the lanes of D, one per lane, zero-extended to U.
 template <class D, class D32>
@@ -841,11 +839,57 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
   if constexpr (sizeof(hn::TFromD<D>) == 4) return Draws(d32, key, low_words, high_term);
   else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
 }
+
+// The draws of whole vectors of D inside one 2^16 window of indices, each
+// vector's first index a multiple of its lane count L (a power of two). With
+// T the window's draw_window_term, random_draw's state after its first
+// xorshift is (P + l) ^ T for lane l of the vector at index P; as P's low
+// log2(L) bits are 0 and l < L, that is (P ^ (T & -L)) + (l ^ (T & (L - 1))),
+// two terms with no bit in common, so the first multiplication distributes
+// over the sum: the first term's product is one scalar per vector (integer
+// unit; AlignedFirstProduct), the second's a constant vector
+// (AlignedLaneProducts). Three vector operations fewer per vector than
+// hashing stepped indices (the xor, the multiplication and the step), one
+// more: the addition (docs/performance.md, 2026-11-29).
+inline std::uint32_t AlignedFirstProduct(std::uint32_t first_word, std::uint32_t window_term, std::size_t lanes) {
+  return (first_word ^ (window_term & ~static_cast<std::uint32_t>(lanes - 1))) * kDrawMultiplier1;
+}
+template <class D32>
+HWY_INLINE hn::Vec<D32> AlignedLaneProducts(D32 d32, std::uint32_t window_term) {
+  const auto low_term = hn::Set(d32, window_term & static_cast<std::uint32_t>(hn::Lanes(d32) - 1));
+  return hn::Mul(hn::Xor(hn::Iota(d32, 0), low_term), hn::Set(d32, kDrawMultiplier1));
+}
+// `value` in every lane, broadcast from memory (`slot`) on x86-64: a 256-bit
+// or narrower broadcast load takes no vector operation (from a general
+// register it takes two, vmovd and vpbroadcastd), a 512-bit one at most a
+// shuffle (maskz: the unmasked intrinsic trips GCC 12's -Wmaybe-uninitialized
+// in its own header). The broadcast intrinsics take a pointer, which keeps
+// GCC from forwarding the stored value through a register. Stochastic rounding on gradient-like data in cache, medians of
+// 9 and 7 interleaved runs (2026-11-29): binary16 on AVX2 2.94 G/s with the
+// stepped hash, 2.90 with AlignedWindowDraws and a register broadcast, 3.05
+// with this one; bfloat16 on AVX-512 9.19, 9.13 and 9.67.
+template <class D32>
+HWY_INLINE hn::Vec<D32> BroadcastThroughMemory(D32 d32, std::uint32_t value, float& slot) {
+#if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
+  slot = std::bit_cast<float>(value);
+  if constexpr (hn::MaxLanes(D32()) == 4) return hn::Vec<D32>{_mm_castps_si128(_mm_broadcast_ss(&slot))};
+  if constexpr (hn::MaxLanes(D32()) == 8) return hn::Vec<D32>{_mm256_castps_si256(_mm256_broadcast_ss(&slot))};
+#if HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(D32()) == 16) {
+    return hn::Vec<D32>{_mm512_castps_si512(_mm512_maskz_broadcastss_ps(0xFFFF, _mm_broadcast_ss(&slot)))};
+  }
+#endif
+#endif
+  (void)slot;
+  return hn::Set(d32, value);
+}
 template <class D, class D32>
-HWY_INLINE hn::Vec<D> LaneWindowDraws(D d, D32 d32, hn::Vec<D32> low_words, hn::Vec<D32> window_term,
-                                      hn::Vec<D32> high_term) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) return WindowDraws(d32, low_words, window_term, high_term);
-  else return hn::PromoteTo(d, WindowDraws(d32, low_words, window_term, high_term));
+HWY_INLINE hn::Vec<D> AlignedWindowDraws(D d, D32 d32, std::uint32_t first_product, hn::Vec<D32> lane_products,
+                                         hn::Vec<D32> high_term, float& slot) {
+  const auto product = hn::Add(BroadcastThroughMemory(d32, first_product, slot), lane_products);
+  const auto draws = DrawsFromProduct(d32, product, high_term);
+  if constexpr (sizeof(hn::TFromD<D>) == 4) return draws;
+  else return hn::PromoteTo(d, draws);
 }
 
 // How a vector on the short path (no lane above the largest finite value;
@@ -1022,37 +1066,35 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
     // Blocks of at most 2^17 elements keep the lane counts from wrapping (16
     // bits in ShortLaneCounts) and the random index's high word fixed; under
     // stochastic rounding its bits 16 to 31 too, for the hot loop's draws
-    // (WindowDraws: 2.49 -> 2.6 G/s, binary16 gradients, AVX2, 2026-11-29),
-    // at the cost of a part vector per 2^16 elements where the windows do not
-    // fall on whole vectors.
+    // (AlignedWindowDraws; window draws first took it from 2.49 to 2.6 G/s,
+    // binary16 gradients, AVX2, 2026-11-29).
     const std::uint64_t index = first_index + i;
     const std::uint64_t window = std::uint64_t{1} << (stochastic ? 16 : 32);
     const std::uint64_t to_wrap = window - (index & (window - 1));
     const std::size_t block = static_cast<std::size_t>(std::min<std::uint64_t>({std::uint64_t{n - i}, to_wrap,
                                                                                 std::uint64_t{1} << 17}));
     const auto high_term = hn::Set(d32, draw_high_term(k.key, index));
-    const auto window_term = hn::Set(d32, draw_window_term(k.key, index));
+    const std::uint32_t window_term = draw_window_term(k.key, index);
+    const std::uint32_t index_word = static_cast<std::uint32_t>(index);
+    // The random indices' low words of the lanes of the vector at `at`.
+    auto lane_words = [&](std::size_t at) { return hn::Iota(d32, index_word + static_cast<std::uint32_t>(at)); };
     Counters<D> c = Counters<D>::zero(d);
-    auto low_words = hn::Iota(d32, static_cast<std::uint32_t>(index));  // random indices of the lanes
-    const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
     std::size_t j = 0;
     // Up to one vector of elements through a full-width buffer and the general lane code.
     auto partial = [&](std::size_t count) {
       HWY_ALIGN T buffer[HWY_MAX_BYTES / sizeof(T)] = {};
       std::memcpy(buffer, in + i + j, count * sizeof(T));
       const V x = hn::BitCast(d, hn::Load(df, buffer));
-      const V draw = stochastic ? LaneDraws(d, d32, k.key, low_words, high_term) : hn::Zero(d);
+      const V draw = stochastic ? LaneDraws(d, d32, k.key, lane_words(j), high_term) : hn::Zero(d);
       hn::Store(hn::BitCast(df, QuantizeLanes<kMode>(d, k, x, draw, hn::FirstN(d, count), c)), df, buffer);
       std::memcpy(out + i + j, buffer, count * sizeof(T));
       j += count;
-      low_words = hn::Add(low_words, hn::Set(d32, static_cast<std::uint32_t>(count)));
     };
     // Whole vectors, each written by `store` (one loop per kind of store: no branch per vector).
     // Counters, addresses and the position as locals of the loop: the stores through `out` may alias
     // anything captured by reference, which would keep them in memory (a read-modify-write per vector).
     auto whole_vectors = [&](auto store) {
       Counters<D> lc = c;
-      auto words = low_words;
       const T* const src = in + i;
       T* const dst = out + i;
       const std::size_t end = block;
@@ -1065,6 +1107,9 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       // address of k, after which a store through `out` may write it, and GCC 12
       // reloaded k's fields and recomputed what it derives from them every vector.
       const Kernel<U> hot_k = k;
+      HWY_DASSERT(!stochastic || j >= end || (index_word + j) % lanes == 0);  // AlignedWindowDraws
+      const auto lane_products = AlignedLaneProducts(d32, window_term);
+      float product_slot = 0;
       const VectorRounder<kMode, D, kShort> hot_rounder{hot_k};
       using HotCounts = typename decltype(round_vector)::HotCounts;
       constexpr bool kHotCountsApart = !std::is_same_v<HotCounts, Counters<D>>;
@@ -1081,10 +1126,13 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         V x = hn::BitCast(d, hn::LoadU(df, src + at)), a;
         if (hot_rounder.HotTakes(d, x, a)) {
           for (;;) {
-            const V draw = stochastic ? LaneWindowDraws(d, d32, words, window_term, high_term) : hn::Zero(d);
+            V draw = hn::Zero(d);
+            if constexpr (stochastic) {
+              const std::uint32_t first_product = AlignedFirstProduct(index_word + static_cast<std::uint32_t>(at), window_term, lanes);
+              draw = AlignedWindowDraws(d, d32, first_product, lane_products, high_term, product_slot);
+            }
             store(hn::BitCast(df, hot_rounder.HotRound(d, x, a, draw, hot_counts)), dst + at);
             at += lanes;
-            if constexpr (stochastic) words = hn::Add(words, step);
             if (at + lanes > end) break;
             x = hn::BitCast(d, hn::LoadU(df, src + at));
             if (!hot_rounder.HotTakes(d, x, a)) break;
@@ -1093,23 +1141,32 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         if constexpr (kHotCountsApart) own_hot_counts.vectors += static_cast<std::uint32_t>((at - hot_begin) / lanes);
         if (at + lanes > end) break;
         // x: the vector at `at`, which the hot path does not take.
-        const V draw = stochastic ? LaneDraws(d, d32, k.key, words, high_term) : hn::Zero(d);
+        const V draw = stochastic ? LaneDraws(d, d32, k.key, lane_words(at), high_term) : hn::Zero(d);
         store(hn::BitCast(df, round_vector(d, x, draw, lc)), dst + at);
         at += lanes;
-        words = hn::Add(words, step);
       }
       if constexpr (kHotCountsApart) own_hot_counts.template MoveInto<kMode>(d, lc);
       j = at;
-      low_words = words;
       c = lc;
     };
-    if (k.streaming_stores) {
-      // Streaming stores take whole aligned vectors: the elements up to the first such output go through `partial`.
-      const std::size_t vector_bytes = lanes * sizeof(T);
-      const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out + i) % vector_bytes;
-      if (misaligned != 0) partial(std::min(block, (vector_bytes - misaligned) / sizeof(T)));
+    // Streaming stores take whole aligned vectors: the elements up to the first such output go through
+    // `partial`. So do, under stochastic rounding, the elements up to the first index that is a multiple of
+    // the lane count (AlignedWindowDraws); where the two differ (a part of an array whose start is not
+    // aligned like its index), plain stores.
+    std::size_t to_aligned_index = 0;
+    if constexpr (stochastic) to_aligned_index = (lanes - index_word % lanes) % lanes;
+    const std::size_t vector_bytes = lanes * sizeof(T);
+    const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out + i) % vector_bytes;
+    const std::size_t to_aligned_output = misaligned == 0 ? 0 : (vector_bytes - misaligned) / sizeof(T);
+    if (k.streaming_stores && (!stochastic || to_aligned_output == to_aligned_index)) {
+      if (to_aligned_output != 0) partial(std::min(block, to_aligned_output));
       whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::Stream(r, df, at); });
     } else {
+      // (Under `if constexpr`: taken by every mode, this call made AVX-512 toward-zero on bfloat16 8%
+      // slower at 16M, 5.3 -> 4.9 G/s, its hot loop's instructions unchanged, 2026-11-29.)
+      if constexpr (stochastic) {
+        if (to_aligned_index != 0) partial(std::min(block, to_aligned_index));
+      }
       whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::StoreU(r, df, at); });
     }
     if (j < block) partial(block - j);  // the tail
