@@ -864,10 +864,11 @@ HWY_INLINE hn::Vec<D32> AlignedLaneProducts(D32 d32, std::uint32_t window_term) 
 // register it takes two, vmovd and vpbroadcastd), a 512-bit one at most a
 // shuffle (maskz: the unmasked intrinsic trips GCC 12's -Wmaybe-uninitialized
 // in its own header). The broadcast intrinsics take a pointer, which keeps
-// GCC from forwarding the stored value through a register. Stochastic rounding on gradient-like data in cache, medians of
-// 9 and 7 interleaved runs (2026-11-29): binary16 on AVX2 2.94 G/s with the
-// stepped hash, 2.90 with AlignedWindowDraws and a register broadcast, 3.05
-// with this one; bfloat16 on AVX-512 9.19, 9.13 and 9.67.
+// GCC from forwarding the stored value through a register. Stochastic
+// rounding on gradient-like data in cache, medians of 9 and 7 interleaved
+// runs (2026-11-29): binary16 on AVX2 2.94 G/s with the stepped hash, 2.90
+// with AlignedWindowDraws and a register broadcast, 3.05 with this one;
+// bfloat16 on AVX-512 9.19, 9.13 and 9.67.
 template <class D32>
 HWY_INLINE hn::Vec<D32> BroadcastThroughMemory(D32 d32, std::uint32_t value, float& slot) {
 #if HWY_ARCH_X86_64 && HWY_TARGET <= HWY_AVX2
