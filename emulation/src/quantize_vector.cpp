@@ -839,6 +839,17 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
   if constexpr (sizeof(hn::TFromD<D>) == 4) return Draws(d32, key, low_words, high_term);
   else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
 }
+// The same for low words that share their bits 16 to 31 (one 2^16 window of
+// indices, whose draw_window_term is window_term): two operations fewer. For
+// the hot loop's vectors whose first index is not a multiple of the lane count
+// (AlignedWindowDraws below needs one).
+template <class D, class D32>
+HWY_INLINE hn::Vec<D> SteppedWindowDraws(D d, D32 d32, hn::Vec<D32> low_words, hn::Vec<D32> window_term,
+                                         hn::Vec<D32> high_term) {
+  const auto draws = DrawsFromMixed(d32, hn::Xor(low_words, window_term), high_term);
+  if constexpr (sizeof(hn::TFromD<D>) == 4) return draws;
+  else return hn::PromoteTo(d, draws);
+}
 
 // The draws of whole vectors of D inside one 2^16 window of indices, each
 // vector's first index a multiple of its lane count L (a power of two). With
@@ -855,8 +866,9 @@ inline std::uint32_t AlignedFirstProduct(std::uint32_t first_word, std::uint32_t
   return (first_word ^ (window_term & ~static_cast<std::uint32_t>(lanes - 1))) * kDrawMultiplier1;
 }
 template <class D32>
-HWY_INLINE hn::Vec<D32> AlignedLaneProducts(D32 d32, std::uint32_t window_term) {
-  const auto low_term = hn::Set(d32, window_term & static_cast<std::uint32_t>(hn::Lanes(d32) - 1));
+HWY_INLINE hn::Vec<D32> AlignedLaneProducts(D32 d32, std::uint32_t window_term, std::size_t lanes) {
+  HWY_DASSERT(hn::Lanes(d32) == lanes);
+  const auto low_term = hn::Set(d32, window_term & static_cast<std::uint32_t>(lanes - 1));
   return hn::Mul(hn::Xor(hn::Iota(d32, 0), low_term), hn::Set(d32, kDrawMultiplier1));
 }
 // `value` in every lane, broadcast from memory (`slot`) on x86-64: a 256-bit
@@ -1099,7 +1111,10 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
     // Whole vectors, each written by `store` (one loop per kind of store: no branch per vector).
     // Counters, addresses and the position as locals of the loop: the stores through `out` may alias
     // anything captured by reference, which would keep them in memory (a read-modify-write per vector).
-    auto whole_vectors = [&](auto store) {
+    // `aligned_draws`: each vector's first index is a multiple of the lane count (AlignedWindowDraws), else
+    // the draws step their indices (SteppedWindowDraws).
+    auto whole_vectors = [&](auto store, auto aligned_draws) {
+      constexpr bool kAlignedDraws = decltype(aligned_draws)::value;
       Counters<D> lc = c;
       const T* const src = in + i;
       T* const dst = out + i;
@@ -1113,8 +1128,10 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       // address of k, after which a store through `out` may write it, and GCC 12
       // reloaded k's fields and recomputed what it derives from them every vector.
       const Kernel<U> hot_k = k;
-      HWY_DASSERT(!stochastic || j >= end || (index_word + j) % lanes == 0);  // AlignedWindowDraws
-      const auto lane_products = AlignedLaneProducts(d32, window_term);
+      HWY_DASSERT(!stochastic || !kAlignedDraws || j >= end || (index_word + j) % lanes == 0);
+      const auto lane_products = AlignedLaneProducts(d32, window_term, lanes);
+      const auto window_term_vector = hn::Set(d32, window_term);
+      const auto step = hn::Set(d32, static_cast<std::uint32_t>(lanes));
       float product_slot = 0;
       const VectorRounder<kMode, D, kShort> hot_rounder{hot_k};
       using HotCounts = typename decltype(round_vector)::HotCounts;
@@ -1131,11 +1148,15 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
         const std::size_t hot_begin = at;
         V x = hn::BitCast(d, hn::LoadU(df, src + at)), a;
         if (hot_rounder.HotTakes(d, x, a)) {
+          [[maybe_unused]] auto words = lane_words(at);  // SteppedWindowDraws' indices
           for (;;) {
             V draw = hn::Zero(d);
-            if constexpr (stochastic) {
+            if constexpr (stochastic && kAlignedDraws) {
               const std::uint32_t first_product = AlignedFirstProduct(index_word + static_cast<std::uint32_t>(at), window_term, lanes);
               draw = AlignedWindowDraws(d, d32, first_product, lane_products, high_term, product_slot);
+            } else if constexpr (stochastic) {
+              draw = SteppedWindowDraws(d, d32, words, window_term_vector, high_term);
+              words = hn::Add(words, step);
             }
             store(hn::BitCast(df, hot_rounder.HotRound(d, x, a, draw, hot_counts)), dst + at);
             at += lanes;
@@ -1156,24 +1177,27 @@ HWY_NOINLINE QuantizeCounts QuantizeSpan(const KernelFor<T>& kernel, const T* in
       c = lc;
     };
     // Streaming stores take whole aligned vectors: the elements up to the first such output go through
-    // `partial`. So do, under stochastic rounding, the elements up to the first index that is a multiple of
-    // the lane count (AlignedWindowDraws); where the two differ (a part of an array whose start is not
-    // aligned like its index), plain stores.
+    // `partial`. Without them, under stochastic rounding, so do the elements up to the first index that is a
+    // multiple of the lane count (AlignedWindowDraws). With them, where the output's alignment and the
+    // index's differ (the usual case: large allocations start 16 bytes into a page), the hot loop's draws
+    // step their indices instead (SteppedWindowDraws, two vector operations more per vector).
     std::size_t to_aligned_index = 0;
     if constexpr (stochastic) to_aligned_index = (lanes - index_word % lanes) % lanes;
     const std::size_t vector_bytes = lanes * sizeof(T);
     const std::size_t misaligned = reinterpret_cast<std::uintptr_t>(out + i) % vector_bytes;
     const std::size_t to_aligned_output = misaligned == 0 ? 0 : (vector_bytes - misaligned) / sizeof(T);
-    if (k.streaming_stores && (!stochastic || to_aligned_output == to_aligned_index)) {
+    if (k.streaming_stores) {
       if (to_aligned_output != 0) partial(std::min(block, to_aligned_output));
-      whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::Stream(r, df, at); });
+      const auto stream = [&](hn::Vec<decltype(df)> r, T* at) { hn::Stream(r, df, at); };
+      if (!stochastic || to_aligned_output == to_aligned_index) whole_vectors(stream, std::true_type{});
+      else if constexpr (stochastic) whole_vectors(stream, std::false_type{});
     } else {
       // (Under `if constexpr`: taken by every mode, this call made AVX-512 toward-zero on bfloat16 8%
       // slower at 16M, 5.3 -> 4.9 G/s, its hot loop's instructions unchanged, 2026-11-29.)
       if constexpr (stochastic) {
         if (to_aligned_index != 0) partial(std::min(block, to_aligned_index));
       }
-      whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::StoreU(r, df, at); });
+      whole_vectors([&](hn::Vec<decltype(df)> r, T* at) { hn::StoreU(r, df, at); }, std::true_type{});
     }
     if (j < block) partial(block - j);  // the tail
     HWY_ALIGN U lane_counts[5][HWY_MAX_BYTES / sizeof(U)] = {};

@@ -960,8 +960,8 @@ TEST_CASE("Block quantization on every vector target: stochastic draws across a 
           "aligned and unaligned first indices", "[block][fast]") {
   // Draws from indices that cross 65536, where the plain quantizer's windows of draws end (AlignedWindowDraws;
   // a block-quantizer version of it was measured and not kept, docs/performance.md). 63552 is a multiple of 16
-  // (every x86 target's lane count) whose groups of blocks (128 to 512 values) cross 65536; 63556 is a multiple
-  // of no lane count; 61440 a multiple of every group.
+  // (every x86 target's lane count) whose groups of blocks (64 to 512 values) cross 65536; 63556 is a multiple
+  // of 4 but not of 8; 61440 a multiple of every group.
   const std::vector<simd::Target> targets = simd::available_targets();
   std::mt19937_64 rng(20261129);
   const std::vector<float> x = random_blocks(rng, 6016, 1, kE4m3, false);

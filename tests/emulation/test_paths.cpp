@@ -132,6 +132,10 @@ struct Variant {
   int threads;
   bool in_place;
   Stores stores = Stores::cached;  // streaming: the vector path's non-temporal stores, from a misaligned start
+  // The output placed so that its alignment to 64 bytes is its first random index's (the stochastic stream's
+  // first index times the element size), not one element off: streaming stores and stochastic rounding's
+  // aligned draws (AlignedWindowDraws) then start at the same element.
+  bool output_aligned_like_index = false;
 };
 constexpr Variant kEveryVariant[] = {
     {Path::exact, 1, false},     {Path::scalar, 1, true},     {Path::scalar, 2, false},    {Path::scalar, 2, true},
@@ -139,12 +143,14 @@ constexpr Variant kEveryVariant[] = {
     {Path::vector, 2, true},     {Path::automatic, 1, false}, {Path::automatic, 1, true},
     {Path::automatic, 2, false}, {Path::automatic, 2, true},  {Path::automatic, 0, false},
     {Path::vector, 1, false, Stores::streaming}, {Path::vector, 2, true, Stores::streaming},
+    {Path::vector, 1, false, Stores::streaming, true}, {Path::vector, 2, true, Stores::streaming, true},
 };
 // For the longest arrays: the fast paths, one and two threads, both placements, both kinds of store.
 constexpr Variant kLongVariants[] = {
     {Path::vector, 1, false},    {Path::vector, 2, true},
     {Path::automatic, 0, true},  {Path::automatic, 2, false},
-    {Path::vector, 1, false, Stores::streaming}, {Path::automatic, 2, true, Stores::streaming}};
+    {Path::vector, 1, false, Stores::streaming}, {Path::automatic, 2, true, Stores::streaming},
+    {Path::vector, 1, false, Stores::streaming, true}};
 
 const Rounding kRoundings[] = {
     {RoundingMode::nearest_even},    {RoundingMode::nearest_away},    {RoundingMode::toward_zero},
@@ -190,9 +196,16 @@ std::string run_and_compare(const Format& f, QuantizeOptions options, const Vari
   options.path = v.path;
   options.threads = v.threads;
   options.stores = v.stores;
-  // Storage one longer than needed, used from element 1: misaligned like the input.
-  std::vector<T> storage(in.size() + 1, std::bit_cast<T>(static_cast<Uint<T>>(0x7FBADBADDEADBEEFull)));
-  const std::span<T> out(storage.data() + 1, in.size());
+  // Storage longer than needed, used from element 1 (misaligned like the input) or from the element whose
+  // address is aligned like the first random index.
+  constexpr std::size_t kLine = 64 / sizeof(T);
+  std::vector<T> storage(in.size() + kLine, std::bit_cast<T>(static_cast<Uint<T>>(0x7FBADBADDEADBEEFull)));
+  std::size_t offset = 1;
+  if (v.output_aligned_like_index) {
+    const auto address = reinterpret_cast<std::uintptr_t>(storage.data()) / sizeof(T);
+    offset = (options.stochastic.first_index % kLine + kLine - address % kLine) % kLine;
+  }
+  const std::span<T> out(storage.data() + offset, in.size());
   QuantizeCounts counts;
   if (v.in_place) {
     std::copy(in.begin(), in.end(), out.begin());
@@ -203,6 +216,7 @@ std::string run_and_compare(const Format& f, QuantizeOptions options, const Vari
   std::string where = "path " + path_name(v.path) + ", threads " + std::to_string(v.threads) +
                       (v.in_place ? ", in place" : ", out of place") +
                       (v.stores == Stores::streaming ? ", streaming stores" : "") +
+                      (v.output_aligned_like_index ? ", output aligned like its index" : "") +
                       ", length " + std::to_string(in.size());
   for (std::size_t i = 0; i < in.size(); ++i)
     if (bits_of(out[i]) != bits_of(expected[i]))

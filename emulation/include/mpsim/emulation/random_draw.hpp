@@ -43,8 +43,10 @@ MPSIM_HOST_DEVICE constexpr std::uint32_t random_draw(DrawKey key, std::uint64_t
 // random_draw's state after its first xorshift is the index's low word xor
 // this term, the same for every index whose bits 16 to 31 are index's (with
 // u = low word ^ key.low, u ^ (u >> 16) = low word ^ key.low ^ (u >> 16), and
-// u >> 16 depends on those bits only): vector code that steps low words
-// within one 2^16 window saves the shift and one xor per draw.
+// u >> 16 depends on those bits only): vector code within one 2^16 window
+// saves the shift and one xor per draw (quantize_vector.cpp's
+// SteppedWindowDraws), or the first multiplication too where a vector starts
+// at a multiple of its lane count (AlignedWindowDraws).
 MPSIM_HOST_DEVICE constexpr std::uint32_t draw_window_term(DrawKey key, std::uint64_t index) {
   return key.low ^ ((static_cast<std::uint32_t>(index) ^ key.low) >> 16);
 }
