@@ -833,11 +833,16 @@ HWY_INLINE hn::Vec<D32> Draws(D32 d, DrawKey key, hn::Vec<D32> low_words, hn::Ve
   return DrawsFromMixed(d, hn::Xor(x, hn::ShiftRight<16>(x)), high_term);
 }
 
-// The draws of the lanes of D, one per lane, zero-extended to U.
+// 32-bit draws as the lanes of D, zero-extended where those are 64-bit.
+template <class D, class V32>
+HWY_INLINE hn::Vec<D> DrawLanes(D d, V32 draws) {
+  if constexpr (sizeof(hn::TFromD<D>) == 4) return draws;
+  else return hn::PromoteTo(d, draws);
+}
+// The draws of the lanes of D, one per lane.
 template <class D, class D32>
 HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_words, hn::Vec<D32> high_term) {
-  if constexpr (sizeof(hn::TFromD<D>) == 4) return Draws(d32, key, low_words, high_term);
-  else return hn::PromoteTo(d, Draws(d32, key, low_words, high_term));
+  return DrawLanes(d, Draws(d32, key, low_words, high_term));
 }
 // The same for low words that share their bits 16 to 31 (one 2^16 window of
 // indices, whose draw_window_term is window_term): two operations fewer. For
@@ -846,9 +851,7 @@ HWY_INLINE hn::Vec<D> LaneDraws(D d, D32 d32, DrawKey key, hn::Vec<D32> low_word
 template <class D, class D32>
 HWY_INLINE hn::Vec<D> SteppedWindowDraws(D d, D32 d32, hn::Vec<D32> low_words, hn::Vec<D32> window_term,
                                          hn::Vec<D32> high_term) {
-  const auto draws = DrawsFromMixed(d32, hn::Xor(low_words, window_term), high_term);
-  if constexpr (sizeof(hn::TFromD<D>) == 4) return draws;
-  else return hn::PromoteTo(d, draws);
+  return DrawLanes(d, DrawsFromMixed(d32, hn::Xor(low_words, window_term), high_term));
 }
 
 // The draws of whole vectors of D inside one 2^16 window of indices, each
@@ -900,9 +903,7 @@ template <class D, class D32>
 HWY_INLINE hn::Vec<D> AlignedWindowDraws(D d, D32 d32, std::uint32_t first_product, hn::Vec<D32> lane_products,
                                          hn::Vec<D32> high_term, float& slot) {
   const auto product = hn::Add(BroadcastThroughMemory(d32, first_product, slot), lane_products);
-  const auto draws = DrawsFromProduct(d32, product, high_term);
-  if constexpr (sizeof(hn::TFromD<D>) == 4) return draws;
-  else return hn::PromoteTo(d, draws);
+  return DrawLanes(d, DrawsFromProduct(d32, product, high_term));
 }
 
 // How a vector on the short path (no lane above the largest finite value;
