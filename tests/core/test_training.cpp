@@ -746,3 +746,111 @@ TEST_CASE("each activation-gradient tensor is counted once: ReLU and max pooling
     CHECK(computing == 4u * (6 * 14 * 14 + 400 + 120 + 84 + 10));
   }
 }
+
+namespace {
+
+// FNV-1a over the bytes of a trivially copyable value: a fingerprint of a
+// step's statistics for the golden file.
+template <typename T>
+std::uint64_t fnv1a(const T& value, std::uint64_t h = 0xcbf29ce484222325ull) {
+  static_assert(std::has_unique_object_representations_v<T>);
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&value);
+  for (std::size_t i = 0; i < sizeof(T); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("golden trajectory: transformers with every optional layer replay bit for bit", "[training][golden]") {
+  // Pins the bits of every transformer layer through training before the
+  // layers' plumbing is rewritten (docs/plan-layer-tables.md, step 0): each
+  // step's loss, scale and a hash of every layer's statistics (histograms,
+  // counters, logit maxima), then the evaluations. Regenerate (after an
+  // intended change) with MPSIM_UPDATE_GOLDEN=1.
+  Policy bf16 = *preset_policy("bf16-mixed");
+  bf16.norm_statistics = RoundingPoint{formats::bfloat16, Rounding{RoundingMode::nearest_even}};
+  const Policy fp16 = *preset_policy("fp16-mixed");
+  const auto gpt = [](const Policy& p) {
+    ArmSetup s;
+    s.policy = &p;
+    s.model.kind = ModelKind::gpt;
+    s.model.depth = 2;
+    s.model.width = 8;
+    s.model.heads = 2;
+    s.model.mlp_width = 16;
+    s.train.batch_size = 8;
+    s.train.max_steps = 8;
+    s.train.stats_interval = 1;
+    s.train.eval_batch = 16;
+    s.train.threads = 1;
+    s.optimizer.kind = OptimizerKind::adamw;
+    s.optimizer.lr = 0.01;
+    s.seed = 5;
+    return s;
+  };
+  // Every optional layer: QK-norm, rotary positions, dropouts, both soft caps, RMSNorm with narrow statistics.
+  ArmSetup every = gpt(bf16);
+  every.model.activation = Activation::gelu;
+  every.model.norm = NormKind::rms_norm;
+  every.model.qk_norm = true;
+  every.model.positions = PositionKind::rotary;
+  every.model.dropout = 0.1;
+  every.model.attention_dropout = 0.1;
+  every.model.attention_softcap = 5.0;
+  every.model.logit_softcap = 3.0;
+  // LayerNorm, learned positions, SwiGLU, tied embeddings, fused attention with dropout, loss scaling.
+  ArmSetup other = gpt(fp16);
+  other.model.activation = Activation::silu;
+  other.model.gated = true;
+  other.model.tie_embeddings = true;
+  other.model.fused_attention = true;
+  other.model.attention_tile = 3;
+  other.model.attention_dropout = 0.1;
+  other.model.qk_norm = true;
+  // A ViT: patches, tokens, sequence mean, GELU and LayerNorm.
+  ArmSetup vit = gpt(bf16);
+  vit.model.kind = ModelKind::vit;
+  vit.model.activation = Activation::gelu;
+  vit.model.depth = 1;
+  vit.train.max_steps = 4;
+  vit.train.batch_size = 16;
+  vit.train.eval_batch = 64;
+  std::ostringstream text;
+  for (const auto& [name, s] : {std::pair<const char*, const ArmSetup*>{"gpt-every-layer", &every},
+                                {"gpt-tied-swiglu-fused", &other}, {"vit-gelu", &vit}}) {
+    MemoryLog log;
+    auto backend = make_cpu_backend();
+    if (s->model.kind == ModelKind::vit)
+      train_arm(*backend, *s, synthetic(), &log);
+    else
+      train_arm(*backend, *s, tiny_text(), &log);
+    const bool vision = s->model.kind == ModelKind::vit;
+    text << "# " << name << ": layers";  // their order keys every stream
+    for (const std::string& layer : Model::stat_names(s->model, vision ? InputShape{} : InputShape{1, 1, 8, 5}))
+      text << ' ' << layer;
+    text << "\n# step loss loss_scale skipped stats_hash\n";
+    REQUIRE(log.recorded.size() == log.steps.size());
+    for (std::size_t i = 0; i < log.steps.size(); ++i) {
+      std::uint64_t h = 0xcbf29ce484222325ull;
+      for (const auto& layer : log.recorded[i].second)
+        for (const TensorStats& t : layer) h = fnv1a(t.counters, fnv1a(t.histogram, h));
+      for (const double m : log.logit_max[i]) h = fnv1a(std::bit_cast<std::uint64_t>(m), h);
+      const auto& r = log.steps[i];
+      text << r.step << ' ' << hex(r.loss) << ' ' << hex(r.loss_scale) << ' ' << r.skipped << ' ' << std::hex << h
+           << std::dec << '\n';
+    }
+    for (const EvalRecord& e : log.evals)
+      text << "eval " << e.step << ' ' << hex(e.train_loss) << ' ' << hex(e.test_loss) << ' '
+           << hex(e.test_accuracy) << '\n';
+  }
+  const std::string path = std::string(MPSIM_SOURCE_DIR) + "/tests/golden/transformer_trajectories.txt";
+  if (std::getenv("MPSIM_UPDATE_GOLDEN")) {
+    std::ofstream(path) << text.str();
+    WARN("wrote " << path);
+  }
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream golden;
+  golden << in.rdbuf();
+  CHECK(text.str() == golden.str());
+}
