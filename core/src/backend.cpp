@@ -140,33 +140,40 @@ bool same_size(std::initializer_list<const Tensor*> tensors) {
 }
 }  // namespace
 
-void Backend::require_activation(Activation kind, std::string_view call) const {
-  require_support(Op::activation, call);
-  if (!supports_activation(kind))
-    throw BackendError("backend \"" + std::string(name()) + "\" does not support " + std::string(to_string(kind)) +
-                       " (called as " + std::string(call) + "); run this arm on a backend that does");
+void Backend::require_pointwise(std::size_t entry, std::string_view call) const {
+  require_support(Op::pointwise, call);
+  if (!supports_pointwise(entry))
+    throw BackendError("backend \"" + std::string(name()) + "\" does not support " +
+                       std::string(Pointwises::names[entry]) + " (called as " + std::string(call) +
+                       "); run this arm on a backend that does");
 }
 
-void Backend::activation_forward(Activation kind, const Tensor& x, Tensor& y) {
-  require_activation(kind, "activation_forward");
-  require_tensor(x, "activation_forward", "x");
-  require_tensor(y, "activation_forward", "y");
-  require_shape(same_size({&x, &y}), "activation_forward", "x and y differ in size");
-  activation_forward_impl(kind, x, y);
+void Backend::pointwise_forward(const PointwiseCall& op, const Tensor& x, Tensor& y, std::string_view call) {
+  require_pointwise(op.index(), call);
+  require_tensor(x, call, "x");
+  require_tensor(y, call, "y");
+  require_shape(same_size({&x, &y}), call, "x and y differ in size");
+  if (const std::string why = Pointwises::refusal(op); !why.empty()) require_shape(false, call, why);
+  pointwise_forward_impl(op, x, y);
 }
 
-void Backend::activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) {
-  require_activation(kind, "activation_backward");
-  require_tensor(x, "activation_backward", "x");
-  require_tensor(dy, "activation_backward", "dy");
-  require_tensor(dx, "activation_backward", "dx");
-  require_shape(same_size({&x, &dy, &dx}), "activation_backward", "x, dy and dx differ in size");
-  activation_backward_impl(kind, x, dy, dx);
+void Backend::pointwise_backward(const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx,
+                                 std::string_view call) {
+  require_pointwise(op.index(), call);
+  const bool saves = pointwise_saves(op) != Saves::nothing;
+  const char* const saved_name = pointwise_saves(op) == Saves::input ? "x" : "y";
+  if (saves) require_tensor(saved, call, saved_name);
+  require_tensor(dy, call, "dy");
+  require_tensor(dx, call, "dx");
+  require_shape(same_size({&dy, &dx}) && (!saves || saved.numel() == dy.numel()), call,
+                saves ? std::string(saved_name) + ", dy and dx differ in size" : "dy and dx differ in size");
+  if (const std::string why = Pointwises::refusal(op); !why.empty()) require_shape(false, call, why);
+  pointwise_backward_impl(op, saves ? saved : Tensor(), dy, dx);
 }
 
 void Backend::gated_activation_forward(Activation kind, const Tensor& x, Tensor& y) {
   const std::string_view call = "gated_activation_forward";
-  require_activation(kind, call);
+  require_pointwise(static_cast<std::size_t>(kind), call);
   require_tensor(x, call, "x");
   require_tensor(y, call, "y");
   require_shape(x.shape().size() == 2 && x.cols() % 2 == 0 && y.shape() == Shape{x.rows(), x.cols() / 2}, call,
@@ -177,7 +184,7 @@ void Backend::gated_activation_forward(Activation kind, const Tensor& x, Tensor&
 
 void Backend::gated_activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) {
   const std::string_view call = "gated_activation_backward";
-  require_activation(kind, call);
+  require_pointwise(static_cast<std::size_t>(kind), call);
   for (const auto& [t, n] : {std::pair{&x, "x"}, {&dy, "dy"}, {&dx, "dx"}}) require_tensor(*t, call, n);
   require_shape(x.shape().size() == 2 && x.cols() % 2 == 0 && dy.shape() == Shape{x.rows(), x.cols() / 2} &&
                     dx.shape() == x.shape(),
@@ -457,34 +464,6 @@ void Backend::rotary(const Tensor& qkv, const Tensor& table, const AttentionShap
                 "the table needs 2 x tokens x head_dim / 2 values (cos, then sin)");
   require_shape(qkv.buffer() != y.buffer(), call, "y must not be qkv: each output reads its pair's other input");
   rotary_impl(qkv, table, shape, inverse, y);
-}
-
-void Backend::dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
-  require_support(Op::dropout, "dropout");
-  require_tensor(x, "dropout", "x");
-  require_tensor(y, "dropout", "y");
-  require_shape(same_size({&x, &y}), "dropout", "x and y differ in size");
-  dropout_impl(x, mask, y);
-}
-
-void Backend::soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tensor& y) {
-  require_support(Op::soft_cap, "soft_cap_forward");
-  require_tensor(x, "soft_cap_forward", "x");
-  require_tensor(y, "soft_cap_forward", "y");
-  require_shape(same_size({&x, &y}), "soft_cap_forward", "x and y differ in size");
-  require_shape(cap > 0.0f && std::isfinite(cap), "soft_cap_forward",
-                "the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
-  soft_cap_forward_impl(x, cap, keep_mask, y);
-}
-void Backend::soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) {
-  require_support(Op::soft_cap, "soft_cap_backward");
-  require_tensor(y, "soft_cap_backward", "y");
-  require_tensor(dy, "soft_cap_backward", "dy");
-  require_tensor(dx, "soft_cap_backward", "dx");
-  require_shape(same_size({&y, &dy, &dx}), "soft_cap_backward", "y, dy and dx differ in size");
-  require_shape(cap > 0.0f && std::isfinite(cap), "soft_cap_backward",
-                "the cap must be finite and > 0 (got " + std::to_string(cap) + ")");
-  soft_cap_backward_impl(y, dy, cap, dx);
 }
 
 void Backend::sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y) {

@@ -91,11 +91,22 @@ float amax_of(std::span<const float> v) {
   return std::bit_cast<float>(largest);
 }
 
-// out[i] = A::forward(in[i]) and dx[i] = A::backward(x[i], dy[i]) over n
-// elements: numerics_layers.hpp's rules, the loops the CUDA kernels run too.
-template <typename A>
-void activation_forward_loop(const float* in, float* out, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) out[i] = A::forward(in[i]);
+// out[i] = P::forward(in[i], p, i) and dx[i] = P::backward(saved[i], dy[i],
+// p, i) over n elements: numerics_ops.hpp's rules, the loops the CUDA
+// kernels run too. Branch-free loops: ReLU's sign test is a coin flip on
+// real activations, and a branch mispredicted on every other element cost
+// 3 ns per element; parameters and indices an entry ignores inline away.
+template <typename P>
+void pointwise_forward_loop(const float* in, float* out, std::int64_t n, const typename P::Params& p) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = P::forward(in[i], p, i);
+}
+template <typename P>
+void pointwise_backward_loop(const float* saved, const float* dy, float* dx, std::int64_t n,
+                             const typename P::Params& p) {
+  if constexpr (P::saves == Saves::nothing)
+    for (std::int64_t i = 0; i < n; ++i) dx[i] = P::backward(0.0f, dy[i], p, i);
+  else
+    for (std::int64_t i = 0; i < n; ++i) dx[i] = P::backward(saved[i], dy[i], p, i);
 }
 // A gated linear unit over rows of [a | b] (numerics_layers.hpp), the CUDA kernels' bodies.
 template <typename A>
@@ -111,10 +122,6 @@ void gated_backward_loop(const float* x, const float* dy, float* dx, std::int64_
       dx[r * 2 * n + j] = gated_gate_grad<A>(a, b, g);
       dx[r * 2 * n + n + j] = gated_value_grad<A>(a, g);
     }
-}
-template <typename A>
-void activation_backward_loop(const float* x, const float* dy, float* dx, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) dx[i] = A::backward(x[i], dy[i]);
 }
 
 class CpuBackend final : public Backend {
@@ -264,15 +271,16 @@ class CpuBackend final : public Backend {
     return std::bit_cast<float>(largest);
   }
 
-  // Every activation of the table, one loop each, instantiated from the table.
-  // Branch-free loops: ReLU's sign test is a coin flip on real activations,
-  // and a branch mispredicted on every other element cost 3 ns per element.
-  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
-    Activations::visit(kind, [&]<typename A>(A) { activation_forward_loop<A>(data(x), data(y), x.numel()); });
+  // Every entry of the element-wise table, one loop each, instantiated from the table.
+  void pointwise_forward_impl(const PointwiseCall& op, const Tensor& x, Tensor& y) override {
+    Pointwises::visit(op, [&]<typename P>(P, const typename P::Params& p) {
+      pointwise_forward_loop<P>(data(x), data(y), x.numel(), p);
+    });
   }
-  void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    Activations::visit(kind,
-                       [&]<typename A>(A) { activation_backward_loop<A>(data(x), data(dy), data(dx), x.numel()); });
+  void pointwise_backward_impl(const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx) override {
+    Pointwises::visit(op, [&]<typename P>(P, const typename P::Params& p) {
+      pointwise_backward_loop<P>(P::saves == Saves::nothing ? nullptr : data(saved), data(dy), data(dx), dy.numel(), p);
+    });
   }
 
   void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
@@ -506,21 +514,6 @@ class CpuBackend final : public Backend {
         for (std::int64_t h = 0; h < s.heads; ++h)
           for (std::int64_t c = 0; c < s.head_dim; ++c)
             out[s.qkv_index(r / s.tokens, r % s.tokens, part, h, c)] = rotary_value(x, s, angles, r, part, h, c);
-  }
-  void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) override {
-    const float* in = data(x);
-    float* out = data(y);
-    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = dropout_value(in[i], mask, i);
-  }
-  void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) override {
-    const float* in = data(x);
-    float* out = data(y);
-    for (std::int64_t i = 0; i < x.numel(); ++i) out[i] = soft_cap(in[i], cap, keep_mask);
-  }
-  void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
-    const float *capped = data(y), *g = data(dy);
-    float* out = data(dx);
-    for (std::int64_t i = 0; i < y.numel(); ++i) out[i] = soft_cap_grad(capped[i], g[i], cap);
   }
   void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
     const std::int64_t width = x.cols();

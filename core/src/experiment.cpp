@@ -26,6 +26,7 @@
 #include "mpsim/core/block_scaled_gemm.hpp"
 #include "mpsim/core/data.hpp"
 #include "mpsim/core/run_log.hpp"
+#include "layer_table.hpp"
 #include "mpsim_revision.h"  // generated at build time (cmake/WriteRevision.cmake)
 
 extern char** environ;
@@ -182,16 +183,10 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
       throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
                                    "heads values: use a width that {} divides",
                                    m.width, m.heads, m.heads));
-    for (const auto& [key, cap] : {std::pair{"attention_softcap", m.attention_softcap}, {"logit_softcap", m.logit_softcap}})
-      if (cap > 0 && !(static_cast<float>(cap) > 0.0f && std::isfinite(static_cast<float>(cap))))
-        throw SetupError(fmt::format("model.{} = {} is not a positive binary32 value (the cap runs in binary32): "
-                                     "use a cap between 1e-30 and 1e30, or 0 for none",
-                                     key, cap));
+    if (std::string why = layer_table::cap_refusal("attention_softcap", m.attention_softcap); !why.empty())
+      throw SetupError(why);
+    if (std::string why = layer_table::refusal(m); !why.empty()) throw SetupError(why);
     if (m.fused_attention) check_fused_attention(c);
-    if (m.positions == PositionKind::rotary && (m.width / m.heads) % 2 != 0)
-      throw SetupError(fmt::format("model.positions = \"rotary\" pairs each head's features, but width / heads = {} "
-                                   "is odd: use a width that 2 x heads divides",
-                                   m.width / m.heads));
     if (!language_model && (data.train.height % m.patch != 0 || data.train.width % m.patch != 0))
       throw SetupError(fmt::format("model.patch = {} does not divide the {}x{} images; use a divisor of both sides",
                                    m.patch, data.train.height, data.train.width));

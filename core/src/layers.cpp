@@ -239,31 +239,84 @@ class Flatten final : public Layer {
   Shape input_shape_;
 };
 
-// An activation of the table (numerics_layers.hpp), element by element, or as a gated linear unit
-// (Shazeer 2020) on rows of [gate | value]: activation(gate) * value (SiLU:
-// SwiGLU). Rounded as autocast rounds the activation (binary32 when fp32_ops
-// lists it and the table allows it).
-class Pointwise final : public Layer {
+// Any entry of the element-wise table (numerics_ops.hpp), rounded where
+// PointwiseLayerSpec says (model.hpp). The input gradient rounds at
+// activation_grads, unless the entry only selects values of dy and dy already
+// passed a point that keeps them (round_selected_gradient).
+class PointwiseLayer final : public Layer {
  public:
-  Pointwise(std::string name, Activation kind, bool gated) : Layer(std::move(name)), kind_(kind), gated_(gated) {}
-  Shape output_shape(const Shape& in) const override { return gated_ ? Shape{in[0], in[1] / 2} : in; }
+  PointwiseLayer(std::string name, PointwiseLayerSpec spec) : Layer(std::move(name)), spec_(std::move(spec)) {}
+  Shape output_shape(const Shape& in) const override { return in; }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    if (spec_.per_step) return std::nullopt;  // unknown: it may pass its input through
     return output_point(p);
   }
-  bool selects() const { return !gated_ && activation_selects_gradient(kind_); }
+  bool selects() const { return Pointwises::selects_gradient[spec_.op.index()]; }
   std::optional<RoundingPoint> input_grad_rounding(const Policy& p,
                                                    const std::optional<RoundingPoint>& grad) const override {
     return selects() && selected_gradient_passes(p, grad) ? grad : p.activation_grads;
   }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
-    if (gated_ && (x.shape().size() != 2 || x.cols() % 2 != 0))
+    const std::optional<PointwiseCall> call = spec_.per_step ? spec_.per_step(ctx) : spec_.op;
+    call_ = call;
+    if (!call) return x;
+    Tensor y = ctx.backend.empty(x.shape());
+    ctx.backend.pointwise_forward(*call, x, y);
+    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
+    switch (pointwise_saves(*call)) {
+      case Saves::input: saved_ = x; break;
+      case Saves::output: saved_ = y; break;
+      case Saves::nothing: break;
+    }
+    return y;
+  }
+  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
+    Tensor dx;
+    if (need_input_grad && !call_) {
+      dx = dy;
+    } else if (need_input_grad) {
+      dx = ctx.backend.empty(dy.shape());
+      ctx.backend.pointwise_backward(*call_, saved_, dy, dx);
+      round_selected_gradient(ctx, dx, selects());
+    }
+    saved_ = Tensor();
+    return dx;
+  }
+
+ private:
+  RoundingPoint output_point(const Policy& p) const {
+    switch (spec_.output) {
+      case PointwiseOutput::elementwise: return p.elementwise;
+      case PointwiseOutput::binary32: return RoundingPoint{};
+      case PointwiseOutput::autocast: {
+        const std::size_t entry = spec_.op.index();
+        return Pointwises::fp32_op[entry] && p.runs_in_fp32(Pointwises::names[entry]) ? RoundingPoint{}
+                                                                                      : p.elementwise;
+      }
+    }
+    return p.elementwise;
+  }
+  PointwiseLayerSpec spec_;
+  std::optional<PointwiseCall> call_;  // this step's; none: the input passed through
+  Tensor saved_;
+};
+
+// A gated linear unit (Shazeer 2020) on rows of [gate | value]:
+// activation(gate) * value (SiLU: SwiGLU), rounded as autocast rounds the
+// activation (binary32 when fp32_ops lists it and the table allows it).
+class GatedActivation final : public Layer {
+ public:
+  GatedActivation(std::string name, Activation kind) : Layer(std::move(name)), kind_(kind) {}
+  Shape output_shape(const Shape& in) const override { return Shape{in[0], in[1] / 2}; }
+  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
+    return output_point(p);
+  }
+  Tensor forward(StepContext& ctx, const Tensor& x) override {
+    if (x.shape().size() != 2 || x.cols() % 2 != 0)
       throw std::invalid_argument(name() + ": expects rows of 2n values [gate | value]");
     input_ = x;
     Tensor y = ctx.backend.empty(output_shape(x.shape()));
-    if (gated_)
-      ctx.backend.gated_activation_forward(kind_, x, y);
-    else
-      ctx.backend.activation_forward(kind_, x, y);
+    ctx.backend.gated_activation_forward(kind_, x, y);
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
@@ -271,11 +324,8 @@ class Pointwise final : public Layer {
     Tensor dx;
     if (need_input_grad) {
       dx = ctx.backend.empty(input_.shape());
-      if (gated_)
-        ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
-      else
-        ctx.backend.activation_backward(kind_, input_, dy, dx);
-      round_selected_gradient(ctx, dx, selects());
+      ctx.backend.gated_activation_backward(kind_, input_, dy, dx);
+      round_selected_gradient(ctx, dx, false);
     }
     input_ = Tensor();
     return dx;
@@ -283,11 +333,9 @@ class Pointwise final : public Layer {
 
  private:
   RoundingPoint output_point(const Policy& p) const {
-    return activation_is_fp32_op(kind_) && p.runs_in_fp32(to_string(kind_)) ? RoundingPoint{}
-                                                                                          : p.elementwise;
+    return activation_is_fp32_op(kind_) && p.runs_in_fp32(to_string(kind_)) ? RoundingPoint{} : p.elementwise;
   }
   Activation kind_;
-  bool gated_;
   Tensor input_;
 };
 
@@ -378,11 +426,15 @@ std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, st
   return std::make_unique<MaxPool2d>(std::move(name), kernel, stride);
 }
 std::unique_ptr<Layer> make_flatten(std::string name) { return std::make_unique<Flatten>(std::move(name)); }
+std::unique_ptr<Layer> make_pointwise(std::string name, PointwiseLayerSpec spec) {
+  return std::make_unique<PointwiseLayer>(std::move(name), std::move(spec));
+}
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind) {
-  return std::make_unique<Pointwise>(std::move(name), kind, false);
+  return make_pointwise(std::move(name),
+                        {.op = activation_call(kind), .output = PointwiseOutput::autocast, .per_step = {}});
 }
 std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind) {
-  return std::make_unique<Pointwise>(std::move(name), kind, true);
+  return std::make_unique<GatedActivation>(std::move(name), kind);
 }
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
   return std::make_unique<Norm>(std::move(name), features, eps, true);

@@ -404,42 +404,6 @@ class SelfAttention final : public Layer {
   Tensor output_, lse_;  // the fused path's
 };
 
-// Dropout in training (numerics_layers.hpp's dropout_value; identity in
-// evaluation): its output rounds at `elementwise` (the scaling by 1 / (1 - p)
-// leaves the format), its input gradient, the same mask on dy, at
-// `activation_grads`.
-class Dropout final : public Layer {
- public:
-  Dropout(std::string name, double p) : Layer(std::move(name)), p_(p) {}
-  Shape output_shape(const Shape& in) const override { return in; }
-  // Unknown: elementwise in training, the input's own in evaluation.
-  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>&) const override {
-    return std::nullopt;
-  }
-  Tensor forward(StepContext& ctx, const Tensor& x) override {
-    dropping_ = ctx.training && p_ > 0.0;
-    if (!dropping_) return x;
-    mask_ = dropout_mask(ctx.stream(Site::dropout_mask), p_);
-    Tensor y = ctx.backend.empty(x.shape());
-    ctx.backend.dropout(x, mask_, y);
-    ctx.round(y, ctx.policy.elementwise, TensorKind::activations, Site::output);
-    return y;
-  }
-  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
-    if (!need_input_grad) return {};
-    if (!dropping_) return dy;
-    Tensor dx = ctx.backend.empty(dy.shape());
-    ctx.backend.dropout(dy, mask_, dx);
-    ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    return dx;
-  }
-
- private:
-  double p_;
-  bool dropping_ = false;
-  DropoutMask mask_;
-};
-
 // Rotary position embeddings on the qkv Linear's [q | k | v] rows
 // (numerics_attention.hpp's rotary_value), in place of a learned position
 // table: q and k turned by their positions' angles, v unchanged; the output
@@ -476,39 +440,6 @@ class Rotary final : public Layer {
   std::vector<float> host_table_;
   Tensor table_;  // on the backend, uploaded at the first forward pass
   AttentionShape shape_;
-};
-
-// Soft-capping of the model's logits (Gemma 2's final logit soft-capping):
-// the head's rounded output capped in binary32, as the loss reads it; the
-// gradient rounds at activation_grads. The logged output-logit maximum is
-// the head's, before the cap (StepContext::output_layer is the head).
-class SoftCap final : public Layer {
- public:
-  SoftCap(std::string name, float cap) : Layer(std::move(name)), cap_(cap) {}
-  Shape output_shape(const Shape& in) const override { return in; }
-  std::optional<RoundingPoint> output_rounding(const Policy&, const std::optional<RoundingPoint>&) const override {
-    return RoundingPoint{};
-  }
-  Tensor forward(StepContext& ctx, const Tensor& x) override {
-    capped_ = ctx.backend.empty(x.shape());
-    ctx.backend.soft_cap_forward(x, cap_, false, capped_);
-    ctx.round(capped_, RoundingPoint{}, TensorKind::activations, Site::output);  // binary32: counted, not rounded
-    return capped_;
-  }
-  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
-    Tensor dx;
-    if (need_input_grad) {
-      dx = ctx.backend.empty(dy.shape());
-      ctx.backend.soft_cap_backward(capped_, dy, cap_, dx);
-      ctx.round(dx, ctx.policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    }
-    capped_ = Tensor();
-    return dx;
-  }
-
- private:
-  float cap_;
-  Tensor capped_;
 };
 
 // QK-LayerNorm on the qkv Linear's [q | k | v] rows (numerics_attention.hpp):
@@ -624,7 +555,18 @@ DropoutMask dropout_mask(const StochasticStream& stream, double p) {
   m.scale = static_cast<float>(1.0 / (1.0 - p));
   return m;
 }
-std::unique_ptr<Layer> make_dropout(std::string name, double p) { return std::make_unique<Dropout>(std::move(name), p); }
+// Dropout in training (numerics_layers.hpp's dropout_value; identity in
+// evaluation): its output rounds at `elementwise` (the scaling by 1 / (1 - p)
+// leaves the format), its input gradient, the same mask on dy, at
+// `activation_grads`.
+std::unique_ptr<Layer> make_dropout(std::string name, double p) {
+  const auto mask = [p](const StepContext& ctx) -> std::optional<PointwiseCall> {
+    if (!ctx.training || !(p > 0.0)) return std::nullopt;
+    return dropout_call(dropout_mask(ctx.stream(Site::dropout_mask), p));
+  };
+  return make_pointwise(std::move(name),
+                        {.op = dropout_call({}), .output = PointwiseOutput::elementwise, .per_step = mask});
+}
 std::vector<float> rotary_table(std::int64_t tokens, std::int64_t head_dim, double base) {
   if (tokens < 1 || head_dim < 2 || head_dim % 2 != 0 || !(base > 1.0))
     throw std::invalid_argument("rotary_table: needs tokens >= 1, an even head_dim >= 2 and a base > 1 (got " +
@@ -646,8 +588,14 @@ std::unique_ptr<Layer> make_rotary(std::string name, std::int64_t tokens, std::i
                                    double base) {
   return std::make_unique<Rotary>(std::move(name), tokens, heads, head_dim, base);
 }
+// Soft-capping of the model's logits (Gemma 2's final logit soft-capping):
+// the head's rounded output capped in binary32, as the loss reads it (counted,
+// not rounded); the gradient rounds at activation_grads. The logged
+// output-logit maximum is the head's, before the cap (StepContext::output_layer
+// is the head).
 std::unique_ptr<Layer> make_soft_cap(std::string name, float cap) {
-  return std::make_unique<SoftCap>(std::move(name), cap);
+  return make_pointwise(std::move(name),
+                        {.op = soft_cap_call(cap, false), .output = PointwiseOutput::binary32, .per_step = {}});
 }
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps) {

@@ -5,6 +5,7 @@
 #include <numbers>
 #include <stdexcept>
 
+#include "layer_table.hpp"
 #include "mpsim/core/model.hpp"
 #include "splitmix.hpp"
 
@@ -159,22 +160,22 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
     // embedding dropout, then pre-LayerNorm blocks (Xiong et al. 2020; GPT-2): x + attn(ln1(x)), then
     // x + mlp(ln2(x)).
     const auto blocks = [&](std::int64_t tokens, bool causal) {
-      if (spec.positions == PositionKind::learned) layers.push_back(make_position_embedding("pos", tokens, d));
-      if (spec.dropout > 0) layers.push_back(make_dropout("drop", spec.dropout));
+      const auto optional = [&](layer_table::Slot slot, const std::string& block) {
+        layer_table::add_layers(layers, {spec, slot, block, tokens});
+      };
+      optional(layer_table::Slot::after_embedding, "");
       for (std::int64_t l = 1; l <= spec.depth; ++l) {
         const std::string b = "block" + std::to_string(l) + ".";
         ResidualLayers attention = make_residual(b + "skip1", b + "add1");
         layers.push_back(std::move(attention.branch));
         layers.push_back(norm(b + "ln1", d));
         layers.push_back(make_linear(b + "qkv", d, 3 * d));
-        if (spec.qk_norm) layers.push_back(make_qk_norm(b + "qk_norm", tokens, spec.heads, d / spec.heads));
-        if (spec.positions == PositionKind::rotary)  // after QK-LayerNorm, as OLMo 2 orders them
-          layers.push_back(make_rotary(b + "rope", tokens, spec.heads, d / spec.heads, spec.rotary_base));
+        optional(layer_table::Slot::after_qkv, b);
         layers.push_back(make_self_attention(b + "attn", tokens, spec.heads, causal,
                                              static_cast<float>(spec.attention_softcap), spec.attention_dropout,
                                              spec.fused_attention ? spec.attention_tile : 0));
         layers.push_back(make_linear(b + "proj", d, d));
-        if (spec.dropout > 0) layers.push_back(make_dropout(b + "drop1", spec.dropout));
+        optional(layer_table::Slot::after_attention, b);
         layers.push_back(std::move(attention.add));
         ResidualLayers mlp = make_residual(b + "skip2", b + "add2");
         layers.push_back(std::move(mlp.branch));
@@ -183,7 +184,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
         layers.push_back(make_linear(b + "fc1", d, spec.gated ? 2 * spec.mlp_width : spec.mlp_width));
         layers.push_back(spec.gated ? make_gated_activation(b + act + "_glu", spec.activation) : activation(b + act));
         layers.push_back(make_linear(b + "fc2", spec.mlp_width, d));
-        if (spec.dropout > 0) layers.push_back(make_dropout(b + "drop2", spec.dropout));
+        optional(layer_table::Slot::after_mlp, b);
         layers.push_back(std::move(mlp.add));
       }
       layers.push_back(norm("ln", d));
@@ -209,7 +210,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
       blocks(tokens, true);
       layers.push_back(tie ? make_tied_linear("head", d, in.classes, tie) : make_linear("head", d, in.classes));
     }
-    if (spec.logit_softcap > 0) layers.push_back(make_soft_cap("softcap", static_cast<float>(spec.logit_softcap)));
+    layer_table::add_layers(layers, {spec, layer_table::Slot::after_head, "", 0});
   } else {
     // LeNet-5 (LeCun et al. 1998) with ReLU and max pooling.
     layers.push_back(make_conv2d("conv1", in.channels, 6, 5, 1, 2));

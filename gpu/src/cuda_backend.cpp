@@ -563,10 +563,15 @@ class CudaBackend final : public core::Backend {
   }
 
   // --- Activations and LayerNorm -----------------------------------------------------------------------------------
-  // Every activation of the table (numerics_layers.hpp): one templated kernel.
-  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
+  // Every entry of the element-wise table (numerics_ops.hpp): one templated kernel.
+  void pointwise_forward_impl(const core::PointwiseCall& op, const Tensor& x, Tensor& y) override {
     const Input v = in(x);
-    kernels::activation_forward(kind, v, out(y), x.numel(), stream());
+    kernels::pointwise_forward(op, v, out(y), x.numel(), stream());
+  }
+  void pointwise_backward_impl(const core::PointwiseCall& op, const Tensor& saved, const Tensor& dy,
+                               Tensor& dx) override {
+    const Input v = in(saved), g = in(dy);  // v is null when the entry saves nothing
+    kernels::pointwise_backward(op, v, g, out(dx), dy.numel(), stream());
   }
   void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
     const Input v = in(x);
@@ -575,10 +580,6 @@ class CudaBackend final : public core::Backend {
   void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
     const Input v = in(x), g = in(dy);
     kernels::gated_activation_backward(kind, v, g, out(dx), x.rows(), dy.cols(), stream());
-  }
-  void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) override {
-    const Input v = in(x), g = in(dy);
-    kernels::activation_backward(kind, v, g, out(dx), x.numel(), stream());
   }
   void add_impl(Tensor& x, const Tensor& y) override {
     const Input v = in(y);
@@ -654,18 +655,6 @@ class CudaBackend final : public core::Backend {
                    Tensor& y) override {
     const Input x = in(qkv), t = in(table);
     kernels::rotary(x, t, s, inverse, out(y), stream());
-  }
-  void dropout_impl(const Tensor& x, const core::DropoutMask& mask, Tensor& y) override {
-    const Input v = in(x);
-    kernels::dropout(v, mask, x.numel(), out(y), stream());
-  }
-  void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) override {
-    const Input v = in(x);
-    kernels::soft_cap_forward(v, cap, keep_mask, x.numel(), out(y), stream());
-  }
-  void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) override {
-    const Input v = in(y), g = in(dy);
-    kernels::soft_cap_backward(v, g, cap, y.numel(), out(dx), stream());
   }
   void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) override {
     const Input v = in(x);

@@ -19,6 +19,7 @@
 #include "mpsim/core/numerics.hpp"
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/core/numerics_ops.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu::kernels {
@@ -44,16 +45,16 @@ struct Draws {
 };
 
 // --- Element-wise -------------------------------------------------------------
-// Any activation of the table (numerics_layers.hpp): one templated kernel,
-// instantiated for every entry.
-void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream);
+// Any op of the element-wise table (numerics_ops.hpp): one templated kernel
+// per direction, instantiated for every entry. `saved` is null when the entry saves nothing.
+void pointwise_forward(const core::PointwiseCall& op, const float* x, float* y, std::int64_t n, cudaStream_t stream);
+void pointwise_backward(const core::PointwiseCall& op, const float* saved, const float* dy, float* dx, std::int64_t n,
+                        cudaStream_t stream);
 // A gated linear unit over rows of [a | b] (2n values) -> n values, and back.
 void gated_activation_forward(core::Activation kind, const float* x, float* y, std::int64_t rows, std::int64_t n,
                               cudaStream_t stream);
 void gated_activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t rows,
                                std::int64_t n, cudaStream_t stream);
-void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
-                         cudaStream_t stream);
 void scale(float* x, std::int64_t n, float factor, cudaStream_t stream);
 void add_row_vector(float* x, const float* row, std::int64_t rows, std::int64_t cols, cudaStream_t stream);
 
@@ -89,9 +90,6 @@ void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows
                       const core::InternalRounding& low, cudaStream_t stream);
 void rotary(const float* qkv, const float* table, const core::AttentionShape& s, bool inverse, float* y,
             cudaStream_t stream);
-void dropout(const float* x, const core::DropoutMask& mask, std::int64_t n, float* y, cudaStream_t stream);
-void soft_cap_forward(const float* x, float cap, bool keep_mask, std::int64_t n, float* y, cudaStream_t stream);
-void soft_cap_backward(const float* y, const float* dy, float cap, std::int64_t n, float* dx, cudaStream_t stream);
 void sequence_mean_forward(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width, float* y,
                            cudaStream_t stream);
 void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t rows, std::int64_t width, float* dx,

@@ -146,17 +146,6 @@ __global__ void fused_attention_scores_grad_kernel(const float* probs, const flo
     dscores[t] = core::fused_attention_score_grad(probs[t], dprobs[t], dot[t / cols]);
 }
 
-__global__ void dropout_kernel(const float* x, core::DropoutMask mask, std::int64_t n, float* y) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::dropout_value(x[i], mask, i);
-}
-
-__global__ void soft_cap_kernel(const float* x, float cap, bool keep_mask, std::int64_t n, float* y) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = core::soft_cap(x[i], cap, keep_mask);
-}
-__global__ void soft_cap_backward_kernel(const float* y, const float* dy, float cap, std::int64_t n, float* dx) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = core::soft_cap_grad(y[i], dy[i], cap);
-}
-
 __global__ void sequence_mean_kernel(const float* x, std::int64_t tokens, std::int64_t samples, std::int64_t width,
                                      float* y) {
   const std::int64_t total = samples * width;
@@ -296,24 +285,6 @@ void rotary(const float* qkv, const float* table, const core::AttentionShape& s,
   const std::int64_t n = s.rows() * 3 * s.width();
   if (n <= 0) return;
   rotary_kernel<<<blocks(n), threads, 0, stream>>>(qkv, s, core::RotaryAngles{table, inverse}, y);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
-void dropout(const float* x, const core::DropoutMask& mask, std::int64_t n, float* y, cudaStream_t stream) {
-  if (n <= 0) return;
-  dropout_kernel<<<blocks(n), threads, 0, stream>>>(x, mask, n, y);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
-void soft_cap_forward(const float* x, float cap, bool keep_mask, std::int64_t n, float* y, cudaStream_t stream) {
-  if (n <= 0) return;
-  soft_cap_kernel<<<blocks(n), threads, 0, stream>>>(x, cap, keep_mask, n, y);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
-void soft_cap_backward(const float* y, const float* dy, float cap, std::int64_t n, float* dx, cudaStream_t stream) {
-  if (n <= 0) return;
-  soft_cap_backward_kernel<<<blocks(n), threads, 0, stream>>>(y, dy, cap, n, dx);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

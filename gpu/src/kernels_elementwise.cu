@@ -1,20 +1,22 @@
-// Element-wise kernels: the activations (numerics_layers.hpp's rules, which
-// the CPU backend runs too), scaling and the bias row, each element as the
+// Element-wise kernels: the element-wise table (numerics_ops.hpp's rules,
+// which the CPU backend runs too), the gated units, scaling and the bias row, each element as the
 // CPU backend computes it (kernels.hpp: one correctly rounded operation each).
 #include "kernels.hpp"
 
 namespace mpsim::gpu::kernels {
 namespace {
 
-// An activation of numerics_layers.hpp, element by element: the CPU
-// backend's loop body.
-template <typename A>
-__global__ void activation_forward_kernel(const float* x, float* y, std::int64_t n) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = A::forward(x[i]);
+// An entry of numerics_ops.hpp's element-wise table, element by element:
+// the CPU backend's loop bodies, the parameters by value.
+template <typename P>
+__global__ void pointwise_forward_kernel(const float* x, float* y, std::int64_t n, typename P::Params p) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count()) y[i] = P::forward(x[i], p, i);
 }
-template <typename A>
-__global__ void activation_backward_kernel(const float* x, const float* dy, float* dx, std::int64_t n) {
-  for (std::int64_t i = thread_index(); i < n; i += thread_count()) dx[i] = A::backward(x[i], dy[i]);
+template <typename P>
+__global__ void pointwise_backward_kernel(const float* saved, const float* dy, float* dx, std::int64_t n,
+                                          typename P::Params p) {
+  for (std::int64_t i = thread_index(); i < n; i += thread_count())
+    dx[i] = P::backward(P::saves == core::Saves::nothing ? 0.0f : saved[i], dy[i], p, i);
 }
 
 // A gated linear unit over rows of [a | b]: the CPU backend's loop bodies.
@@ -45,19 +47,19 @@ __global__ void add_row_vector_kernel(float* x, const float* row, std::int64_t n
 
 }  // namespace
 
-void activation_forward(core::Activation kind, const float* x, float* y, std::int64_t n, cudaStream_t stream) {
+void pointwise_forward(const core::PointwiseCall& op, const float* x, float* y, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  core::Activations::visit(kind, [&]<typename A>(A) {
-    activation_forward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, y, n);
+  core::Pointwises::visit(op, [&]<typename P>(P, const typename P::Params& p) {
+    pointwise_forward_kernel<P><<<blocks(n), threads, 0, stream>>>(x, y, n, p);
   });
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 
-void activation_backward(core::Activation kind, const float* x, const float* dy, float* dx, std::int64_t n,
-                         cudaStream_t stream) {
+void pointwise_backward(const core::PointwiseCall& op, const float* saved, const float* dy, float* dx, std::int64_t n,
+                        cudaStream_t stream) {
   if (n <= 0) return;
-  core::Activations::visit(kind, [&]<typename A>(A) {
-    activation_backward_kernel<A><<<blocks(n), threads, 0, stream>>>(x, dy, dx, n);
+  core::Pointwises::visit(op, [&]<typename P>(P, const typename P::Params& p) {
+    pointwise_backward_kernel<P><<<blocks(n), threads, 0, stream>>>(saved, dy, dx, n, p);
   });
   MPSIM_CUDA_CHECK_LAUNCH();
 }

@@ -24,13 +24,15 @@ namespace {
 class NoGelu final : public test::ForwardingBackend {
  public:
   NoGelu() : ForwardingBackend(make_cpu_backend()) {}
-  bool supports_activation(Activation kind) const override { return kind != Activation::gelu; }
+  bool supports_pointwise(std::size_t entry) const override {
+    return entry != static_cast<std::size_t>(Activation::gelu);
+  }
   int gelu_calls = 0;
 
  protected:
-  void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) override {
-    gelu_calls += kind == Activation::gelu;
-    ForwardingBackend::activation_forward_impl(kind, x, y);
+  void pointwise_forward_impl(const PointwiseCall& op, const Tensor& x, Tensor& y) override {
+    gelu_calls += op.index() == static_cast<std::size_t>(Activation::gelu);
+    ForwardingBackend::pointwise_forward_impl(op, x, y);
   }
 };
 

@@ -45,12 +45,12 @@ class ForwardingBackend : public core::Backend {
   void scale_impl(core::Tensor& x, float factor) override { inner_->scale(x, factor); }
   double sum_squares_impl(const core::Tensor& x) override { return inner_->sum_squares(x); }
   float max_abs_finite_impl(const core::Tensor& x) override { return inner_->max_abs_finite(x); }
-  void activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
-    inner_->activation_forward(kind, x, y);
+  void pointwise_forward_impl(const core::PointwiseCall& op, const core::Tensor& x, core::Tensor& y) override {
+    inner_->pointwise_forward(op, x, y);
   }
-  void activation_backward_impl(core::Activation kind, const core::Tensor& x, const core::Tensor& dy,
-                                core::Tensor& dx) override {
-    inner_->activation_backward(kind, x, dy, dx);
+  void pointwise_backward_impl(const core::PointwiseCall& op, const core::Tensor& saved, const core::Tensor& dy,
+                               core::Tensor& dx) override {
+    inner_->pointwise_backward(op, saved, dy, dx);
   }
   void layer_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
                           core::Tensor& y, core::Tensor& mean, core::Tensor& rstd,
@@ -150,15 +150,6 @@ class ForwardingBackend : public core::Backend {
   void rotary_impl(const core::Tensor& qkv, const core::Tensor& table, const core::AttentionShape& shape,
                    bool inverse, core::Tensor& y) override {
     inner_->rotary(qkv, table, shape, inverse, y);
-  }
-  void dropout_impl(const core::Tensor& x, const core::DropoutMask& mask, core::Tensor& y) override {
-    inner_->dropout(x, mask, y);
-  }
-  void soft_cap_forward_impl(const core::Tensor& x, float cap, bool keep_mask, core::Tensor& y) override {
-    inner_->soft_cap_forward(x, cap, keep_mask, y);
-  }
-  void soft_cap_backward_impl(const core::Tensor& y, const core::Tensor& dy, float cap, core::Tensor& dx) override {
-    inner_->soft_cap_backward(y, dy, cap, dx);
   }
   void sequence_mean_forward_impl(const core::Tensor& x, std::int64_t tokens, core::Tensor& y) override {
     inner_->sequence_mean_forward(x, tokens, y);

@@ -221,14 +221,14 @@ class DropoutRecorder final : public mpsim::test::ForwardingBackend {
   DropoutRecorder() : ForwardingBackend(make_cpu_backend()) {}
   std::vector<std::vector<std::vector<float>>> masks;  // [step][call][element]
 
-  void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) override {
-    if (!in_backward_) {
+  void pointwise_forward_impl(const PointwiseCall& op, const Tensor& x, Tensor& y) override {
+    if (const DropoutMask* mask = std::get_if<DropoutMask>(&op); mask && !in_backward_) {
       if (masks.size() <= step_) masks.resize(step_ + 1);
       auto& factors = masks[step_].emplace_back(static_cast<std::size_t>(x.numel()));
       for (std::size_t i = 0; i < factors.size(); ++i)
-        factors[i] = dropout_value(1.0f, mask, static_cast<std::int64_t>(i));
+        factors[i] = dropout_value(1.0f, *mask, static_cast<std::int64_t>(i));
     }
-    ForwardingBackend::dropout_impl(x, mask, y);
+    ForwardingBackend::pointwise_forward_impl(op, x, y);
   }
   void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) override {
     in_backward_ = true;

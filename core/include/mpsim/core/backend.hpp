@@ -20,6 +20,7 @@
 
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/core/numerics_ops.hpp"
 #include "mpsim/core/names.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
@@ -121,16 +122,15 @@ struct AdamParams {
 // Every operation of the interface, one name table: Backend::supports and
 // the errors name them.
 enum class Op : std::uint8_t {
-  round, gemm, add_row_vector, column_sums, scale, sum_squares, activation, layer_norm, im2col, col2im,
+  round, gemm, add_row_vector, column_sums, scale, sum_squares, pointwise, layer_norm, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
-  add, attention, softmax, sequence_mean, embedding, max_abs_finite, soft_cap, rotary, dropout
+  add, attention, softmax, sequence_mean, embedding, max_abs_finite, rotary
 };
-inline constexpr EnumNames<Op, 25> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
-                                             "sum_squares", "activation", "layer_norm", "im2col", "col2im",
+inline constexpr EnumNames<Op, 23> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
+                                             "sum_squares", "pointwise", "layer_norm", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
-                                             "sequence_mean", "embedding", "max_abs_finite", "soft_cap",
-                                             "rotary", "dropout"}};
+                                             "sequence_mean", "embedding", "max_abs_finite", "rotary"}};
 inline std::string_view to_string(Op op) { return op_names(op); }
 
 // What a backend throws when asked for an operation it does not support
@@ -155,9 +155,10 @@ class Backend {
   // False for an operation this backend does not implement: calling it
   // throws BackendError rather than falling back to anything.
   virtual bool supports(Op) const { return true; }
-  // The same for each activation of the table (numerics_layers.hpp), when
-  // the backend supports Op::activation.
-  virtual bool supports_activation(Activation) const { return true; }
+  // The same for each entry of the element-wise table (numerics_ops.hpp's
+  // Pointwises, by index; an Activation's index is its own), when the
+  // backend supports Op::pointwise.
+  virtual bool supports_pointwise(std::size_t /*entry*/) const { return true; }
   // Why this backend cannot run a block-scaled GEMM (GemmNumerics::a_block)
   // whose operands round to points a and b, through the tensor-core model
   // `promotion` when set (GemmNumerics::block_promotion, with the policy's
@@ -206,10 +207,23 @@ class Backend {
   // mask's -inf, and NaN ignored): the logit maxima the log keeps. Waits.
   float max_abs_finite(const Tensor& x);
 
-  // An element-wise activation of the table (numerics_layers.hpp: ReLU, GELU
-  // with the exact erf form, ...): y = f(x) and dx = f'(x) dy.
-  void activation_forward(Activation kind, const Tensor& x, Tensor& y);
-  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
+  // Any op of the element-wise table (numerics_ops.hpp): y = forward(x) and
+  // dx = backward(saved, dy), `saved` the forward's input or output as the
+  // entry says (an empty tensor when it saves nothing). y may be x, dx dy.
+  void pointwise_forward(const PointwiseCall& op, const Tensor& x, Tensor& y) {
+    pointwise_forward(op, x, y, "pointwise_forward");
+  }
+  void pointwise_backward(const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx) {
+    pointwise_backward(op, saved, dy, dx, "pointwise_backward");
+  }
+  // Entries by their own names. An activation (numerics_layers.hpp: ReLU,
+  // GELU with the exact erf form, ...): y = f(x) and dx = f'(x) dy.
+  void activation_forward(Activation kind, const Tensor& x, Tensor& y) {
+    pointwise_forward(activation_call(kind), x, y, "activation_forward");
+  }
+  void activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) {
+    pointwise_backward(activation_call(kind), x, dy, dx, "activation_backward");
+  }
   // A gated linear unit (numerics_layers.hpp's gated_*): x [rows, 2n] as
   // [a | b] -> y [rows, n] = f(a) * b, and dx [rows, 2n] = [da | db].
   void gated_activation_forward(Activation kind, const Tensor& x, Tensor& y);
@@ -281,11 +295,17 @@ class Backend {
   void rotary(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse, Tensor& y);
   // Dropout with a counter-based mask (numerics_layers.hpp's dropout_value):
   // y_i = x_i / (1 - p) where element i keeps, else 0; the backward is the same call on dy.
-  void dropout(const Tensor& x, const DropoutMask& mask, Tensor& y);
+  void dropout(const Tensor& x, const DropoutMask& mask, Tensor& y) {
+    pointwise_forward(dropout_call(mask), x, y, "dropout");
+  }
   // Logit soft-capping, element by element (numerics_attention.hpp's soft_cap):
   // y = cap tanh(x / cap) (-inf kept with keep_mask), and dx = dy (1 - (y / cap)^2) from the capped y.
-  void soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tensor& y);
-  void soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx);
+  void soft_cap_forward(const Tensor& x, float cap, bool keep_mask, Tensor& y) {
+    pointwise_forward(soft_cap_call(cap, keep_mask), x, y, "soft_cap_forward");
+  }
+  void soft_cap_backward(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) {
+    pointwise_backward(soft_cap_call(cap, false), y, dy, dx, "soft_cap_backward");
+  }
   // The mean over each sample's tokens: x [batch * tokens, width] -> y [batch, width].
   void sequence_mean_forward(const Tensor& x, std::int64_t tokens, Tensor& y);
   void sequence_mean_backward(const Tensor& dy, std::int64_t tokens, Tensor& dx);
@@ -359,8 +379,10 @@ class Backend {
   virtual void scale_impl(Tensor& x, float factor) = 0;
   virtual double sum_squares_impl(const Tensor& x) = 0;
   virtual float max_abs_finite_impl(const Tensor& x) = 0;
-  virtual void activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
-  virtual void activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
+  // `saved` is empty when the entry saves nothing.
+  virtual void pointwise_forward_impl(const PointwiseCall& op, const Tensor& x, Tensor& y) = 0;
+  virtual void pointwise_backward_impl(const PointwiseCall& op, const Tensor& saved, const Tensor& dy,
+                                       Tensor& dx) = 0;
   virtual void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
   virtual void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
   virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
@@ -406,9 +428,6 @@ class Backend {
                                      const InternalRounding& low) = 0;
   virtual void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse,
                            Tensor& y) = 0;
-  virtual void dropout_impl(const Tensor& x, const DropoutMask& mask, Tensor& y) = 0;
-  virtual void soft_cap_forward_impl(const Tensor& x, float cap, bool keep_mask, Tensor& y) = 0;
-  virtual void soft_cap_backward_impl(const Tensor& y, const Tensor& dy, float cap, Tensor& dx) = 0;
   virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
   virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;
   virtual void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
@@ -448,7 +467,12 @@ class Backend {
  private:
   // Throws BackendError unless supports(op).
   void require_support(Op op, std::string_view call) const;
-  void require_activation(Activation kind, std::string_view call) const;  // Op::activation and this kind
+  // Op::pointwise and this entry.
+  void require_pointwise(std::size_t entry, std::string_view call) const;
+  // The element-wise calls' checks, naming the public call that was made.
+  void pointwise_forward(const PointwiseCall& op, const Tensor& x, Tensor& y, std::string_view call);
+  void pointwise_backward(const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx,
+                          std::string_view call);
   // Throws BackendError unless t holds binary32 values on this backend's device.
   void require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const;
   // Throws BackendError naming the call when ok is false.

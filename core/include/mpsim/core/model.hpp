@@ -4,6 +4,7 @@
 // StepContext::round, which also routes the instrumentation.
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/core/numerics_ops.hpp"
 #include "mpsim/core/backend.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/run_log.hpp"
@@ -232,6 +234,20 @@ std::unique_ptr<Layer> make_conv2d(std::string name, std::int64_t in_channels, s
                                    std::int64_t kernel, std::int64_t stride, std::int64_t padding);
 std::unique_ptr<Layer> make_max_pool2d(std::string name, std::int64_t kernel, std::int64_t stride);
 std::unique_ptr<Layer> make_flatten(std::string name);
+// A layer of any entry of the element-wise table (numerics_ops.hpp): `op`
+// is the entry and its parameters, unless `per_step` gives each step's (or
+// nothing: the layer passes its input, and its gradient, through, as dropout
+// does in evaluation). Its output rounds at the policy's `elementwise`, not
+// at all (`binary32`: counted as binary32), or as autocast rounds it
+// (`autocast`: binary32 when the entry is an fp32_op that the policy's
+// fp32_ops lists, else `elementwise`); its input gradient at activation_grads.
+enum class PointwiseOutput : std::uint8_t { elementwise, binary32, autocast };
+struct PointwiseLayerSpec {
+  PointwiseCall op;
+  PointwiseOutput output = PointwiseOutput::elementwise;
+  std::function<std::optional<PointwiseCall>(const StepContext&)> per_step;
+};
+std::unique_ptr<Layer> make_pointwise(std::string name, PointwiseLayerSpec spec);
 // Any activation of the table (numerics_layers.hpp).
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 // A gated linear unit: rows of [a | b] -> activation(a) * b (SiLU: SwiGLU).
