@@ -183,7 +183,7 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
       throw SetupError(fmt::format("model.width = {} is not a multiple of model.heads = {}; each head needs width / "
                                    "heads values: use a width that {} divides",
                                    m.width, m.heads, m.heads));
-    if (std::string why = layer_table::cap_refusal("attention_softcap", m.attention_softcap); !why.empty())
+    if (std::string why = layer_table::binary32_refusal("attention_softcap", m.attention_softcap); !why.empty())
       throw SetupError(why);
     if (std::string why = layer_table::refusal(m); !why.empty()) throw SetupError(why);
     if (m.fused_attention) check_fused_attention(c);

@@ -70,6 +70,22 @@ inline std::unique_ptr<Layer> qk_norm_at(const Place& at) {
   return make_qk_norm(at.block + "qk_norm", at.tokens, at.spec.heads, at.head_dim());
 }
 
+// --- Gemma's scaling of the embedded tokens ----------------------------------------------------------------------
+inline constexpr auto embedding_scale_keys = std::to_array<ConfigField<ModelSpec>>({
+    key<&ModelSpec::embedding_scale>(
+        "embedding_scale", "",
+        "vit, gpt: > 0 multiplies the embedded rows by this factor in binary32, an `embed_scale` layer before the "
+        "positions, its output rounded at the policy's elementwise point (Gemma: sqrt(width), which its reference "
+        "code rounds to the activations' format first: give that value to match it). 0: off",
+        config_field::finite_at_least(0)),
+});
+inline std::unique_ptr<Layer> embedding_scale_at(const Place& at) {
+  if (!(at.spec.embedding_scale > 0) || at.slot != Slot::after_embedding) return nullptr;
+  return make_pointwise("embed_scale", {.op = MultiplyOp::Params{static_cast<float>(at.spec.embedding_scale)},
+                                        .output = PointwiseOutput::elementwise,
+                                        .per_step = {}});
+}
+
 // --- Positions: a learned table added to the input rows, or rotary embeddings of q and k --------------------------
 inline constexpr auto position_keys = std::to_array<ConfigField<ModelSpec>>({
     enum_key<&ModelSpec::positions, position_kind_names>(
@@ -126,18 +142,25 @@ inline std::unique_ptr<Layer> logit_softcap_at(const Place& at) {
   if (!(at.spec.logit_softcap > 0) || at.slot != Slot::after_head) return nullptr;
   return make_soft_cap("softcap", static_cast<float>(at.spec.logit_softcap));
 }
-// A cap runs in binary32 (shared with attention_softcap's check, experiment.cpp).
-inline std::string cap_refusal(std::string_view key, double cap) {
-  if (!(cap > 0) || (static_cast<float>(cap) > 0.0f && std::isfinite(static_cast<float>(cap)))) return {};
-  return fmt::format("model.{} = {} is not a positive binary32 value (the cap runs in binary32): use a cap between "
+// A cap or a factor (`what`) runs in binary32: a value > 0 must stay > 0 and
+// finite there (shared with attention_softcap's check, experiment.cpp).
+inline std::string binary32_refusal(std::string_view key, double value, std::string_view what = "cap") {
+  if (!(value > 0) || (static_cast<float>(value) > 0.0f && std::isfinite(static_cast<float>(value)))) return {};
+  return fmt::format("model.{} = {} is not a positive binary32 value (the {} runs in binary32): use a {} between "
                      "1e-30 and 1e30, or 0 for none",
-                     key, cap);
+                     key, value, what, what);
 }
-inline std::string logit_softcap_refusal(const ModelSpec& m) { return cap_refusal("logit_softcap", m.logit_softcap); }
+inline std::string logit_softcap_refusal(const ModelSpec& m) {
+  return binary32_refusal("logit_softcap", m.logit_softcap);
+}
+inline std::string embedding_scale_refusal(const ModelSpec& m) {
+  return binary32_refusal("embedding_scale", m.embedding_scale, "factor");
+}
 
 // --- The table ---------------------------------------------------------------------------------------------------
 inline constexpr std::array entries{
     LayerEntry{"qk_norm", &qk_norm_at, qk_norm_keys},
+    LayerEntry{"embedding_scale", &embedding_scale_at, embedding_scale_keys, &embedding_scale_refusal},
     LayerEntry{"positions", &positions_at, position_keys, &positions_refusal},
     LayerEntry{"dropout", &dropout_at, dropout_keys},
     LayerEntry{"logit_softcap", &logit_softcap_at, logit_softcap_keys, &logit_softcap_refusal},

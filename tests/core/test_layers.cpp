@@ -1729,6 +1729,44 @@ TEST_CASE("Dropout forward and backward match binary64 references under its mask
   check_layer("dropout", *layer, x, shape, {}, ref, 98);
 }
 
+TEST_CASE("Gemma's embedding scale: forward and backward match binary64 references, and the model places it",
+          "[layers][transformer]") {
+  // sqrt(3072) rounded to bfloat16, as Gemma's reference code multiplies by it: 55.5.
+  const float factor = 55.5f;
+  const Shape shape{4, 6};
+  Rng rng{96};
+  const FVec x = uniform(rng, size_of(shape), -2.0, 2.0);
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.embedding_scale = factor;
+  const std::vector<std::string> names = Model::stat_names(spec, InputShape{1, 1, 6, 5});
+  REQUIRE(names.size() > 3);
+  CHECK(names[0] == "embed");
+  CHECK(names[1] == "embed_scale");  // before the learned positions
+  CHECK(names[2] == "pos");
+  auto layer = make_pointwise("embed_scale", {.op = MultiplyOp::Params{factor},
+                                              .output = PointwiseOutput::elementwise,
+                                              .per_step = {}});
+  Reference ref;
+  ref.forward = [&](const std::vector<Vec>& a) {
+    Vec y(a[0].size());
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = a[0][i] * factor;
+    return y;
+  };
+  // One binary32 product of binary32 values: within u |y|.
+  ref.forward_bound = [&](const std::vector<Vec>& a) { return scaled(abs_of(ref.forward(a)), u); };
+  ref.grad_bound = [](std::size_t, const std::vector<Vec>&, const Vec&, const Fd& fd) {
+    return scaled(fd.magnitude, 2.0 * u);
+  };
+  check_layer("embed_scale", *layer, x, shape, {}, ref, 99);
+}
+
+TEST_CASE("GPT with Gemma's embedding scale: gradients match finite differences of the binary32 loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.embedding_scale = std::sqrt(8.0);
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2036, 30, true);
+}
+
 TEST_CASE("QK-LayerNorm forward and backward match binary64 references", "[layers][transformer]") {
   const Index batch = 2, tokens = 3, heads = 2, head_dim = 5, width = heads * head_dim, rows = batch * tokens;
   const double eps = static_cast<double>(1e-5f);

@@ -121,6 +121,9 @@ TEST_CASE("op bits: every element-wise and row-wise op keeps its bits", "[core][
     b.soft_cap_backward(y, dy, 2.5f, dx);
     r.record(keep_mask ? "soft_cap_keep_mask" : "soft_cap", {&y, &dx});
   }
+  b.pointwise_forward(MultiplyOp::Params{55.5f}, x, y);
+  b.pointwise_backward(MultiplyOp::Params{55.5f}, Tensor(), dy, dx);
+  r.record("multiply", {&y, &dx});
   for (const double p : {0.1, 0.5}) {
     StochasticStream s;
     s.key.seed = 9;

@@ -206,6 +206,7 @@ struct ModelSpec {
   bool fused_attention = false;       // vit, gpt: FlashAttention-2's fused path (numerics_attention.hpp)
   std::int64_t attention_tile = 64;   // vit, gpt with fused_attention: keys per tile
   double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
+  double embedding_scale = 0.0;       // vit, gpt: > 0 multiplies the embedded rows by this (Gemma: sqrt(width))
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };

@@ -96,6 +96,24 @@ constexpr bool entry_selects_gradient() {
   return false;
 }
 
+// A constant factor, y = x s and dx = dy s in binary32: Gemma's scaling of
+// the embedded tokens by sqrt(width) (Gemma Team 2024; its reference code
+// multiplies by the factor rounded to the activations' format).
+struct MultiplyOp {
+  struct Params {
+    float factor = 1.0f;
+  };
+  static constexpr std::string_view name = "multiply";
+  static constexpr Saves saves = Saves::nothing;
+  MPSIM_HOST_DEVICE static float forward(float x, const Params& p, std::int64_t) { return x * p.factor; }
+  MPSIM_HOST_DEVICE static float backward(float, float dy, const Params& p, std::int64_t) { return dy * p.factor; }
+  static std::string refusal(const Params& p) {
+    return p.factor > 0.0f && p.factor < INFINITY
+               ? std::string()
+               : "the factor must be finite and > 0 (got " + std::to_string(p.factor) + ")";
+  }
+};
+
 // The table. Call holds which entry (its index) and that entry's parameters.
 template <typename... P>
 struct PointwiseTable {
@@ -128,7 +146,7 @@ struct PointwiseTable {
 };
 
 template <typename... A>
-using ActivationEntries = PointwiseTable<ActivationOp<A>..., SoftCapOp, DropoutOp>;
+using ActivationEntries = PointwiseTable<ActivationOp<A>..., SoftCapOp, DropoutOp, MultiplyOp>;
 template <typename... A>
 ActivationEntries<A...> entries_after(ActivationTable<A...>);
 using Pointwises = decltype(entries_after(Activations{}));  // the activations, then:
