@@ -192,57 +192,86 @@ void Backend::gated_activation_backward(Activation kind, const Tensor& x, const 
   gated_activation_backward_impl(kind, x, dy, dx);
 }
 
+void Backend::require_row(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& y,
+                          const RowTensors& tensors, bool backward, std::string_view call) const {
+  require_support(Op::row, call);
+  if (!supports_row(op.index()))
+    throw BackendError("backend \"" + std::string(name()) + "\" does not support " +
+                       std::string(Rows::names[op.index()]) + " (called as " + std::string(call) +
+                       "); run this arm on a backend that does");
+  require_shape(layout.valid(), call, "the row layout does not fit its groups");
+  require_tensor(x, call, "x");
+  require_tensor(y, call, backward ? "dx" : "y");
+  require_shape(x.numel() == layout.size() && y.numel() == x.numel(), call,
+                "x and " + std::string(backward ? "dx" : "y") + " need " + std::to_string(layout.size()) +
+                    " values, the layout's groups (x " + shape_text(x.shape()) + ")");
+  Rows::visit(op, [&]<typename R>(R, const typename R::Params& p) {
+    for (int k = 0; k < 2; ++k) {
+      const std::string parameter(R::parameter_names[static_cast<std::size_t>(k)]);
+      const std::string statistic(R::statistic_names[static_cast<std::size_t>(k)]);
+      const auto check = [&](const Tensor* t, bool needed, const std::string& what, std::int64_t size,
+                             const char* per) {
+        require_shape((t != nullptr) == needed, call,
+                      needed ? what + " is missing" : what + " is not used by " + std::string(R::name) + " here");
+        if (!t) return;
+        require_tensor(*t, call, what);
+        require_shape(t->numel() == size, call, what + " needs " + std::to_string(size) + " values (" + per + ")");
+      };
+      check(tensors.parameters[k], R::needs_parameter(p, k, backward), parameter, layout.param_count(),
+            "its parameter blocks");
+      check(tensors.statistics[k], R::needs_statistic(p, k), statistic, layout.segments, "one per segment");
+      if (backward)
+        check(tensors.parameter_grads[k], R::needs_parameter_grad(p, k), "d" + parameter, layout.param_count(),
+              "its parameter blocks");
+      else
+        require_shape(tensors.parameter_grads[k] == nullptr, call, "the forward pass writes no parameter gradient");
+    }
+  });
+}
+
+void Backend::row_forward(const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y,
+                          const RowTensors& tensors, std::string_view call) {
+  require_row(op, layout, x, y, tensors, false, call);
+  row_forward_impl(op, layout, x, y, tensors);
+}
+
+void Backend::row_backward(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy,
+                           Tensor& dx, const RowTensors& tensors, std::string_view call) {
+  require_row(op, layout, x, dx, tensors, true, call);
+  require_tensor(dy, call, "dy");
+  require_shape(dy.numel() == x.numel(), call, "dy needs x's size");
+  row_backward_impl(op, layout, x, dy, dx, tensors);
+}
+
 void Backend::layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                                  Tensor& mean, Tensor& rstd, const InternalRounding& low) {
-  const std::string_view call = "layer_norm_forward";
-  require_support(Op::layer_norm, call);
-  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&y, "y"}, {&mean, "mean"},
-                             {&rstd, "rstd"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == x.cols() && beta.numel() == x.cols(), call, "gamma and beta need x's row width");
-  require_shape(y.numel() == x.numel() && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
-                "y needs x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
-  layer_norm_forward_impl(x, gamma, beta, eps, y, mean, rstd, low);
-}
-
-void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
-                               const InternalRounding& low) {
-  const std::string_view call = "rms_norm_forward";
-  require_support(Op::layer_norm, call);
-  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&y, "y"}, {&rstd, "rstd"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == x.cols(), call, "gamma needs x's row width");
-  require_shape(y.numel() == x.numel() && rstd.numel() == x.rows(), call,
-                "y needs x's size, rstd one value per row of x " + shape_text(x.shape()));
-  rms_norm_forward_impl(x, gamma, eps, y, rstd, low);
-}
-
-void Backend::rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
-                                Tensor& dx, Tensor& dgamma, const InternalRounding& low) {
-  const std::string_view call = "rms_norm_backward";
-  require_support(Op::layer_norm, call);
-  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&rstd, "rstd"}, {&dy, "dy"}, {&dx, "dx"},
-                             {&dgamma, "dgamma"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == x.cols() && dgamma.numel() == x.cols(), call, "gamma and dgamma need x's row width");
-  require_shape(same_size({&x, &dy, &dx}) && rstd.numel() == x.rows(), call,
-                "x, dy and dx need one size, rstd one value per row of x " + shape_text(x.shape()));
-  rms_norm_backward_impl(x, gamma, rstd, dy, dx, dgamma, low);
+  require_tensor(x, "layer_norm_forward", "x");
+  row_forward(norm_call(eps, true, low), RowLayout::rows(x.rows(), x.cols()), x, y,
+              {{&gamma, &beta}, {&mean, &rstd}, {}}, "layer_norm_forward");
 }
 
 void Backend::layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                   const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                                   const InternalRounding& low) {
-  const std::string_view call = "layer_norm_backward";
-  require_support(Op::layer_norm, call);
-  for (const auto& [t, n] : {std::pair{&x, "x"}, {&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dy, "dy"},
-                             {&dx, "dx"}, {&dgamma, "dgamma"}, {&dbeta, "dbeta"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == x.cols() && dgamma.numel() == x.cols() && dbeta.numel() == x.cols(), call,
-                "gamma, dgamma and dbeta need x's row width");
-  require_shape(same_size({&x, &dy, &dx}) && mean.numel() == x.rows() && rstd.numel() == x.rows(), call,
-                "dy and dx need x's size, mean and rstd one value per row of x " + shape_text(x.shape()));
-  layer_norm_backward_impl(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, low);
+  require_tensor(x, "layer_norm_backward", "x");
+  // The statistics are read, not written: the pointers are non-const only because the forward writes them.
+  row_backward(norm_call(0.0f, true, low), RowLayout::rows(x.rows(), x.cols()), x, dy, dx,
+               {{&gamma, nullptr}, {const_cast<Tensor*>(&mean), const_cast<Tensor*>(&rstd)}, {&dgamma, &dbeta}},
+               "layer_norm_backward");
+}
+
+void Backend::rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
+                               const InternalRounding& low) {
+  require_tensor(x, "rms_norm_forward", "x");
+  row_forward(norm_call(eps, false, low), RowLayout::rows(x.rows(), x.cols()), x, y,
+              {{&gamma, nullptr}, {nullptr, &rstd}, {}}, "rms_norm_forward");
+}
+
+void Backend::rms_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
+                                Tensor& dx, Tensor& dgamma, const InternalRounding& low) {
+  require_tensor(x, "rms_norm_backward", "x");
+  row_backward(norm_call(0.0f, false, low), RowLayout::rows(x.rows(), x.cols()), x, dy, dx,
+               {{&gamma, nullptr}, {nullptr, const_cast<Tensor*>(&rstd)}, {&dgamma, nullptr}}, "rms_norm_backward");
 }
 
 namespace {
@@ -353,28 +382,17 @@ void Backend::qk_norm_forward(const Tensor& qkv, const Tensor& gamma, const Tens
                               float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) {
   const std::string_view call = "qk_norm_forward";
   require_attention(shape, call, {{&qkv, "qkv"}, {&y, "y"}}, {}, {});
-  for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&beta, "beta"}, {&mean, "mean"}, {&rstd, "rstd"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == 2 * shape.head_dim && beta.numel() == 2 * shape.head_dim, call,
-                "gamma and beta need 2 x head_dim values");
-  require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
-                "mean and rstd need one value per row, part (q, k) and head");
-  qk_norm_forward_impl(qkv, gamma, beta, shape, eps, y, mean, rstd, low);
+  row_forward(norm_call(eps, true, low), RowLayout::qk_heads(shape), qkv, y, {{&gamma, &beta}, {&mean, &rstd}, {}},
+              call);
 }
 void Backend::qk_norm_backward(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                                const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
                                Tensor& dbeta, const InternalRounding& low) {
   const std::string_view call = "qk_norm_backward";
   require_attention(shape, call, {{&qkv, "qkv"}, {&dy, "dy"}, {&dx, "dx"}}, {}, {});
-  for (const auto& [t, n] : {std::pair{&gamma, "gamma"}, {&mean, "mean"}, {&rstd, "rstd"}, {&dgamma, "dgamma"},
-                             {&dbeta, "dbeta"}})
-    require_tensor(*t, call, n);
-  require_shape(gamma.numel() == 2 * shape.head_dim && dgamma.numel() == gamma.numel() &&
-                    dbeta.numel() == gamma.numel(),
-                call, "gamma, dgamma and dbeta need 2 x head_dim values");
-  require_shape(mean.numel() == shape.rows() * 2 * shape.heads && rstd.numel() == mean.numel(), call,
-                "mean and rstd need one value per row, part (q, k) and head");
-  qk_norm_backward_impl(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta, low);
+  row_backward(norm_call(0.0f, true, low), RowLayout::qk_heads(shape), qkv, dy, dx,
+               {{&gamma, nullptr}, {const_cast<Tensor*>(&mean), const_cast<Tensor*>(&rstd)}, {&dgamma, &dbeta}},
+               call);
 }
 
 void Backend::attention_scores(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) {

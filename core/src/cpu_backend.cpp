@@ -124,6 +124,19 @@ void gated_backward_loop(const float* x, const float* dy, float* dx, std::int64_
     }
 }
 
+// A row op's optional tensor as memory (null when absent).
+float* parameter_data(const Tensor* t) { return t ? data(*t) : nullptr; }
+// The parameters of the block at `offset`.
+RowParameters at_block(const std::array<const float*, 2>& w, std::int64_t offset) {
+  return {{w[0] ? w[0] + offset : nullptr, w[1] ? w[1] + offset : nullptr}};
+}
+// The values of each group that are no segment, copied (QK-norm's v).
+void copy_rest(const RowLayout& L, const float* from, float* to) {
+  if (L.rest_count == 0) return;
+  for (std::int64_t g = 0; g < L.groups(); ++g)
+    std::copy_n(from + g * L.group_stride + L.rest_offset, L.rest_count, to + g * L.group_stride + L.rest_offset);
+}
+
 class CpuBackend final : public Backend {
  public:
   CpuBackend() { set_threads(1); }
@@ -461,39 +474,6 @@ class CpuBackend final : public Backend {
         data(dscores)[r * cols + j] =
             fused_attention_score_grad(data(probs)[r * cols + j], data(dprobs)[r * cols + j], data(dot)[r]);
   }
-  // QK-LayerNorm: numerics_attention.hpp's segment rules, rows in order; the
-  // parameter gradients per index, as the CUDA kernel's threads sum them.
-  void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
-                            float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
-    const float *x = data(qkv), *g = data(gamma), *b = data(beta);
-    float *out = data(y), *mu = data(mean), *rs = data(rstd);
-    const std::int64_t segments = qk_norm_segments(s), width = s.width();
-    for (std::int64_t r = 0; r < s.rows(); ++r) {
-      for (std::int64_t seg = 0; seg < segments; ++seg) {
-        const LayerNormStatistics st = qk_norm_segment(x, g, b, s, eps, r, seg, out, low);
-        mu[r * segments + seg] = st.mean;
-        rs[r * segments + seg] = st.rstd;
-      }
-      std::copy_n(x + r * 3 * width + 2 * width, width, out + r * 3 * width + 2 * width);  // v
-    }
-  }
-  void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
-                             Tensor& dbeta, const InternalRounding& low) override {
-    const float *x = data(qkv), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
-    float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
-    const std::int64_t segments = qk_norm_segments(s), width = s.width();
-    for (std::int64_t r = 0; r < s.rows(); ++r) {
-      for (std::int64_t seg = 0; seg < segments; ++seg)
-        qk_norm_segment_grad(x, g, gy, s, mu[r * segments + seg], rs[r * segments + seg], r, seg, gx, low);
-      std::copy_n(gy + r * 3 * width + 2 * width, width, gx + r * 3 * width + 2 * width);
-    }
-    for (std::int64_t i = 0; i < 2 * s.head_dim; ++i) {
-      const QkNormParameterGrads p = qk_norm_parameter_grad(x, mu, rs, gy, s, i);
-      gg[i] = p.dgamma;
-      gb[i] = p.dbeta;
-    }
-  }
   void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) override {
     const std::int64_t cols = x.cols();
     for (std::int64_t r = 0; r < x.rows(); ++r) softmax_row(data(x) + r * cols, cols, data(probs) + r * cols, low);
@@ -546,67 +526,52 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // LayerNorm's per-row and per-element rules are numerics_layers.hpp's.
-  void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                          Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    const float *in = data(x), *g = data(gamma), *b = data(beta);
-    float *out = data(y), *mu = data(mean), *rs = data(rstd);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* row = in + r * cols;
-      const LayerNormStatistics st = layer_norm_statistics(row, cols, eps, true, low);
-      mu[r] = st.mean;
-      rs[r] = st.rstd;
-      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = layer_norm_output(row[j], st.mean, st.rstd, g[j], b[j]);
-    }
-  }
-  void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                           const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    const float *in = data(x), *g = data(gamma), *mu = data(mean), *rs = data(rstd), *gy = data(dy);
-    float *gx = data(dx), *gg = data(dgamma), *gb = data(dbeta);
-    std::fill(gg, gg + cols, 0.0f);
-    std::fill(gb, gb + cols, 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float *row = in + r * cols, *grow = gy + r * cols;
-      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, mu[r], rs[r], true, low);
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const float xhat = layer_norm_xhat(row[j], mu[r], rs[r]);
-        gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);
-        // dgamma and dbeta: rows added in increasing r from 0, as the CUDA kernel's column threads do.
-        gg[j] += grow[j] * xhat;
-        gb[j] += grow[j];
+  // Every entry of the row-wise table (numerics_rows.hpp): segments in
+  // increasing order, each one's statistics and then its elements; the
+  // parameters' gradients summed in binary32 from 0 in increasing segment
+  // order, as the CUDA kernel's threads sum them one parameter index each.
+  void row_forward_impl(const RowCall& op, const RowLayout& L, const Tensor& x, Tensor& y,
+                        const RowTensors& t) override {
+    Rows::visit(op, [&]<typename R>(R, const typename R::Params& p) {
+      const float* in = data(x);
+      float* out = data(y);
+      const std::array<const float*, 2> w{parameter_data(t.parameters[0]), parameter_data(t.parameters[1])};
+      float* const stats[2] = {parameter_data(t.statistics[0]), parameter_data(t.statistics[1])};
+      for (std::int64_t s = 0; s < L.segments; ++s) {
+        const float* segment = in + L.offset(s);
+        const typename R::Stats st = R::statistics(segment, L.cols, p);
+        R::store(st, stats, s);
+        const RowParameters at = at_block(w, L.param_offset(s));
+        for (std::int64_t j = 0; j < L.cols; ++j) out[L.offset(s) + j] = R::value(segment[j], j, st, at, p);
       }
-    }
+      copy_rest(L, in, out);
+    });
   }
-
-  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
-                             const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    const float *in = data(x), *g = data(gamma);
-    float *out = data(y), *rs = data(rstd);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float* row = in + r * cols;
-      rs[r] = layer_norm_statistics(row, cols, eps, false, low).rstd;
-      for (std::int64_t j = 0; j < cols; ++j) out[r * cols + j] = rms_norm_output(row[j], rs[r], g[j]);
-    }
-  }
-  void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                              Tensor& dgamma, const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    const float *in = data(x), *g = data(gamma), *rs = data(rstd), *gy = data(dy);
-    float *gx = data(dx), *gg = data(dgamma);
-    std::fill(gg, gg + cols, 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const float *row = in + r * cols, *grow = gy + r * cols;
-      const LayerNormRowMeans means = layer_norm_row_means(row, grow, g, cols, 0.0f, rs[r], false, low);
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const float xhat = layer_norm_xhat(row[j], 0.0f, rs[r]);
-        gx[r * cols + j] = layer_norm_input_grad(grow[j], g[j], xhat, rs[r], means);
-        gg[j] += grow[j] * xhat;  // rows in increasing order, as the CUDA kernel's column threads
+  void row_backward_impl(const RowCall& op, const RowLayout& L, const Tensor& x, const Tensor& dy, Tensor& dx,
+                         const RowTensors& t) override {
+    Rows::visit(op, [&]<typename R>(R, const typename R::Params& p) {
+      const float *in = data(x), *g = data(dy);
+      float* out = data(dx);
+      const std::array<const float*, 2> w{parameter_data(t.parameters[0]), parameter_data(t.parameters[1])};
+      const float* const stats[2] = {parameter_data(t.statistics[0]), parameter_data(t.statistics[1])};
+      float* const grads[2] = {parameter_data(t.parameter_grads[0]), parameter_data(t.parameter_grads[1])};
+      for (float* const grad : grads)
+        if (grad) std::fill(grad, grad + L.param_count(), 0.0f);
+      for (std::int64_t s = 0; s < L.segments; ++s) {
+        const std::int64_t o = L.offset(s), po = L.param_offset(s);
+        const typename R::Stats st = R::load(stats, s);
+        const RowParameters at = at_block(w, po);
+        const typename R::GradStats gs = R::grad_statistics(in + o, g + o, L.cols, st, at, p);
+        for (std::int64_t j = 0; j < L.cols; ++j) {
+          float terms[2];
+          R::parameter_terms(in[o + j], g[o + j], st, terms);
+          for (int k = 0; k < 2; ++k)
+            if (grads[k]) grads[k][po + j] += terms[k];
+          out[o + j] = R::grad(in[o + j], g[o + j], j, st, gs, at, p);  // last: dx may be dy
+        }
       }
-    }
+      copy_rest(L, g, out);
+    });
   }
 
   void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {

@@ -631,17 +631,6 @@ class CudaBackend final : public core::Backend {
     const Input p = in(probs), g = in(dprobs), d = in(dot);
     kernels::fused_attention_scores_grad(p, g, d, probs.rows(), probs.cols(), out(dscores), stream());
   }
-  void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta, const AttentionShape& s,
-                            float eps, Tensor& y, Tensor& mean, Tensor& rstd, const InternalRounding& low) override {
-    const Input x = in(qkv), g = in(gamma), b = in(beta);
-    kernels::qk_norm_forward(x, g, b, s, eps, out(y), out(mean), out(rstd), low, stream());
-  }
-  void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                             const Tensor& dy, const AttentionShape& s, Tensor& dx, Tensor& dgamma,
-                             Tensor& dbeta, const InternalRounding& low) override {
-    const Input x = in(qkv), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
-    kernels::qk_norm_backward(x, g, mu, rs, gy, s, out(dx), out(dgamma), out(dbeta), low, stream());
-  }
   void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) override {
     const Input v = in(x);
     kernels::softmax_forward(v, x.rows(), x.cols(), out(probs), low, stream());
@@ -672,40 +661,27 @@ class CudaBackend final : public core::Backend {
     const Input i = in(ids), g = in(dout);
     kernels::embedding_backward(i, g, ids.numel(), dtable.rows(), dtable.cols(), out(dtable), stream());
   }
-  void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y, Tensor& mean,
-                          Tensor& rstd, const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    require(gamma.numel() == cols && beta.numel() == cols && y.numel() == x.numel() && mean.numel() == rows &&
-                rstd.numel() == rows,
-            "layer_norm_forward: sizes differ");
-    const Input v = in(x), g = in(gamma), b = in(beta);
-    kernels::layer_norm_forward(v, g, b, eps, rows, cols, out(y), out(mean), out(rstd), low, stream());
+  // Every entry of the row-wise table (numerics_rows.hpp): kernels_rows.cu.
+  void row_forward_impl(const core::RowCall& op, const core::RowLayout& layout, const Tensor& x, Tensor& y,
+                        const RowTensors& t) override {
+    const Input v = in(x), p0 = in_or_null(t.parameters[0]), p1 = in_or_null(t.parameters[1]);
+    const kernels::RowBuffers buffers{{p0, p1}, {out_or_null(t.statistics[0]), out_or_null(t.statistics[1])}, {}};
+    kernels::row_forward(op, layout, v, out(y), buffers, stream());
   }
-  void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                           const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                           const InternalRounding& low) override {
-    const std::int64_t rows = x.rows(), cols = x.cols();
-    require(gamma.numel() == cols && mean.numel() == rows && rstd.numel() == rows && dy.numel() == x.numel() &&
-                dx.numel() == x.numel() && dgamma.numel() == cols && dbeta.numel() == cols,
-            "layer_norm_backward: sizes differ");
-    const auto scratch = pool_->get(2 * static_cast<std::size_t>(rows) * sizeof(float), pool_);
-    const Input v = in(x), g = in(gamma), mu = in(mean), rs = in(rstd), gy = in(dy);
-    kernels::layer_norm_backward(v, g, mu, rs, gy, rows, cols, out(dx), out(dgamma), out(dbeta),
-                                 static_cast<float*>(scratch.get()), low, stream());
+  void row_backward_impl(const core::RowCall& op, const core::RowLayout& layout, const Tensor& x, const Tensor& dy,
+                         Tensor& dx, const RowTensors& t) override {
+    const Input v = in(x), g = in(dy), p0 = in_or_null(t.parameters[0]), p1 = in_or_null(t.parameters[1]);
+    const Input s0 = in_or_null(t.statistics[0]), s1 = in_or_null(t.statistics[1]);
+    const kernels::RowBuffers buffers{{p0, p1},
+                                      {const_cast<float*>(s0.values), const_cast<float*>(s1.values)},  // read only
+                                      {out_or_null(t.parameter_grads[0]), out_or_null(t.parameter_grads[1])}};
+    const auto scratch =
+        pool_->get(static_cast<std::size_t>(std::max<std::int64_t>(kernels::row_grad_scratch_bytes(op, layout), 4)),
+                   pool_);
+    kernels::row_backward(op, layout, v, g, out(dx), buffers, scratch.get(), stream());
   }
-
-  void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
-                             const InternalRounding& low) override {
-    const Input v = in(x), g = in(gamma);
-    kernels::rms_norm_forward(v, g, eps, x.rows(), x.cols(), out(y), out(rstd), low, stream());
-  }
-  void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy, Tensor& dx,
-                              Tensor& dgamma, const InternalRounding& low) override {
-    const auto scratch = pool_->get(2 * static_cast<std::size_t>(x.rows()) * sizeof(float), pool_);
-    const Input v = in(x), g = in(gamma), rs = in(rstd), gy = in(dy);
-    kernels::rms_norm_backward(v, g, rs, gy, x.rows(), x.cols(), out(dx), out(dgamma),
-                               static_cast<float*>(scratch.get()), low, stream());
-  }
+  Input in_or_null(const Tensor* t) { return t ? in(*t) : Input{}; }
+  float* out_or_null(const Tensor* t) { return t ? out(*t) : nullptr; }
 
   // --- Convolution layout and pooling ------------------------------------------------------------------------------
   void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) override {

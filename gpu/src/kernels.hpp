@@ -20,6 +20,7 @@
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/core/numerics_ops.hpp"
+#include "mpsim/core/numerics_rows.hpp"
 #include "mpsim/gpu/device_rounding.hpp"
 
 namespace mpsim::gpu::kernels {
@@ -78,12 +79,6 @@ void fused_attention_scores_grad(const float* probs, const float* dprobs, const 
                                  std::int64_t cols, float* dscores, cudaStream_t stream);
 // Causal shapes: every entry whose key comes after its query set to `value` (-inf logits, zero gradients).
 void attention_mask(float* scores, const core::AttentionShape& s, float value, cudaStream_t stream);
-void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
-                     float eps, float* y, float* mean, float* rstd, const core::InternalRounding& low,
-                     cudaStream_t stream);
-void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
-                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta,
-                      const core::InternalRounding& low, cudaStream_t stream);
 void softmax_forward(const float* x, std::int64_t rows, std::int64_t cols, float* probs,
                      const core::InternalRounding& low, cudaStream_t stream);
 void softmax_backward(const float* probs, const float* dprobs, std::int64_t rows, std::int64_t cols, float* dx,
@@ -131,20 +126,20 @@ void max_pool_forward(const float* x, const Geometry& g, float* y, float* argmax
 void max_pool_backward(const float* dy, const float* argmax, std::int64_t planes, std::int64_t in_hw,
                        std::int64_t out_hw, float* dx, cudaStream_t stream);
 
-// --- LayerNorm ------------------------------------------------------------------
-void layer_norm_forward(const float* x, const float* gamma, const float* beta, float eps, std::int64_t rows,
-                        std::int64_t cols, float* y, float* mean, float* rstd, const core::InternalRounding& low,
-                        cudaStream_t stream);
-// scratch holds 2 * rows floats.
-void layer_norm_backward(const float* x, const float* gamma, const float* mean, const float* rstd, const float* dy,
-                         std::int64_t rows, std::int64_t cols, float* dx, float* dgamma, float* dbeta, float* scratch,
-                         const core::InternalRounding& low, cudaStream_t stream);
-// RMSNorm: the LayerNorm kernels uncentred (no mean, no beta); scratch as above.
-void rms_norm_forward(const float* x, const float* gamma, float eps, std::int64_t rows, std::int64_t cols, float* y,
-                      float* rstd, const core::InternalRounding& low, cudaStream_t stream);
-void rms_norm_backward(const float* x, const float* gamma, const float* rstd, const float* dy, std::int64_t rows,
-                       std::int64_t cols, float* dx, float* dgamma, float* scratch, const core::InternalRounding& low,
-                       cudaStream_t stream);
+// --- Row-wise ops (kernels_rows.cu: numerics_rows.hpp's table) --------------------
+// LayerNorm, RMSNorm and QK-LayerNorm are one rule on their layouts. Null
+// where the call has no such tensor (core::Backend::RowTensors).
+struct RowBuffers {
+  const float* parameters[2];
+  float* statistics[2];
+  float* parameter_grads[2];
+};
+void row_forward(const core::RowCall& op, const core::RowLayout& layout, const float* x, float* y,
+                 const RowBuffers& buffers, cudaStream_t stream);
+// The backward's scratch: the rule's GradStats per segment.
+std::int64_t row_grad_scratch_bytes(const core::RowCall& op, const core::RowLayout& layout);
+void row_backward(const core::RowCall& op, const core::RowLayout& layout, const float* x, const float* dy, float* dx,
+                  const RowBuffers& buffers, void* scratch, cudaStream_t stream);
 
 // --- The training step's scalars (core::Backend's step ops) --------------------------
 // They stay on the device: the loss scaler runs core's rule (numerics.hpp)

@@ -13,42 +13,6 @@ __global__ void add_kernel(float* x, const float* y, std::int64_t n) {
   for (std::int64_t t = thread_index(); t < n; t += thread_count()) x[t] = __fadd_rn(x[t], y[t]);
 }
 
-// QK-LayerNorm: a thread per (row, segment) for the statistics and the
-// outputs or input gradients, a thread per v element, a thread per parameter
-// index for dgamma and dbeta (the CPU's loop bodies).
-__global__ void qk_norm_forward_kernel(const float* qkv, const float* gamma, const float* beta, core::AttentionShape s,
-                                       float eps, float* y, float* mean, float* rstd, core::InternalRounding low) {
-  const std::int64_t segments = core::qk_norm_segments(s), total = s.rows() * segments;
-  for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
-    const core::LayerNormStatistics st =
-        core::qk_norm_segment(qkv, gamma, beta, s, eps, t / segments, t % segments, y, low);
-    mean[t] = st.mean;
-    rstd[t] = st.rstd;
-  }
-}
-__global__ void copy_v_kernel(const float* from, core::AttentionShape s, float* to) {
-  const std::int64_t total = s.rows() * s.width();
-  for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
-    const std::int64_t at = t / s.width() * 3 * s.width() + 2 * s.width() + t % s.width();
-    to[at] = from[at];
-  }
-}
-__global__ void qk_norm_input_grad_kernel(const float* qkv, const float* gamma, const float* mean, const float* rstd,
-                                          const float* dy, core::AttentionShape s, float* dx,
-                                          core::InternalRounding low) {
-  const std::int64_t segments = core::qk_norm_segments(s), total = s.rows() * segments;
-  for (std::int64_t t = thread_index(); t < total; t += thread_count())
-    core::qk_norm_segment_grad(qkv, gamma, dy, s, mean[t], rstd[t], t / segments, t % segments, dx, low);
-}
-__global__ void qk_norm_parameter_grad_kernel(const float* qkv, const float* mean, const float* rstd, const float* dy,
-                                              core::AttentionShape s, float* dgamma, float* dbeta) {
-  for (std::int64_t i = thread_index(); i < 2 * s.head_dim; i += thread_count()) {
-    const core::QkNormParameterGrads g = core::qk_norm_parameter_grad(qkv, mean, rstd, dy, s, i);
-    dgamma[i] = g.dgamma;
-    dbeta[i] = g.dbeta;
-  }
-}
-
 __global__ void attention_scores_kernel(const float* qkv, core::AttentionShape s, float* scores) {
   const std::int64_t total = s.score_rows() * s.tokens;
   for (std::int64_t t = thread_index(); t < total; t += thread_count()) {
@@ -299,32 +263,6 @@ void sequence_mean_backward(const float* dy, std::int64_t tokens, std::int64_t r
                             cudaStream_t stream) {
   if (rows * width <= 0) return;
   sequence_mean_backward_kernel<<<blocks(rows * width), threads, 0, stream>>>(dy, tokens, rows, width, dx);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
-void qk_norm_forward(const float* qkv, const float* gamma, const float* beta, const core::AttentionShape& s,
-                     float eps, float* y, float* mean, float* rstd, const core::InternalRounding& low,
-                     cudaStream_t stream) {
-  const std::int64_t segments = s.rows() * core::qk_norm_segments(s);
-  if (segments <= 0) return;
-  qk_norm_forward_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, beta, s, eps, y, mean, rstd, low);
-  MPSIM_CUDA_CHECK_LAUNCH();
-  copy_v_kernel<<<blocks(s.rows() * s.width()), threads, 0, stream>>>(qkv, s, y);
-  MPSIM_CUDA_CHECK_LAUNCH();
-}
-
-void qk_norm_backward(const float* qkv, const float* gamma, const float* mean, const float* rstd, const float* dy,
-                      const core::AttentionShape& s, float* dx, float* dgamma, float* dbeta,
-                      const core::InternalRounding& low, cudaStream_t stream) {
-  // The parameter gradients first: an empty batch still writes them (zeros), as the CPU does.
-  qk_norm_parameter_grad_kernel<<<blocks(2 * s.head_dim), threads, 0, stream>>>(qkv, mean, rstd, dy, s, dgamma,
-                                                                                 dbeta);
-  MPSIM_CUDA_CHECK_LAUNCH();
-  const std::int64_t segments = s.rows() * core::qk_norm_segments(s);
-  if (segments <= 0) return;
-  qk_norm_input_grad_kernel<<<blocks(segments), threads, 0, stream>>>(qkv, gamma, mean, rstd, dy, s, dx, low);
-  MPSIM_CUDA_CHECK_LAUNCH();
-  copy_v_kernel<<<blocks(s.rows() * s.width()), threads, 0, stream>>>(dy, s, dx);
   MPSIM_CUDA_CHECK_LAUNCH();
 }
 

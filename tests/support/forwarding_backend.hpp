@@ -51,17 +51,16 @@ class ForwardingBackend : public core::Backend {
   void pointwise_backward_impl(const core::PointwiseCall& op, const core::Tensor& saved, const core::Tensor& dy,
                                core::Tensor& dx) override {
     inner_->pointwise_backward(op, saved, dy, dx);
+  }  void row_forward_impl(const core::RowCall& op, const core::RowLayout& layout, const core::Tensor& x,
+                        core::Tensor& y, const RowTensors& tensors) override {
+    inner_->row_forward(op, layout, x, y, tensors);
   }
-  void layer_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& beta, float eps,
-                          core::Tensor& y, core::Tensor& mean, core::Tensor& rstd,
-                          const core::InternalRounding& low) override {
-    inner_->layer_norm_forward(x, gamma, beta, eps, y, mean, rstd, low);
+  void row_backward_impl(const core::RowCall& op, const core::RowLayout& layout, const core::Tensor& x,
+                         const core::Tensor& dy, core::Tensor& dx, const RowTensors& tensors) override {
+    inner_->row_backward(op, layout, x, dy, dx, tensors);
   }
-  void layer_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& mean,
-                           const core::Tensor& rstd, const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma,
-                           core::Tensor& dbeta, const core::InternalRounding& low) override {
-    inner_->layer_norm_backward(x, gamma, mean, rstd, dy, dx, dgamma, dbeta, low);
-  }
+
+
   void im2col_impl(const core::Tensor& x, const core::ConvGeometry& g, core::Tensor& columns) override {
     inner_->im2col(x, g, columns);
   }
@@ -113,15 +112,7 @@ class ForwardingBackend : public core::Backend {
                                         const core::Tensor& dot, core::Tensor& dscores) override {
     inner_->fused_attention_scores_grad(probs, dprobs, dot, dscores);
   }
-  void rms_norm_forward_impl(const core::Tensor& x, const core::Tensor& gamma, float eps, core::Tensor& y,
-                             core::Tensor& rstd, const core::InternalRounding& low) override {
-    inner_->rms_norm_forward(x, gamma, eps, y, rstd, low);
-  }
-  void rms_norm_backward_impl(const core::Tensor& x, const core::Tensor& gamma, const core::Tensor& rstd,
-                              const core::Tensor& dy, core::Tensor& dx, core::Tensor& dgamma,
-                              const core::InternalRounding& low) override {
-    inner_->rms_norm_backward(x, gamma, rstd, dy, dx, dgamma, low);
-  }
+
   void gated_activation_forward_impl(core::Activation kind, const core::Tensor& x, core::Tensor& y) override {
     inner_->gated_activation_forward(kind, x, y);
   }
@@ -129,17 +120,7 @@ class ForwardingBackend : public core::Backend {
                                       core::Tensor& dx) override {
     inner_->gated_activation_backward(kind, x, dy, dx);
   }
-  void qk_norm_forward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& beta,
-                            const core::AttentionShape& shape, float eps, core::Tensor& y, core::Tensor& mean,
-                            core::Tensor& rstd, const core::InternalRounding& low) override {
-    inner_->qk_norm_forward(qkv, gamma, beta, shape, eps, y, mean, rstd, low);
-  }
-  void qk_norm_backward_impl(const core::Tensor& qkv, const core::Tensor& gamma, const core::Tensor& mean,
-                             const core::Tensor& rstd, const core::Tensor& dy, const core::AttentionShape& shape,
-                             core::Tensor& dx, core::Tensor& dgamma, core::Tensor& dbeta,
-                             const core::InternalRounding& low) override {
-    inner_->qk_norm_backward(qkv, gamma, mean, rstd, dy, shape, dx, dgamma, dbeta, low);
-  }
+
   void softmax_forward_impl(const core::Tensor& x, core::Tensor& probs, const core::InternalRounding& low) override {
     inner_->softmax_forward(x, probs, low);
   }

@@ -7,6 +7,7 @@
 // storage format happens only in `round`, `gemm` (when the accumulation
 // format is not binary32) and `apply_update`, at the points a Policy names.
 
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
 #include "mpsim/core/numerics_ops.hpp"
+#include "mpsim/core/numerics_rows.hpp"
 #include "mpsim/core/names.hpp"
 #include "mpsim/core/policy.hpp"
 #include "mpsim/core/stats.hpp"
@@ -122,12 +124,12 @@ struct AdamParams {
 // Every operation of the interface, one name table: Backend::supports and
 // the errors name them.
 enum class Op : std::uint8_t {
-  round, gemm, add_row_vector, column_sums, scale, sum_squares, pointwise, layer_norm, im2col, col2im,
+  round, gemm, add_row_vector, column_sums, scale, sum_squares, pointwise, row, im2col, col2im,
   rows_to_nchw, nchw_to_rows, max_pool, softmax_cross_entropy, round_delayed, training_step,
   add, attention, softmax, sequence_mean, embedding, max_abs_finite, rotary
 };
 inline constexpr EnumNames<Op, 23> op_names{{"round", "gemm", "add_row_vector", "column_sums", "scale",
-                                             "sum_squares", "pointwise", "layer_norm", "im2col", "col2im",
+                                             "sum_squares", "pointwise", "row", "im2col", "col2im",
                                              "rows_to_nchw", "nchw_to_rows", "max_pool", "softmax_cross_entropy",
                                              "round_delayed", "training_step", "add", "attention", "softmax",
                                              "sequence_mean", "embedding", "max_abs_finite", "rotary"}};
@@ -159,6 +161,9 @@ class Backend {
   // Pointwises, by index; an Activation's index is its own), when the
   // backend supports Op::pointwise.
   virtual bool supports_pointwise(std::size_t /*entry*/) const { return true; }
+  // The same for each entry of the row-wise table (numerics_rows.hpp's Rows),
+  // when the backend supports Op::row.
+  virtual bool supports_row(std::size_t /*entry*/) const { return true; }
   // Why this backend cannot run a block-scaled GEMM (GemmNumerics::a_block)
   // whose operands round to points a and b, through the tensor-core model
   // `promotion` when set (GemmNumerics::block_promotion, with the policy's
@@ -228,14 +233,33 @@ class Backend {
   // [a | b] -> y [rows, n] = f(a) * b, and dx [rows, 2n] = [da | db].
   void gated_activation_forward(Activation kind, const Tensor& x, Tensor& y);
   void gated_activation_backward(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx);
-  // Normalises each row; statistics from the binary32 inputs in binary64,
-  // or in a narrow format when `low` is enabled (policy.norm_statistics).
+  // Any op of the row-wise table (numerics_rows.hpp) on the segments
+  // `layout` places in x: y = forward(x), and backward dx (the rest of each
+  // group passes: y and dx copy it from x and dy) and the parameters'
+  // gradients. `tensors` holds the entry's parameters (layout.param_count()
+  // values each), its statistics (one value per segment: written forward,
+  // read backward) and, backward, the parameters' gradients (written whole):
+  // those the entry needs with these parameters, and null for the others.
+  struct RowTensors {
+    std::array<const Tensor*, 2> parameters{};
+    std::array<Tensor*, 2> statistics{};
+    std::array<Tensor*, 2> parameter_grads{};
+  };
+  void row_forward(const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y, const RowTensors& tensors) {
+    row_forward(op, layout, x, y, tensors, "row_forward");
+  }
+  void row_backward(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy, Tensor& dx,
+                    const RowTensors& tensors) {
+    row_backward(op, layout, x, dy, dx, tensors, "row_backward");
+  }
+  // Entries by their own names. LayerNorm over each row; statistics from the
+  // binary32 inputs in binary64, or in a narrow format when `low` is enabled
+  // (policy.norm_statistics).
   void layer_norm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
                           Tensor& mean, Tensor& rstd, const InternalRounding& low = {});
   void layer_norm_backward(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                            const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
                            const InternalRounding& low = {});
-
   // RMSNorm over each row: y = x * rstd * gamma (numerics_layers.hpp), its
   // statistics as LayerNorm's uncentred; backward writes dx and dgamma.
   void rms_norm_forward(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
@@ -385,15 +409,10 @@ class Backend {
                                        Tensor& dx) = 0;
   virtual void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
   virtual void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
-  virtual void layer_norm_forward_impl(const Tensor& x, const Tensor& gamma, const Tensor& beta, float eps, Tensor& y,
-                                       Tensor& mean, Tensor& rstd, const InternalRounding& low) = 0;
-  virtual void layer_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                        const Tensor& dy, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                                        const InternalRounding& low) = 0;
-  virtual void rms_norm_forward_impl(const Tensor& x, const Tensor& gamma, float eps, Tensor& y, Tensor& rstd,
-                                     const InternalRounding& low) = 0;
-  virtual void rms_norm_backward_impl(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& dy,
-                                      Tensor& dx, Tensor& dgamma, const InternalRounding& low) = 0;
+  virtual void row_forward_impl(const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y,
+                                const RowTensors& tensors) = 0;
+  virtual void row_backward_impl(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy,
+                                 Tensor& dx, const RowTensors& tensors) = 0;
   virtual void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
   virtual void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;
   virtual void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
@@ -417,12 +436,6 @@ class Backend {
                                             Tensor& dot) = 0;
   virtual void fused_attention_scores_grad_impl(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
                                                 Tensor& dscores) = 0;
-  virtual void qk_norm_forward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& beta,
-                                    const AttentionShape& shape, float eps, Tensor& y, Tensor& mean, Tensor& rstd,
-                                    const InternalRounding& low) = 0;
-  virtual void qk_norm_backward_impl(const Tensor& qkv, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                     const Tensor& dy, const AttentionShape& shape, Tensor& dx, Tensor& dgamma,
-                                     Tensor& dbeta, const InternalRounding& low) = 0;
   virtual void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) = 0;
   virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
                                      const InternalRounding& low) = 0;
@@ -473,6 +486,13 @@ class Backend {
   void pointwise_forward(const PointwiseCall& op, const Tensor& x, Tensor& y, std::string_view call);
   void pointwise_backward(const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx,
                           std::string_view call);
+  // The row-wise calls' checks, naming the public call that was made.
+  void require_row(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& y,
+                   const RowTensors& tensors, bool backward, std::string_view call) const;
+  void row_forward(const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y, const RowTensors& tensors,
+                   std::string_view call);
+  void row_backward(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy, Tensor& dx,
+                    const RowTensors& tensors, std::string_view call);
   // Throws BackendError unless t holds binary32 values on this backend's device.
   void require_tensor(const Tensor& t, std::string_view call, std::string_view argument) const;
   // Throws BackendError naming the call when ok is false.

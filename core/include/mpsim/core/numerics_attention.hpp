@@ -316,54 +316,9 @@ MPSIM_HOST_DEVICE inline float fused_attention_score_grad(float p, float dp, flo
 // --- QK-LayerNorm (Dehghani et al. 2023, "Scaling Vision Transformers to 22 Billion Parameters"; Wortsman et al.
 // 2023): LayerNorm over each head's q and each head's k, head_dim features each, before the logits, so that
 // they cannot grow without bound. gamma and beta hold 2 x head_dim values (q's, then k's), shared by the
-// heads; v passes unchanged. Segment g in [0, 2 heads) of token row r is part g / heads, head g % heads; its
-// statistics are LayerNorm's (numerics_layers.hpp), kept at index r * 2 heads + g.
-MPSIM_HOST_DEVICE inline std::int64_t qk_norm_segments(const AttentionShape& s) { return 2 * s.heads; }
-MPSIM_HOST_DEVICE inline std::int64_t qk_norm_offset(const AttentionShape& s, std::int64_t row, std::int64_t segment) {
-  return row * 3 * s.width() + (segment / s.heads) * s.width() + (segment % s.heads) * s.head_dim;
-}
-MPSIM_HOST_DEVICE inline std::int64_t qk_norm_parameter(const AttentionShape& s, std::int64_t segment) {
-  return (segment / s.heads) * s.head_dim;  // where the segment's gamma and beta start
-}
-// Forward of one segment: its statistics and outputs.
-MPSIM_HOST_DEVICE inline LayerNormStatistics qk_norm_segment(const float* qkv, const float* gamma, const float* beta,
-                                                              const AttentionShape& s, float eps, std::int64_t row,
-                                                              std::int64_t segment, float* y,
-                                                              const InternalRounding& low = {}) {
-  const std::int64_t at = qk_norm_offset(s, row, segment), p = qk_norm_parameter(s, segment);
-  const LayerNormStatistics st = layer_norm_statistics(qkv + at, s.head_dim, eps, true, low);
-  for (std::int64_t c = 0; c < s.head_dim; ++c)
-    y[at + c] = layer_norm_output(qkv[at + c], st.mean, st.rstd, gamma[p + c], beta[p + c]);
-  return st;
-}
-// Backward of one segment's input: dx, as LayerNorm's.
-MPSIM_HOST_DEVICE inline void qk_norm_segment_grad(const float* qkv, const float* gamma, const float* dy,
-                                                   const AttentionShape& s, float mean, float rstd, std::int64_t row,
-                                                   std::int64_t segment, float* dx, const InternalRounding& low = {}) {
-  const std::int64_t at = qk_norm_offset(s, row, segment), p = qk_norm_parameter(s, segment);
-  const LayerNormRowMeans means = layer_norm_row_means(qkv + at, dy + at, gamma + p, s.head_dim, mean, rstd, true, low);
-  for (std::int64_t c = 0; c < s.head_dim; ++c)
-    dx[at + c] = layer_norm_input_grad(dy[at + c], gamma[p + c], layer_norm_xhat(qkv[at + c], mean, rstd), rstd,
-                                       means);
-}
-// dgamma and dbeta at parameter index i (part i / head_dim, feature i % head_dim): the terms of every row r
-// and head h added in binary32 from 0 in increasing (r, h).
-struct QkNormParameterGrads {
-  float dgamma, dbeta;
-};
-MPSIM_HOST_DEVICE inline QkNormParameterGrads qk_norm_parameter_grad(const float* qkv, const float* mean,
-                                                                     const float* rstd, const float* dy,
-                                                                     const AttentionShape& s, std::int64_t i) {
-  const std::int64_t part = i / s.head_dim, c = i % s.head_dim;
-  float dgamma = 0.0f, dbeta = 0.0f;
-  for (std::int64_t r = 0; r < s.rows(); ++r)
-    for (std::int64_t h = 0; h < s.heads; ++h) {
-      const std::int64_t g = part * s.heads + h, at = qk_norm_offset(s, r, g) + c, st = r * qk_norm_segments(s) + g;
-      dgamma += dy[at] * layer_norm_xhat(qkv[at], mean[st], rstd[st]);
-      dbeta += dy[at];
-    }
-  return {dgamma, dbeta};
-}
+// heads; v passes unchanged. It is numerics_rows.hpp's NormRow on RowLayout::qk_heads: segment g in
+// [0, 2 heads) of token row r is part g / heads, head g % heads, its statistics kept at index r * 2 heads + g,
+// and dgamma and dbeta sum their terms over (r, h) in increasing order.
 
 // --- Token embeddings -----------------------------------------------------------------------------------------------
 // A token id is stored as binary32; one that is not an integer in [0, rows)
