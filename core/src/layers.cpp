@@ -339,21 +339,21 @@ class GatedActivation final : public Layer {
   Tensor input_;
 };
 
-// LayerNorm, or RMSNorm when not centred (Zhang and Sennrich 2019; LLaMA):
-// no mean and no beta. Both round as autocast's layer_norm: their output in
-// binary32 when fp32_ops lists "layer_norm", else at `elementwise`.
-class Norm final : public Layer {
+// Any entry of the row-wise table (numerics_rows.hpp) with its parameters:
+// LayerNorm, RMSNorm (Zhang and Sennrich 2019; LLaMA: no mean, no beta) and
+// QK-LayerNorm. Rounded as autocast's layer_norm: the output in binary32 when
+// fp32_ops lists the entry, else at `elementwise`.
+class RowLayer final : public Layer {
  public:
-  Norm(std::string name, std::int64_t features, float eps, bool centered)
-      : Layer(std::move(name)), features_(features), eps_(eps), centered_(centered) {
-    gamma_.name = this->name() + ".weight";
-    gamma_.shape = {features};
-    beta_.name = this->name() + ".bias";
-    beta_.shape = {features};
+  RowLayer(std::string name, RowLayerSpec spec) : Layer(std::move(name)), spec_(std::move(spec)) {
+    weight_.name = this->name() + ".weight";
+    weight_.shape = spec_.parameter_shape;
+    bias_.name = this->name() + ".bias";
+    bias_.shape = spec_.parameter_shape;
   }
   Shape output_shape(const Shape& in) const override { return in; }
   std::vector<Parameter*> parameters() override {
-    return centered_ ? std::vector<Parameter*>{&gamma_, &beta_} : std::vector<Parameter*>{&gamma_};
+    return spec_.bias ? std::vector<Parameter*>{&weight_, &bias_} : std::vector<Parameter*>{&weight_};
   }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
     return output_point(p);
@@ -361,53 +361,67 @@ class Norm final : public Layer {
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
     Backend& b = ctx.backend;
-    input_ = x.reshaped(with_rows(x.numel() / features_, features_));
-    rstd_ = b.empty({input_.rows()});
-    Tensor y = b.empty(input_.shape());
-    // Statistics as norm_statistics says (binary64 sums by default, as
-    // autocast's FP32 layer_norm; binary32 whenever fp32_ops lists it).
-    const InternalRounding low = statistics(ctx.policy);
-    if (centered_) {
-      mean_ = b.empty({input_.rows()});
-      b.layer_norm_forward(input_, gamma_.working, beta_.working, eps_, y, mean_, rstd_, low);
-    } else {
-      b.rms_norm_forward(input_, gamma_.working, eps_, y, rstd_, low);
-    }
+    input_ = x;
+    layout_ = spec_.layout(x);
+    const RowCall call = spec_.call(ctx.policy);
+    Backend::RowTensors t;
+    Rows::visit(call, [&]<typename R>(R, const typename R::Params& p) {
+      for (int k = 0; k < 2; ++k) {
+        statistics_[k] = R::needs_statistic(p, k) ? b.empty({layout_.segments}) : Tensor();
+        if (R::needs_statistic(p, k)) t.statistics[k] = &statistics_[k];
+        if (R::needs_parameter(p, k, false)) t.parameters[k] = &parameter(k).working;
+      }
+    });
+    Tensor y = b.empty(x.shape());
+    b.row_forward(call, layout_, x, y, t);
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
-    return y.reshaped(x.shape());
+    return y;
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
     Backend& b = ctx.backend;
-    const Policy& p = ctx.policy;
-    Tensor dx = b.empty(input_.shape());
-    if (centered_) {
-      b.layer_norm_backward(input_, gamma_.working, mean_, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
-                            beta_.grad, statistics(p));
-    } else {
-      b.rms_norm_backward(input_, gamma_.working, rstd_, dy.reshaped(input_.shape()), dx, gamma_.grad,
-                          statistics(p));
-    }
-    ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
-    if (centered_) ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
-    if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    input_ = mean_ = rstd_ = Tensor();
-    return need_input_grad ? dx.reshaped(dy.shape()) : Tensor();
+    const Policy& policy = ctx.policy;
+    const RowCall call = spec_.call(policy);
+    Backend::RowTensors t;
+    Rows::visit(call, [&]<typename R>(R, const typename R::Params& p) {
+      for (int k = 0; k < 2; ++k) {
+        if (R::needs_statistic(p, k)) t.statistics[k] = &statistics_[k];
+        if (R::needs_parameter(p, k, true)) t.parameters[k] = &parameter(k).working;
+        if (R::needs_parameter_grad(p, k)) t.parameter_grads[k] = &parameter(k).grad;
+      }
+    });
+    Tensor dx = b.empty(dy.shape());
+    b.row_backward(call, layout_, input_, dy, dx, t);
+    ctx.round(weight_.grad, policy.weight_grads, TensorKind::weight_grads, Site::weight_grad);
+    if (spec_.bias) ctx.round(bias_.grad, policy.weight_grads, TensorKind::weight_grads, Site::bias_grad);
+    if (need_input_grad) ctx.round(dx, policy.activation_grads, TensorKind::activation_grads, Site::input_grad);
+    input_ = statistics_[0] = statistics_[1] = Tensor();
+    return need_input_grad ? dx : Tensor();
   }
 
  private:
-  static RoundingPoint output_point(const Policy& p) {
-    return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
+  Parameter& parameter(int k) { return k == 0 ? weight_ : bias_; }
+  RoundingPoint output_point(const Policy& p) const {
+    std::string_view fp32_op;
+    Rows::visit(spec_.call(p), [&]<typename R>(R, const typename R::Params&) { fp32_op = R::fp32_op; });
+    return p.runs_in_fp32(fp32_op) ? RoundingPoint{} : p.elementwise;
   }
-  static InternalRounding statistics(const Policy& p) {
-    return internal_rounding(p, &Policy::norm_statistics, "layer_norm");
-  }
-  std::int64_t features_;
-  float eps_;
-  bool centered_;
-  Parameter gamma_, beta_;
-  Tensor input_, mean_, rstd_;
+  RowLayerSpec spec_;
+  Parameter weight_, bias_;
+  RowLayout layout_;
+  Tensor input_, statistics_[2];
 };
 
+}  // namespace
+
+namespace {
+RowLayerSpec norm_spec(std::int64_t features, float eps, bool centered) {
+  return {.call = [eps, centered](const Policy& p) {
+            return norm_call(eps, centered, internal_rounding(p, &Policy::norm_statistics, "layer_norm"));
+          },
+          .layout = [features](const Tensor& x) { return RowLayout::rows(x.numel() / features, features); },
+          .parameter_shape = {features},
+          .bias = centered};
+}
 }  // namespace
 
 std::unique_ptr<Layer> make_linear(std::string name, std::int64_t in, std::int64_t out) {
@@ -436,11 +450,16 @@ std::unique_ptr<Layer> make_activation(std::string name, Activation kind) {
 std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind) {
   return std::make_unique<GatedActivation>(std::move(name), kind);
 }
+std::unique_ptr<Layer> make_row_layer(std::string name, RowLayerSpec spec) {
+  return std::make_unique<RowLayer>(std::move(name), std::move(spec));
+}
+// Over rows of `features` values, the statistics as policy.norm_statistics
+// says (binary64 sums by default, as autocast's FP32 layer_norm).
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
-  return std::make_unique<Norm>(std::move(name), features, eps, true);
+  return make_row_layer(std::move(name), norm_spec(features, eps, true));
 }
 std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps) {
-  return std::make_unique<Norm>(std::move(name), features, eps, false);
+  return make_row_layer(std::move(name), norm_spec(features, eps, false));
 }
 
 }  // namespace mpsim::core

@@ -442,64 +442,6 @@ class Rotary final : public Layer {
   AttentionShape shape_;
 };
 
-// QK-LayerNorm on the qkv Linear's [q | k | v] rows (numerics_attention.hpp):
-// rounded as LayerNorm, its output in binary32 when fp32_ops lists
-// "layer_norm" (v passes through that rounding too). Its gamma and beta are
-// the layer's weight and bias: ones and zeros at first, no weight decay with
-// optimizer.decay_vectors = false.
-class QkNorm final : public Layer {
- public:
-  QkNorm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim, float eps)
-      : Layer(std::move(name)), tokens_(tokens), heads_(heads), head_dim_(head_dim), eps_(eps) {
-    gamma_.name = this->name() + ".weight";
-    gamma_.shape = {2 * head_dim};
-    beta_.name = this->name() + ".bias";
-    beta_.shape = {2 * head_dim};
-  }
-  Shape output_shape(const Shape& in) const override { return in; }
-  std::vector<Parameter*> parameters() override { return {&gamma_, &beta_}; }
-  std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return output_point(p);
-  }
-  Tensor forward(StepContext& ctx, const Tensor& x) override {
-    Backend& b = ctx.backend;
-    shape_ = shape_of(x);
-    input_ = x;
-    mean_ = b.empty({shape_.rows() * 2 * heads_});
-    rstd_ = b.empty(mean_.shape());
-    Tensor y = b.empty(x.shape());
-    b.qk_norm_forward(x, gamma_.working, beta_.working, shape_, eps_, y, mean_, rstd_, statistics(ctx.policy));
-    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
-    return y;
-  }
-  Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
-    Backend& b = ctx.backend;
-    const Policy& p = ctx.policy;
-    Tensor dx = b.empty(input_.shape());
-    b.qk_norm_backward(input_, gamma_.working, mean_, rstd_, dy, shape_, dx, gamma_.grad, beta_.grad,
-                       statistics(p));
-    ctx.round(gamma_.grad, p.weight_grads, TensorKind::weight_grads, Site::weight_grad);
-    ctx.round(beta_.grad, p.weight_grads, TensorKind::weight_grads, Site::bias_grad);
-    if (need_input_grad) ctx.round(dx, p.activation_grads, TensorKind::activation_grads, Site::input_grad);
-    input_ = mean_ = rstd_ = Tensor();
-    return need_input_grad ? dx : Tensor();
-  }
-
- private:
-  static RoundingPoint output_point(const Policy& p) {
-    return p.runs_in_fp32("layer_norm") ? RoundingPoint{} : p.elementwise;
-  }
-  static InternalRounding statistics(const Policy& p) {
-    return internal_rounding(p, &Policy::norm_statistics, "layer_norm");
-  }
-  AttentionShape shape_of(const Tensor& x) const { return qkv_shape(name(), x, tokens_, heads_, head_dim_); }
-  std::int64_t tokens_, heads_, head_dim_;
-  float eps_;
-  Parameter gamma_, beta_;
-  AttentionShape shape_;
-  Tensor input_, mean_, rstd_;
-};
-
 // The mean over each sample's tokens: [batch * tokens, width] -> [batch, width].
 class SequenceMean final : public Layer {
  public:
@@ -597,9 +539,23 @@ std::unique_ptr<Layer> make_soft_cap(std::string name, float cap) {
   return make_pointwise(std::move(name),
                         {.op = soft_cap_call(cap, false), .output = PointwiseOutput::binary32, .per_step = {}});
 }
+// QK-LayerNorm on the qkv Linear's [q | k | v] rows (numerics_attention.hpp):
+// rounded as LayerNorm, its output in binary32 when fp32_ops lists
+// "layer_norm" (v passes through that rounding too). Its gamma and beta are
+// the layer's weight and bias: ones and zeros at first, no weight decay with
+// optimizer.decay_vectors = false.
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
                                     float eps) {
-  return std::make_unique<QkNorm>(std::move(name), tokens, heads, head_dim, eps);
+  RowLayerSpec spec{
+      .call = [eps](const Policy& p) {
+        return norm_call(eps, true, internal_rounding(p, &Policy::norm_statistics, "layer_norm"));
+      },
+      .layout = [name, tokens, heads, head_dim](const Tensor& x) {
+        return RowLayout::qk_heads(qkv_shape(name, x, tokens, heads, head_dim));
+      },
+      .parameter_shape = {2 * head_dim},
+      .bias = true};
+  return make_row_layer(std::move(name), std::move(spec));
 }
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens) {
   return std::make_unique<SequenceMean>(std::move(name), tokens);

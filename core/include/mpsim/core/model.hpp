@@ -253,6 +253,20 @@ std::unique_ptr<Layer> make_pointwise(std::string name, PointwiseLayerSpec spec)
 std::unique_ptr<Layer> make_activation(std::string name, Activation kind);
 // A gated linear unit: rows of [a | b] -> activation(a) * b (SiLU: SwiGLU).
 std::unique_ptr<Layer> make_gated_activation(std::string name, Activation kind);
+// A layer of any entry of the row-wise table (numerics_rows.hpp): `call`
+// gives the entry and its parameters under a policy, `layout` the segments of
+// an input (throwing for an input that does not fit). Its parameters are a
+// weight and, with `bias`, a bias (the entry's first and second), each of
+// parameter_shape; the output rounds at the policy's elementwise point, or not
+// at all when its fp32_ops lists the entry's fp32_op; the parameters'
+// gradients at weight_grads, the input gradient at activation_grads.
+struct RowLayerSpec {
+  std::function<RowCall(const Policy&)> call;
+  std::function<RowLayout(const Tensor&)> layout;
+  Shape parameter_shape;
+  bool bias = true;
+};
+std::unique_ptr<Layer> make_row_layer(std::string name, RowLayerSpec spec);
 std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f);
 // A tied output head (Press and Wolf 2017; GPT-2): the head's weight is the

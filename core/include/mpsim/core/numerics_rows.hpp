@@ -82,6 +82,7 @@ struct NormRow {
     InternalRounding low{};  // the statistics in a narrow format (policy.norm_statistics)
   };
   static constexpr std::string_view name = "norm";
+  static constexpr std::string_view fp32_op = "layer_norm";  // autocast's name: fp32_ops may list it
   static constexpr std::array<std::string_view, 2> parameter_names{"gamma", "beta"};
   static constexpr std::array<std::string_view, 2> statistic_names{"mean", "rstd"};
   // Which tensors a call needs: RMSNorm has neither beta (nor its
@@ -129,6 +130,7 @@ struct RowTable {
   using Entries = std::tuple<R...>;
   using Call = std::variant<typename R::Params...>;
   static constexpr std::array<std::string_view, size> names{R::name...};
+  static constexpr std::array<std::string_view, size> fp32_ops{R::fp32_op...};
   static_assert((std::is_trivially_copyable_v<typename R::Params> && ...), "parameters travel by value into a kernel");
   static_assert((std::is_trivially_copyable_v<typename R::GradStats> && ...), "kept per segment in device scratch");
 
