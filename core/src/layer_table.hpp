@@ -5,8 +5,9 @@
 // (config.cpp's model_fields, its reader, writer and docs) and the
 // experiment's checks (experiment.cpp) read this table, so an optional
 // layer is an entry here and its ModelSpec member (model.hpp); an
-// element-wise one needs only its op in numerics_ops.hpp besides
-// (make_pointwise), no backend call, kernel or layer class.
+// element-wise or row-wise one needs only its op in numerics_ops.hpp or
+// numerics_rows.hpp besides (make_pointwise, make_row_layer): no backend
+// call, kernel or layer class.
 //
 // The entries' order is the order of the layers that share a place (QK-norm
 // before rotary embeddings). Layer names and order must not move: a layer's

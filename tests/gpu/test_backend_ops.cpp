@@ -254,6 +254,16 @@ TEST_CASE("element-wise ops match the CPU bit for bit", "[gpu][backend]") {
     b.gpu->activation_backward(core::Activation::relu, xs.gpu, gs.gpu, dx.gpu);
     check_same("relu backward", b, dx);
   }
+  SECTION("multiply (the element-wise table's constant factor: model.embedding_scale)") {
+    auto y = b.empty({rows, cols}), dx = b.empty({rows, cols});
+    const core::PointwiseCall factor = core::MultiplyOp::Params{55.5f};
+    b.cpu->pointwise_forward(factor, xs.cpu, y.cpu);
+    b.gpu->pointwise_forward(factor, xs.gpu, y.gpu);
+    check_same("multiply forward", b, y);
+    b.cpu->pointwise_backward(factor, core::Tensor(), gs.cpu, dx.cpu);
+    b.gpu->pointwise_backward(factor, core::Tensor(), gs.gpu, dx.gpu);
+    check_same("multiply backward", b, dx);
+  }
   SECTION("scale") {
     for (const float factor : {0x1p-3f, 0.7f, 65536.0f}) {
       auto t = b.upload(x, {rows, cols});

@@ -6,8 +6,9 @@
 // templated CUDA kernel, Backend::pointwise_forward/backward take an entry
 // and its parameters as one value (PointwiseCall), and PointwiseLayer
 // (model.hpp's make_pointwise) is a layer of any entry. So an element-wise
-// layer is a struct here, its place in `Pointwises`, and its place in the
-// model (layer_table.hpp): no backend, kernel or layer class to write.
+// layer is a struct here, its place in the table (pointwise_table below) and
+// its place in the model (layer_table.hpp): no backend call, kernel or layer
+// class to write.
 //
 // The activations of numerics_layers.hpp are the first entries, in their
 // enum's order, so an Activation is also an entry's index.
@@ -145,12 +146,15 @@ struct PointwiseTable {
   }
 };
 
+// The table: every activation of `Activations`, in its order (so that an
+// Activation is its entry's index), then the other ops. A new op is a struct
+// above and its place in this list.
 template <typename... A>
-using ActivationEntries = PointwiseTable<ActivationOp<A>..., SoftCapOp, DropoutOp, MultiplyOp>;
-template <typename... A>
-ActivationEntries<A...> entries_after(ActivationTable<A...>);
-using Pointwises = decltype(entries_after(Activations{}));  // the activations, then:
+PointwiseTable<ActivationOp<A>..., SoftCapOp, DropoutOp, MultiplyOp> pointwise_table(ActivationTable<A...>);
+using Pointwises = decltype(pointwise_table(Activations{}));
 using PointwiseCall = Pointwises::Call;
+static_assert(Pointwises::names[static_cast<std::size_t>(Activation::gelu)] == Gelu::name,
+              "the activations are the first entries, in their enum's order");
 
 inline std::string_view pointwise_name(const PointwiseCall& call) { return Pointwises::names[call.index()]; }
 inline Saves pointwise_saves(const PointwiseCall& call) { return Pointwises::saves[call.index()]; }

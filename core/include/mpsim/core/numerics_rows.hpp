@@ -6,9 +6,10 @@
 // A RowLayout says where the segments lie and which parameters each uses, so
 // LayerNorm and RMSNorm over rows and QK-LayerNorm over each head's q and k
 // are one rule on two layouts. The backends run any entry with one CPU loop
-// and one set of templated CUDA kernels (Backend::row_forward/backward), so a
-// row-wise layer is a rule here, its place in `Rows` and its layer: no
-// backend call or kernel to write.
+// and one set of templated CUDA kernels (Backend::row_forward/backward), and
+// RowLayer (model.hpp's make_row_layer) is a layer of any entry, so a
+// row-wise layer is a rule here, its place in `Rows` and its place in the
+// model (layer_table.hpp): no backend call, kernel or layer class to write.
 //
 // Bits: a segment's statistics (and its backward's) are one serial call of
 // the rule, as on the CPU; each element is one call; each parameter index
