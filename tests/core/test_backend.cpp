@@ -146,6 +146,43 @@ TEST_CASE("an unsupported op is reported, never run or replaced", "[backend]") {
   CHECK_NOTHROW(backend.activation_forward(Activation::relu, x, y));
 }
 
+TEST_CASE("the element-wise and row-wise tables' generic calls are checked at the door", "[backend]") {
+  auto cpu = make_cpu_backend();
+  Tensor x = cpu->zeros({4, 6}), y = cpu->zeros({4, 6}), none;
+  // Element-wise: an entry's own refusal, its saved tensor, sizes.
+  CHECK_THROWS_WITH(cpu->pointwise_forward(soft_cap_call(0.0f, false), x, y),
+                    Contains("pointwise_forward: the cap must be finite and > 0"));
+  CHECK_THROWS_WITH(cpu->pointwise_forward(MultiplyOp::Params{INFINITY}, x, y),
+                    Contains("the factor must be finite and > 0"));
+  CHECK_THROWS_WITH(cpu->pointwise_backward(activation_call(Activation::gelu), none, x, y),
+                    Contains("pointwise_backward: x is an empty tensor"));  // GELU saves its input
+  CHECK_NOTHROW(cpu->pointwise_backward(MultiplyOp::Params{2.0f}, none, x, y));  // saves nothing
+  Tensor short_y = cpu->zeros({5});
+  CHECK_THROWS_WITH(cpu->pointwise_forward(MultiplyOp::Params{2.0f}, x, short_y), Contains("differ in size"));
+  // Row-wise: the tensors an entry needs with its parameters, and no others; sizes from the layout.
+  const RowLayout rows = RowLayout::rows(4, 6);
+  Tensor gamma = cpu->zeros({6}), beta = cpu->zeros({6}), mean = cpu->zeros({4}), rstd = cpu->zeros({4});
+  const RowCall layer_norm = norm_call(1e-5f, true, {}), rms_norm = norm_call(1e-5f, false, {});
+  CHECK_NOTHROW(cpu->row_forward(layer_norm, rows, x, y, {{&gamma, &beta}, {&mean, &rstd}, {}}));
+  CHECK_THROWS_WITH(cpu->row_forward(layer_norm, rows, x, y, {{&gamma, nullptr}, {&mean, &rstd}, {}}),
+                    Contains("beta is missing"));
+  CHECK_THROWS_WITH(cpu->row_forward(rms_norm, rows, x, y, {{&gamma, &beta}, {nullptr, &rstd}, {}}),
+                    Contains("beta is not used by norm here"));
+  Tensor wide_gamma = cpu->zeros({7});
+  CHECK_THROWS_WITH(cpu->row_forward(rms_norm, rows, x, y, {{&wide_gamma, nullptr}, {nullptr, &rstd}, {}}),
+                    Contains("gamma needs 6 values"));
+  CHECK_THROWS_WITH(cpu->row_forward(rms_norm, RowLayout::rows(3, 6), x, y, {{&gamma, nullptr}, {nullptr, &rstd}, {}}),
+                    Contains("need 18 values"));
+  RowLayout overlapping = rows;
+  overlapping.group_stride = 5;  // a segment of 6 values in groups of 5
+  CHECK_THROWS_WITH(cpu->row_forward(rms_norm, overlapping, x, y, {{&gamma, nullptr}, {nullptr, &rstd}, {}}),
+                    Contains("layout does not fit"));
+  Tensor dgamma = cpu->zeros({6});
+  CHECK_THROWS_WITH(cpu->row_backward(rms_norm, rows, x, x, y, {{&gamma, nullptr}, {nullptr, &rstd}, {}}),
+                    Contains("dgamma is missing"));
+  CHECK_NOTHROW(cpu->row_backward(rms_norm, rows, x, x, y, {{&gamma, nullptr}, {nullptr, &rstd}, {&dgamma, nullptr}}));
+}
+
 TEST_CASE("max_abs_finite: the largest finite magnitude, infinities and NaN ignored", "[backend]") {
   auto b = make_cpu_backend();
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
