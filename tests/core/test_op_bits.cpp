@@ -21,6 +21,7 @@
 #include "mpsim/core/backend.hpp"
 #include "mpsim/core/model.hpp"
 #include "mpsim/core/policy.hpp"
+#include "support/test_support.hpp"
 
 namespace {
 
@@ -28,16 +29,10 @@ using namespace mpsim;
 using namespace mpsim::core;
 using FVec = std::vector<float>;
 
-// SplitMix64 (Steele, Lea and Flood 2014), written out so that the inputs do
-// not depend on a standard library's distributions.
+// Seeded inputs (SplitMix64: the same values with any standard library).
 struct Inputs {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
+  test::SplitMix random;
+  std::uint64_t next() { return random.next(); }
   // Values spread over [-4, 4), with one special value in every 16: NaN,
   // +-inf, -0, subnormals, large and tiny normals.
   FVec values(std::size_t n, bool specials) {
@@ -101,7 +96,7 @@ TEST_CASE("op bits: every element-wise and row-wise op keeps its bits", "[core][
   auto backend = make_cpu_backend();
   Backend& b = *backend;
   OpBits r(b);
-  Inputs in{11};
+  Inputs in{{11}};
   constexpr std::int64_t rows = 12, cols = 40;
   const Shape shape{rows, cols};
   const Tensor x = r.tensor(in.values(rows * cols, true), shape);

@@ -640,11 +640,8 @@ class MaximaBackend final : public test::ForwardingBackend {
 
 using test::tiny_text;
 
-}  // namespace
-
-TEST_CASE("logit maxima: each attention layer's and the output's, at the steps that keep statistics",
-          "[training][transformer]") {
-  const Policy policy = *preset_policy("fp32");
+// A GPT of two blocks of width 8 (two heads, an MLP of 16) for tiny_text, trained with AdamW.
+ArmSetup tiny_gpt_setup(const Policy& policy) {
   ArmSetup s = small_setup(policy);
   s.model.kind = ModelKind::gpt;
   s.model.depth = 2;
@@ -652,10 +649,19 @@ TEST_CASE("logit maxima: each attention layer's and the output's, at the steps t
   s.model.heads = 2;
   s.model.mlp_width = 16;
   s.train.batch_size = 8;
-  s.train.max_steps = 6;
-  s.train.stats_interval = 3;
   s.optimizer.kind = OptimizerKind::adamw;
   s.optimizer.lr = 0.01;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("logit maxima: each attention layer's and the output's, at the steps that keep statistics",
+          "[training][transformer]") {
+  const Policy policy = *preset_policy("fp32");
+  ArmSetup s = tiny_gpt_setup(policy);
+  s.train.max_steps = 6;
+  s.train.stats_interval = 3;
   MaximaBackend backend;
   MemoryLog log;
   train_arm(backend, s, tiny_text(), &log);
@@ -771,20 +777,10 @@ TEST_CASE("golden trajectory: transformers with every optional layer replay bit 
   bf16.norm_statistics = RoundingPoint{formats::bfloat16, Rounding{RoundingMode::nearest_even}};
   const Policy fp16 = *preset_policy("fp16-mixed");
   const auto gpt = [](const Policy& p) {
-    ArmSetup s;
-    s.policy = &p;
-    s.model.kind = ModelKind::gpt;
-    s.model.depth = 2;
-    s.model.width = 8;
-    s.model.heads = 2;
-    s.model.mlp_width = 16;
-    s.train.batch_size = 8;
+    ArmSetup s = tiny_gpt_setup(p);
     s.train.max_steps = 8;
     s.train.stats_interval = 1;
     s.train.eval_batch = 16;
-    s.train.threads = 1;
-    s.optimizer.kind = OptimizerKind::adamw;
-    s.optimizer.lr = 0.01;
     s.seed = 5;
     return s;
   };

@@ -27,6 +27,7 @@
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/emulation/rounding.hpp"
+#include "support/test_support.hpp"
 
 namespace mpsim {
 namespace {
@@ -39,15 +40,7 @@ Uint<T> bits_of(T x) {
   return std::bit_cast<Uint<T>>(x);
 }
 
-struct Random {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using Random = test::SplitMix;
 
 // Special values of T and the format's boundaries, each with its neighbours
 // in T and negated. Values T cannot hold become T's nearest (still inputs).

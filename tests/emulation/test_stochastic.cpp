@@ -24,6 +24,7 @@
 #include "mpsim/emulation/quantize.hpp"
 #include "mpsim/emulation/random_draw.hpp"
 #include "mpsim/emulation/rounding.hpp"
+#include "support/test_support.hpp"
 
 namespace mpsim {
 namespace {
@@ -63,16 +64,7 @@ T round_directed(const Format& f, RoundingMode mode, T x) {
   return stored<T>(f, round_to_format(f, Rounding{mode}, x).bits);
 }
 
-// SplitMix64, for inputs.
-struct Random {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-};
+using Random = test::SplitMix;
 
 // Random values over the whole range of `f` and a little beyond (below the
 // smallest subnormal, above the largest finite), both signs, plus one in

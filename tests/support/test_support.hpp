@@ -1,6 +1,7 @@
 // Helpers shared by the test programs: the shared/ folder and visible skips.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string_view>
@@ -14,5 +15,17 @@ std::optional<std::filesystem::path> shared_dir();
 // Ends the current test process with CTest's skip code after saying why.
 // Use only in a test case that CTest runs on its own.
 [[noreturn]] void skip(std::string_view reason);
+
+// SplitMix64 (Steele, Lea and Flood 2014), written out for test inputs that
+// do not depend on a standard library's distributions.
+struct SplitMix {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+};
 
 }  // namespace mpsim::test
