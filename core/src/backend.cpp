@@ -140,12 +140,15 @@ bool same_size(std::initializer_list<const Tensor*> tensors) {
 }
 }  // namespace
 
+void Backend::require_entry(Op op, bool supported, std::string_view entry, std::string_view call) const {
+  require_support(op, call);
+  if (!supported)
+    throw BackendError("backend \"" + std::string(name()) + "\" does not support " + std::string(entry) +
+                       " (called as " + std::string(call) + "); run this arm on a backend that does");
+}
+
 void Backend::require_pointwise(std::size_t entry, std::string_view call) const {
-  require_support(Op::pointwise, call);
-  if (!supports_pointwise(entry))
-    throw BackendError("backend \"" + std::string(name()) + "\" does not support " +
-                       std::string(Pointwises::names[entry]) + " (called as " + std::string(call) +
-                       "); run this arm on a backend that does");
+  require_entry(Op::pointwise, supports_pointwise(entry), Pointwises::names[entry], call);
 }
 
 void Backend::pointwise_forward(const PointwiseCall& op, const Tensor& x, Tensor& y, std::string_view call) {
@@ -194,11 +197,7 @@ void Backend::gated_activation_backward(Activation kind, const Tensor& x, const 
 
 void Backend::require_row(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& y,
                           const RowTensors& tensors, bool backward, std::string_view call) const {
-  require_support(Op::row, call);
-  if (!supports_row(op.index()))
-    throw BackendError("backend \"" + std::string(name()) + "\" does not support " +
-                       std::string(Rows::names[op.index()]) + " (called as " + std::string(call) +
-                       "); run this arm on a backend that does");
+  require_entry(Op::row, supports_row(op.index()), Rows::names[op.index()], call);
   require_shape(layout.valid(), call, "the row layout does not fit its groups");
   require_tensor(x, call, "x");
   require_tensor(y, call, backward ? "dx" : "y");

@@ -257,13 +257,12 @@ class PointwiseLayer final : public Layer {
     return selects() && selected_gradient_passes(p, grad) ? grad : p.activation_grads;
   }
   Tensor forward(StepContext& ctx, const Tensor& x) override {
-    const std::optional<PointwiseCall> call = spec_.per_step ? spec_.per_step(ctx) : spec_.op;
-    call_ = call;
-    if (!call) return x;
+    call_ = spec_.per_step ? spec_.per_step(ctx) : spec_.op;
+    if (!call_) return x;
     Tensor y = ctx.backend.empty(x.shape());
-    ctx.backend.pointwise_forward(*call, x, y);
+    ctx.backend.pointwise_forward(*call_, x, y);
     ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
-    switch (pointwise_saves(*call)) {
+    switch (pointwise_saves(*call_)) {
       case Saves::input: saved_ = x; break;
       case Saves::output: saved_ = y; break;
       case Saves::nothing: break;
@@ -356,7 +355,7 @@ class RowLayer final : public Layer {
     return spec_.bias ? std::vector<Parameter*>{&weight_, &bias_} : std::vector<Parameter*>{&weight_};
   }
   std::optional<RoundingPoint> output_rounding(const Policy& p, const std::optional<RoundingPoint>&) const override {
-    return output_point(p);
+    return output_point(spec_.call(p), p);
   }
 
   Tensor forward(StepContext& ctx, const Tensor& x) override {
@@ -374,7 +373,7 @@ class RowLayer final : public Layer {
     });
     Tensor y = b.empty(x.shape());
     b.row_forward(call, layout_, x, y, t);
-    ctx.round(y, output_point(ctx.policy), TensorKind::activations, Site::output);
+    ctx.round(y, output_point(call, ctx.policy), TensorKind::activations, Site::output);
     return y;
   }
   Tensor backward(StepContext& ctx, const Tensor& dy, bool need_input_grad) override {
@@ -400,10 +399,8 @@ class RowLayer final : public Layer {
 
  private:
   Parameter& parameter(int k) { return k == 0 ? weight_ : bias_; }
-  RoundingPoint output_point(const Policy& p) const {
-    std::string_view fp32_op;
-    Rows::visit(spec_.call(p), [&]<typename R>(R, const typename R::Params&) { fp32_op = R::fp32_op; });
-    return p.runs_in_fp32(fp32_op) ? RoundingPoint{} : p.elementwise;
+  static RoundingPoint output_point(const RowCall& call, const Policy& p) {
+    return p.runs_in_fp32(Rows::fp32_ops[call.index()]) ? RoundingPoint{} : p.elementwise;
   }
   RowLayerSpec spec_;
   Parameter weight_, bias_;

@@ -480,6 +480,8 @@ class Backend {
  private:
   // Throws BackendError unless supports(op).
   void require_support(Op op, std::string_view call) const;
+  // supports(op), and `supported` for this entry of op's table (named `entry`).
+  void require_entry(Op op, bool supported, std::string_view entry, std::string_view call) const;
   // Op::pointwise and this entry.
   void require_pointwise(std::size_t entry, std::string_view call) const;
   // The element-wise calls' checks, naming the public call that was made.

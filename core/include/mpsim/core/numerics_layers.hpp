@@ -160,7 +160,6 @@ struct ActivationTable {
   static constexpr std::size_t size = sizeof...(A);
   static constexpr EnumNames<Activation, size> names{{A::name...}};
   static constexpr std::array<bool, size> fp32_op{A::fp32_op...};
-  static constexpr std::array<bool, size> selects_gradient{A::selects_gradient...};
   // Calls f(A{}) with the entry of `kind` (host code: a backend picks its loop or kernel).
   template <typename F>
   static void visit(Activation kind, F&& f) {
@@ -179,12 +178,6 @@ inline constexpr const auto& activation_names = Activations::names;
 inline std::string_view to_string(Activation kind) { return activation_names(kind); }
 // Whether a policy's fp32_ops may name this activation.
 constexpr bool activation_is_fp32_op(Activation kind) { return Activations::fp32_op[static_cast<std::size_t>(kind)]; }
-// Whether its input gradient holds only values of its output gradient and zeros (ReLU's dy or 0): the layer makes
-// no new gradient values, so where dy already passed the policy's activation_grads point it neither rounds nor
-// counts them again (layers.cpp, issue 21: each tensor counted once).
-constexpr bool activation_selects_gradient(Activation kind) {
-  return Activations::selects_gradient[static_cast<std::size_t>(kind)];
-}
 
 // --- Gated linear units (Shazeer, "GLU Variants Improve Transformer", 2020) -------------------------------------
 // A row of 2n values [a | b] gives n values f(a_j) * b_j, f an activation of

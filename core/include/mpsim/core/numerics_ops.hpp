@@ -85,7 +85,10 @@ struct DropoutOp {
 
 // An entry's optional flags, false where it does not say: whether a policy's
 // fp32_ops may exempt its output from rounding (autocast's FP32 list), and
-// whether its backward only selects values of dy (dy or 0: ReLU).
+// whether its backward only selects values of dy (dy or 0: ReLU), so that it
+// makes no new gradient values: where dy already passed the policy's
+// activation_grads point, the layer neither rounds nor counts them again
+// (layers.cpp, issue 21: each tensor counted once).
 template <typename P>
 constexpr bool entry_fp32_op() {
   if constexpr (requires { P::fp32_op; }) return P::fp32_op;
@@ -156,7 +159,6 @@ using PointwiseCall = Pointwises::Call;
 static_assert(Pointwises::names[static_cast<std::size_t>(Activation::gelu)] == Gelu::name,
               "the activations are the first entries, in their enum's order");
 
-inline std::string_view pointwise_name(const PointwiseCall& call) { return Pointwises::names[call.index()]; }
 inline Saves pointwise_saves(const PointwiseCall& call) { return Pointwises::saves[call.index()]; }
 
 // The entry of an activation, and of the other ops with their parameters.
