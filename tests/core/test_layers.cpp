@@ -48,6 +48,7 @@
 #include "mpsim/core/policy.hpp"
 #include "mpsim/emulation/format.hpp"
 #include "mpsim/emulation/rounding.hpp"
+#include "support/test_support.hpp"
 
 namespace {
 
@@ -60,14 +61,7 @@ constexpr double u = 0x1p-24;      // binary32 unit roundoff
 constexpr double eps64 = 0x1p-53;  // binary64 unit roundoff
 
 // SplitMix64: the same draws with every standard library.
-struct Rng {
-  std::uint64_t state;
-  std::uint64_t next() {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
+struct Rng : mpsim::test::SplitMix {
   double uniform(double lo, double hi) { return lo + (hi - lo) * (static_cast<double>(next() >> 11) * 0x1p-53); }
   std::size_t index(std::size_t n) { return static_cast<std::size_t>(next() % n); }
 };

@@ -10,8 +10,6 @@
 
 #include <bit>
 #include <cstdint>
-#include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <sstream>
@@ -184,14 +182,5 @@ TEST_CASE("op bits: every element-wise and row-wise op keeps its bits", "[core][
   b.rotary(dqkv_out, table, a, true, qdx);
   r.record("rotary", {&qy, &qdx});
 
-  const std::string path = std::string(MPSIM_SOURCE_DIR) + "/tests/golden/op_bits.txt";
-  if (std::getenv("MPSIM_UPDATE_GOLDEN")) {
-    std::ofstream(path) << r.text();
-    WARN("wrote " << path);
-  }
-  std::ifstream file(path);
-  REQUIRE(file.good());
-  std::stringstream golden;
-  golden << file.rdbuf();
-  CHECK(r.text() == golden.str());
+  test::check_golden(std::string(MPSIM_SOURCE_DIR) + "/tests/golden/op_bits.txt", r.text());
 }

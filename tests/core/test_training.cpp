@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <numbers>
 #include <sstream>
@@ -18,6 +17,7 @@
 #include "mpsim/core/loss_scaler.hpp"
 #include "mpsim/core/trainer.hpp"
 #include "support/forwarding_backend.hpp"
+#include "support/test_support.hpp"
 #include "tiny_text.hpp"
 
 using namespace mpsim;
@@ -377,16 +377,7 @@ TEST_CASE("golden trajectory: fp16-mixed with dynamic scaling replays bit for bi
            << below << ' ' << wflushed << '\n';
     }
   }
-  const std::string path = std::string(MPSIM_SOURCE_DIR) + "/tests/golden/trajectories.txt";
-  if (std::getenv("MPSIM_UPDATE_GOLDEN")) {
-    std::ofstream(path) << text.str();
-    WARN("wrote " << path);
-  }
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream golden;
-  golden << in.rdbuf();
-  CHECK(text.str() == golden.str());
+  test::check_golden(std::string(MPSIM_SOURCE_DIR) + "/tests/golden/trajectories.txt", text.str());
 }
 
 TEST_CASE("config errors name the key and what is accepted", "[training][config]") {
@@ -839,14 +830,5 @@ TEST_CASE("golden trajectory: transformers with every optional layer replay bit 
       text << "eval " << e.step << ' ' << hex(e.train_loss) << ' ' << hex(e.test_loss) << ' '
            << hex(e.test_accuracy) << '\n';
   }
-  const std::string path = std::string(MPSIM_SOURCE_DIR) + "/tests/golden/transformer_trajectories.txt";
-  if (std::getenv("MPSIM_UPDATE_GOLDEN")) {
-    std::ofstream(path) << text.str();
-    WARN("wrote " << path);
-  }
-  std::ifstream in(path);
-  REQUIRE(in.good());
-  std::stringstream golden;
-  golden << in.rdbuf();
-  CHECK(text.str() == golden.str());
+  test::check_golden(std::string(MPSIM_SOURCE_DIR) + "/tests/golden/transformer_trajectories.txt", text.str());
 }

@@ -1,7 +1,11 @@
 #include "support/test_support.hpp"
 
+#include <catch2/catch.hpp>
+
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace mpsim::test {
@@ -18,6 +22,18 @@ void skip(std::string_view reason) {
   std::printf("SKIPPED: %.*s\n", static_cast<int>(reason.size()), reason.data());
   std::fflush(stdout);
   std::_Exit(MPSIM_SKIP_CODE);
+}
+
+void check_golden(const std::filesystem::path& path, const std::string& text) {
+  if (std::getenv("MPSIM_UPDATE_GOLDEN")) {
+    std::ofstream(path) << text;
+    WARN("wrote " << path.string());
+  }
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream golden;
+  golden << in.rdbuf();
+  CHECK(text == golden.str());
 }
 
 }  // namespace mpsim::test

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace mpsim::test {
@@ -15,6 +16,11 @@ std::optional<std::filesystem::path> shared_dir();
 // Ends the current test process with CTest's skip code after saying why.
 // Use only in a test case that CTest runs on its own.
 [[noreturn]] void skip(std::string_view reason);
+
+// Checks `text` against the golden file `path` (tests/golden/), after
+// writing it there when MPSIM_UPDATE_GOLDEN is set: how a golden is
+// regenerated after an intended change.
+void check_golden(const std::filesystem::path& path, const std::string& text);
 
 // SplitMix64 (Steele, Lea and Flood 2014), written out for test inputs that
 // do not depend on a standard library's distributions.
