@@ -118,6 +118,16 @@ struct MultiplyOp {
   }
 };
 
+// Calls f(E{}, params) with the entry E of `Entries` (a std::tuple) that
+// `call` holds, a std::variant of the entries' parameters in the same order
+// (host code: a backend picks its loop or kernel). Both op tables visit so.
+template <typename Entries, typename Call, typename F>
+void visit_entry(const Call& call, F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (void)((call.index() == I ? (f(std::tuple_element_t<I, Entries>{}, *std::get_if<I>(&call)), true) : false) || ...);
+  }(std::make_index_sequence<std::tuple_size_v<Entries>>{});
+}
+
 // The table. Call holds which entry (its index) and that entry's parameters.
 template <typename... P>
 struct PointwiseTable {
@@ -130,14 +140,9 @@ struct PointwiseTable {
   static constexpr std::array<bool, size> selects_gradient{entry_selects_gradient<P>()...};
   static_assert((std::is_trivially_copyable_v<typename P::Params> && ...), "parameters travel by value into a kernel");
 
-  // Calls f(P{}, params) with the entry the call holds (host code: a backend
-  // picks its loop or kernel).
   template <typename F>
   static void visit(const Call& call, F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (void)((call.index() == I ? (f(std::tuple_element_t<I, Entries>{}, *std::get_if<I>(&call)), true) : false) ||
-             ...);
-    }(std::index_sequence_for<P...>{});
+    visit_entry<Entries>(call, std::forward<F>(f));
   }
   // Why the call's parameters cannot run, from the entry's `refusal` where it has one.
   static std::string refusal(const Call& call) {

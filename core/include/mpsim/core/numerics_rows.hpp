@@ -27,6 +27,7 @@
 
 #include "mpsim/core/numerics_attention.hpp"
 #include "mpsim/core/numerics_layers.hpp"
+#include "mpsim/core/numerics_ops.hpp"
 #include "mpsim/emulation/host_device.hpp"
 
 namespace mpsim::core {
@@ -135,13 +136,9 @@ struct RowTable {
   static_assert((std::is_trivially_copyable_v<typename R::Params> && ...), "parameters travel by value into a kernel");
   static_assert((std::is_trivially_copyable_v<typename R::GradStats> && ...), "kept per segment in device scratch");
 
-  // Calls f(R{}, params) with the entry the call holds (host code).
   template <typename F>
   static void visit(const Call& call, F&& f) {
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (void)((call.index() == I ? (f(std::tuple_element_t<I, Entries>{}, *std::get_if<I>(&call)), true) : false) ||
-             ...);
-    }(std::index_sequence_for<R...>{});
+    visit_entry<Entries>(call, std::forward<F>(f));
   }
 };
 using Rows = RowTable<NormRow>;
