@@ -6,9 +6,15 @@
 #include <bit>
 #include <cmath>
 #include <array>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <iostream>
 #include <iterator>
+#include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "mpsim/emulation/block_format.hpp"
@@ -228,10 +234,18 @@ int run_testfloat(const std::vector<std::string>& words) {
   return report.failed == 0 ? 0 : 1;
 }
 
+// Whether a number's text is an infinity ("inf", "-Infinity"), not a finite value too large for a format.
+bool names_infinity(std::string_view token) {
+  if (!token.empty() && (token[0] == '+' || token[0] == '-')) token.remove_prefix(1);
+  return token.size() >= 3 && std::tolower(static_cast<unsigned char>(token[0])) == 'i' &&
+         std::tolower(static_cast<unsigned char>(token[1])) == 'n' &&
+         std::tolower(static_cast<unsigned char>(token[2])) == 'f';
+}
+
 struct QuantizeArgs {
   std::string format;
   std::string scale_rounding;
-  int block = 0;
+  std::optional<std::string> block;
   std::string mode = "nearest-even";
   std::uint64_t seed = 0;
   bool values_only = false;
@@ -252,8 +266,17 @@ int run_quantize(const QuantizeArgs& args) {
     else throw UsageError(fmt::format("unknown --scale-rounding '{}'. Accepted: floor (OCP MX v1.0), ceil (never saturates)",
                                       args.scale_rounding));
   }
-  if (args.block < 0) throw UsageError(fmt::format("--block {} must be at least 1", args.block));
-  if (args.block > 0) format->block_rows = 1, format->block_cols = args.block;
+  if (args.block) {
+    std::string text = *args.block;
+    text.erase(0, text.find_first_not_of(' '));  // main() spaces out arguments that start with '-'
+    std::int32_t block = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), block);
+    if (error != std::errc{} || end != text.data() + text.size() || block < 1)
+      throw UsageError(fmt::format("--block '{}' is not a block size: give a whole number from 1 to {} (values per "
+                                   "block), or leave --block out for the format's own ({})",
+                                   text, std::numeric_limits<std::int32_t>::max(), format->block_cols));
+    format->block_rows = 1, format->block_cols = block;
+  }
   if (args.values_only && args.scales) throw UsageError("--values-only and --scales print different things: give one");
   const RoundingMode mode = mode_from(args.mode);
   if (mode != RoundingMode::nearest_even && mode != RoundingMode::stochastic)
@@ -261,10 +284,19 @@ int run_quantize(const QuantizeArgs& args) {
   std::vector<std::string> values = args.values;
   if (values.empty()) values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
   for (std::string& v : values) v.erase(0, v.find_first_not_of(' '));
+  if (values.empty())
+    throw UsageError("no values to quantize: give them as arguments (mpsim fp quantize --format mxfp4 1 2.5 -0.1) "
+                     "or on stdin, separated by spaces or newlines");
   std::vector<float> x;
   for (const auto& v : values) {  // all checked before any output
     const Rounded r = round_to_format(formats::binary32, Rounding{}, parse_number(v).odd);
     x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(r.bits.value)));
+    // A finite number past binary32's range would become an infinity and make its block NaN: say so instead.
+    if (std::isinf(x.back()) && !names_infinity(v))
+      throw UsageError(fmt::format("'{}' is beyond binary32's range (largest finite 0x1.fffffep+127, about "
+                                   "3.4028235e38), and the tensor quantized is binary32: give a smaller value, or inf "
+                                   "for an infinity",
+                                   v));
   }
   BlockQuantizeOptions options;
   options.rounding = Rounding{mode};

@@ -60,7 +60,8 @@ std::vector<std::string> negative_numbers_as_values(int argc, char** argv) {
     std::string lower = args[i];
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     const bool special = lower == "-inf" || lower == "-infinity" || lower == "-nan";
-    const bool point = lower.size() > 2 && lower[1] == '.' && std::isdigit(static_cast<unsigned char>(lower[2]));
+    const bool point = lower.size() > 2 && lower[0] == '-' && lower[1] == '.' &&
+                       std::isdigit(static_cast<unsigned char>(lower[2]));
     if (special || point) args[i] = " " + args[i];
   }
   return args;
