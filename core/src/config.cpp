@@ -76,6 +76,11 @@ constexpr auto base_model_fields = std::to_array<ConfigField<ModelSpec>>({
     enum_key<&ModelSpec::norm, norm_kind_names>(
         "norm", "the kind of every norm layer (the MLP's with layer_norm, a transformer's): `layernorm`, or "
                 "`rmsnorm` (Zhang and Sennrich 2019; LLaMA: no mean, no bias)"),
+    key<&ModelSpec::zero_centered_gamma>(
+        "zero_centered_gamma", "",
+        "every norm (QK-norm included) scales by 1 + gamma in binary32, gamma starting at 0 (Transformer Engine's "
+        "zero_centered_gamma, Megatron-LM's apply_layernorm_1p, Gemma's RMSNorm): a narrow weight format then holds "
+        "gamma's small offsets from 1, and weight decay (optimizer.decay_vectors) pulls the scale toward 1"),
     key<&ModelSpec::patch>("patch", "pixels", "vit: side of the square patches; divides the image's sides",
                            at_least(1)),
     key<&ModelSpec::depth>("depth", "blocks", "vit, gpt: transformer blocks", at_least(1)),

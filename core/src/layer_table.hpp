@@ -68,7 +68,7 @@ inline constexpr auto qk_norm_keys = std::to_array<ConfigField<ModelSpec>>({
 });
 inline std::unique_ptr<Layer> qk_norm_at(const Place& at) {
   if (!at.spec.qk_norm || at.slot != Slot::after_qkv) return nullptr;
-  return make_qk_norm(at.block + "qk_norm", at.tokens, at.spec.heads, at.head_dim());
+  return make_qk_norm(at.block + "qk_norm", at.tokens, at.spec.heads, at.head_dim(), 1e-5f, at.spec.zero_centered_gamma);
 }
 
 // --- Gemma's scaling of the embedded tokens ----------------------------------------------------------------------
@@ -111,6 +111,23 @@ inline std::string positions_refusal(const ModelSpec& m) {
   return fmt::format("model.positions = \"rotary\" pairs each head's features, but width / heads = {} is odd: use a "
                      "width that 2 x heads divides",
                      m.width / m.heads);
+}
+
+// --- Post-branch norms: Gemma 2's "sandwich" (Gemma Team 2024b; Ding et al. 2021, CogView's sandwich LayerNorm) --
+inline constexpr auto post_norm_keys = std::to_array<ConfigField<ModelSpec>>({
+    key<&ModelSpec::post_norm>(
+        "post_norm", "",
+        "vit, gpt: a norm of model.norm's kind on each block's attention and MLP outputs before their residual sums "
+        "(`blockN.ln1_post`, `blockN.ln2_post`; Gemma 2's post_attention_layernorm and post_feedforward_layernorm, "
+        "CogView's sandwich LayerNorm), which bounds what each branch adds to the residual stream"),
+});
+inline std::unique_ptr<Layer> post_norm_at(const Place& at) {
+  if (!at.spec.post_norm) return nullptr;
+  switch (at.slot) {
+    case Slot::after_attention: return make_norm(at.block + "ln1_post", at.spec, at.spec.width);
+    case Slot::after_mlp: return make_norm(at.block + "ln2_post", at.spec, at.spec.width);
+    default: return nullptr;
+  }
 }
 
 // --- Dropout (GPT-2's embd_pdrop and resid_pdrop) ----------------------------------------------------------------
@@ -163,6 +180,7 @@ inline constexpr std::array entries{
     LayerEntry{"qk_norm", &qk_norm_at, qk_norm_keys},
     LayerEntry{"embedding_scale", &embedding_scale_at, embedding_scale_keys, &embedding_scale_refusal},
     LayerEntry{"positions", &positions_at, position_keys, &positions_refusal},
+    LayerEntry{"post_norm", &post_norm_at, post_norm_keys},  // before dropout: the mask stays last before the sum
     LayerEntry{"dropout", &dropout_at, dropout_keys},
     LayerEntry{"logit_softcap", &logit_softcap_at, logit_softcap_keys, &logit_softcap_refusal},
 };

@@ -411,9 +411,10 @@ class RowLayer final : public Layer {
 }  // namespace
 
 namespace {
-RowLayerSpec norm_spec(std::int64_t features, float eps, bool centered) {
-  return {.call = [eps, centered](const Policy& p) {
-            return norm_call(eps, centered, internal_rounding(p, &Policy::norm_statistics, "layer_norm"));
+RowLayerSpec norm_spec(std::int64_t features, float eps, bool centered, bool zero_centered) {
+  return {.call = [eps, centered, zero_centered](const Policy& p) {
+            return norm_call(eps, centered, internal_rounding(p, &Policy::norm_statistics, "layer_norm"),
+                             zero_centered);
           },
           .layout = [features](const Tensor& x) { return RowLayout::rows(x.numel() / features, features); },
           .parameter_shape = {features},
@@ -452,11 +453,15 @@ std::unique_ptr<Layer> make_row_layer(std::string name, RowLayerSpec spec) {
 }
 // Over rows of `features` values, the statistics as policy.norm_statistics
 // says (binary64 sums by default, as autocast's FP32 layer_norm).
-std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps) {
-  return make_row_layer(std::move(name), norm_spec(features, eps, true));
+std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps, bool zero_centered) {
+  return make_row_layer(std::move(name), norm_spec(features, eps, true, zero_centered));
 }
-std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps) {
-  return make_row_layer(std::move(name), norm_spec(features, eps, false));
+std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps, bool zero_centered) {
+  return make_row_layer(std::move(name), norm_spec(features, eps, false, zero_centered));
+}
+std::unique_ptr<Layer> make_norm(std::string name, const ModelSpec& spec, std::int64_t features) {
+  return make_row_layer(std::move(name),
+                        norm_spec(features, 1e-5f, spec.norm == NormKind::layer_norm, spec.zero_centered_gamma));
 }
 
 }  // namespace mpsim::core

@@ -545,10 +545,10 @@ std::unique_ptr<Layer> make_soft_cap(std::string name, float cap) {
 // the layer's weight and bias: ones and zeros at first, no weight decay with
 // optimizer.decay_vectors = false.
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
-                                    float eps) {
+                                    float eps, bool zero_centered) {
   RowLayerSpec spec{
-      .call = [eps](const Policy& p) {
-        return norm_call(eps, true, internal_rounding(p, &Policy::norm_statistics, "layer_norm"));
+      .call = [eps, zero_centered](const Policy& p) {
+        return norm_call(eps, true, internal_rounding(p, &Policy::norm_statistics, "layer_norm"), zero_centered);
       },
       .layout = [name, tokens, heads, head_dim](const Tensor& x) {
         return RowLayout::qk_heads(qkv_shape(name, x, tokens, heads, head_dim));

@@ -139,9 +139,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
   std::vector<std::unique_ptr<Layer>> layers;
   const std::string act(to_string(spec.activation));
   const auto activation = [&](const std::string& name) { return make_activation(name, spec.activation); };
-  const auto norm = [&](const std::string& name, std::int64_t width) {
-    return spec.norm == NormKind::rms_norm ? make_rms_norm(name, width) : make_layer_norm(name, width);
-  };
+  const auto norm = [&](const std::string& name, std::int64_t width) { return make_norm(name, spec, width); };
   if (spec.kind == ModelKind::mlp) {
     layers.push_back(make_flatten("flatten"));
     std::int64_t width = in.channels * in.height * in.width;
@@ -235,7 +233,7 @@ std::vector<std::unique_ptr<Layer>> build_layers(const ModelSpec& spec, const In
 }  // namespace
 
 Model::Model(const ModelSpec& spec, const InputShape& in, std::uint64_t seed) : layers_(build_layers(spec, in)) {
-  initialize(parameters(), spec.init, spec.init_scale, seed);
+  initialize(parameters(), spec.init, spec.init_scale, seed, spec.zero_centered_gamma ? 0.0f : 1.0f);
 }
 
 std::vector<Parameter*> Model::parameters() {
@@ -252,7 +250,8 @@ std::vector<std::string> Model::stat_names(const ModelSpec& spec, const InputSha
   return names;
 }
 
-void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed) {
+void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed,
+                float norm_gamma) {
   std::uint64_t index = 0;
   for (Parameter* p : parameters) {
     SplitMix64 rng(mix(seed, ++index));
@@ -260,7 +259,7 @@ void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double sc
     p->initial.assign(static_cast<std::size_t>(n), 0.0f);
     const bool is_bias = p->name.ends_with(".bias");
     const bool is_norm = p->shape.size() == 1 && !is_bias;  // LayerNorm gamma
-    if (is_norm) std::fill(p->initial.begin(), p->initial.end(), 1.0f);
+    if (is_norm) std::fill(p->initial.begin(), p->initial.end(), norm_gamma);
     if (is_bias || is_norm) continue;
     const std::int64_t fan_out = p->shape[0], fan_in = n / fan_out;
     const std::int64_t receptive = p->shape.size() == 4 ? p->shape[2] * p->shape[3] : 1;

@@ -1761,6 +1761,112 @@ TEST_CASE("GPT with Gemma's embedding scale: gradients match finite differences 
   check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-2f, 2036, 30, true);
 }
 
+TEST_CASE("Gemma 2's post-branch norms: the model places them, and gradients match finite differences of the loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.post_norm = true;
+  spec.dropout = 0.1;
+  const std::vector<std::string> names = Model::stat_names(spec, InputShape{1, 1, 6, 5});
+  const auto index_of = [&](const std::string& name) {
+    const auto it = std::find(names.begin(), names.end(), name);
+    REQUIRE(it != names.end());
+    return it - names.begin();
+  };
+  // Each branch's norm after its last Linear and before its dropout and residual sum.
+  CHECK(index_of("block1.ln1_post") == index_of("block1.proj") + 1);
+  CHECK(index_of("block1.drop1") == index_of("block1.ln1_post") + 1);
+  CHECK(index_of("block2.ln2_post") == index_of("block2.fc2") + 1);
+  CHECK(index_of("block2.drop2") == index_of("block2.ln2_post") + 1);
+  spec.dropout = 0.0;
+  // Gemma 2 arranges it with RMSNorm; the ViT with LayerNorm (gamma and beta). A step of 1e-3 as for LLaMA's
+  // arrangement above (RMSNorm's curvature in gamma).
+  spec.norm = NormKind::rms_norm;
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2037, 30, true);
+  ModelSpec vit = small_transformer(ModelKind::vit);
+  vit.post_norm = true;
+  check_model_gradients(vit, InputShape{1, 8, 8, 3}, 3, 1e-2f, 2038, 30);
+}
+
+// A zero-centred gamma (model.zero_centered_gamma) scales by 1 + gamma in
+// binary32 and nothing else changes: the norm with parameter g computes, bit
+// for bit, the plain norm whose gamma is the binary32 sum 1 + g, forward and
+// backward, with binary64 statistics and with bfloat16 ones; the parameters'
+// gradients too (d(1 + g)/dg = 1). The plain norms are checked against
+// binary64 references above.
+TEST_CASE("zero-centred gamma: a norm with parameter g computes the plain norm with gamma = 1 + g, bit for bit",
+          "[layers][transformer]") {
+  const Index tokens = 3, heads = 2, head_dim = 4, width = heads * head_dim, rows = 2 * tokens;
+  Rng rng{2039};
+  const FVec x = uniform(rng, static_cast<std::size_t>(rows * 3 * width), -1.5, 2.5);
+  const FVec dy = uniform(rng, x.size(), -1.0, 1.0);
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<Layer>(bool zero_centered)> make;
+    Shape shape;
+  };
+  const std::vector<Case> cases{
+      {"LayerNorm", [&](bool z) { return make_layer_norm("ln", 3 * width, 1e-5f, z); }, {rows, 3 * width}},
+      {"RMSNorm", [&](bool z) { return make_rms_norm("rms", 3 * width, 1e-5f, z); }, {rows, 3 * width}},
+      {"QK-LayerNorm", [&](bool z) { return make_qk_norm("qkn", tokens, heads, head_dim, 1e-5f, z); },
+       {rows, 3 * width}},
+  };
+  for (const bool low : {false, true})
+    for (const Case& c : cases) {
+      DYNAMIC_SECTION(c.name << (low ? ", bfloat16 statistics" : ", binary64 statistics")) {
+        struct Out {
+          FVec y, dx, dgamma, dbeta;
+        };
+        const auto run = [&](bool zero_centered, const FVec& gamma, const FVec& beta) {
+          Fixture f;
+          if (low) f.policy.norm_statistics = RoundingPoint{mpsim::formats::bfloat16};
+          std::unique_ptr<Layer> layer = c.make(zero_centered);
+          const std::vector<Parameter*> params = layer->parameters();
+          f.set_parameter(*params[0], gamma);
+          if (params.size() > 1) f.set_parameter(*params[1], beta);
+          Out out;
+          out.y = f.host(layer->forward(f.ctx, f.tensor(x, c.shape)));
+          out.dx = f.host(layer->backward(f.ctx, f.tensor(dy, c.shape), true));
+          out.dgamma = f.host(params[0]->grad);
+          if (params.size() > 1) out.dbeta = f.host(params[1]->grad);
+          return out;
+        };
+        const std::size_t n = size_of(c.make(false)->parameters()[0]->shape);
+        // Offsets from 1 as a trained zero-centred gamma holds them, some below bfloat16's spacing at 1.
+        FVec g = uniform(rng, n, -0.3, 0.3);
+        g[0] = 0.0f, g[1] = 0x1p-10f, g[2] = -0.0f;
+        const FVec beta = uniform(rng, n, -1.0, 1.0);
+        FVec one_plus_g(n);
+        for (std::size_t i = 0; i < n; ++i) one_plus_g[i] = 1.0f + g[i];
+        const Out centred = run(true, g, beta), plain = run(false, one_plus_g, beta);
+        CHECK(bits_of(centred.y) == bits_of(plain.y));
+        CHECK(bits_of(centred.dx) == bits_of(plain.dx));
+        CHECK(bits_of(centred.dgamma) == bits_of(plain.dgamma));
+        CHECK(bits_of(centred.dbeta) == bits_of(plain.dbeta));
+        // And it is not the plain norm with gamma = g.
+        CHECK(bits_of(run(false, g, beta).y) != bits_of(centred.y));
+      }
+    }
+}
+
+TEST_CASE("zero-centred gamma: gammas start at 0, and a GPT's gradients match finite differences of the loss",
+          "[layers][transformer]") {
+  ModelSpec spec = small_transformer(ModelKind::gpt);
+  spec.zero_centered_gamma = true;
+  spec.qk_norm = true;
+  spec.post_norm = true;
+  Model model(spec, InputShape{1, 1, 6, 5}, 7);
+  std::size_t gammas = 0;
+  for (const Parameter* p : model.parameters())
+    if (p->shape.size() == 1 && !p->name.ends_with(".bias")) {
+      ++gammas;
+      CHECK(std::all_of(p->initial.begin(), p->initial.end(), [](float v) { return v == 0.0f && !std::signbit(v); }));
+    }
+  CHECK(gammas == 2 * 5 + 1);  // per block ln1, ln2, qk_norm, ln1_post, ln2_post; the final ln
+  // A step of 1e-3: with a norm after each branch the loss curves more in the inputs' positions (at 1e-2 the
+  // central difference of one position entry was 3.4% off, truncation, which falls as h^2).
+  check_model_gradients(spec, InputShape{1, 1, 6, 5}, 3, 1e-3f, 2040, 30, true);
+}
+
 TEST_CASE("QK-LayerNorm forward and backward match binary64 references", "[layers][transformer]") {
   const Index batch = 2, tokens = 3, heads = 2, head_dim = 5, width = heads * head_dim, rows = batch * tokens;
   const double eps = static_cast<double>(1e-5f);

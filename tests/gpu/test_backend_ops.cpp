@@ -851,6 +851,31 @@ TEST_CASE("LayerNorm and RMSNorm forward and backward match the CPU bit for bit"
     b.gpu->rms_norm_backward(x.gpu, gamma.gpu, rs.gpu, dy.gpu, rdx.gpu, rdgamma.gpu);
     check_same("rms norm dx", b, rdx);
     check_same("rms norm dgamma", b, rdgamma);
+    // Zero-centred gamma (model.zero_centered_gamma), through the generic row call: the scale 1 + gamma.
+    for (const bool centered : {true, false}) {
+      INFO((centered ? "LayerNorm" : "RMSNorm") << " with a zero-centred gamma");
+      const core::RowCall call = core::norm_call(1e-5f, centered, {}, true);
+      const core::RowLayout layout = core::RowLayout::rows(rows, cols);
+      auto zy = b.empty({rows, cols}), zmean = b.empty({rows}), zrstd = b.empty({rows}), zdx = b.empty({rows, cols});
+      auto zdgamma = b.upload(FVec(static_cast<std::size_t>(cols), NAN), {cols});
+      auto zdbeta = b.upload(FVec(static_cast<std::size_t>(cols), NAN), {cols});
+      for (const bool gpu : {false, true}) {
+        core::Backend& backend = gpu ? *b.gpu : *b.cpu;
+        const auto at = [gpu](auto& pair) { return gpu ? &pair.gpu : &pair.cpu; };
+        core::Backend::RowTensors t;
+        t.parameters = {at(gamma), centered ? at(beta) : nullptr};
+        t.statistics = {centered ? at(zmean) : nullptr, at(zrstd)};
+        backend.row_forward(call, layout, *at(x), *at(zy), t);
+        t.parameters[1] = nullptr;
+        t.parameter_grads = {at(zdgamma), centered ? at(zdbeta) : nullptr};
+        backend.row_backward(call, layout, *at(x), *at(dy), *at(zdx), t);
+      }
+      check_same("zero-centred output", b, zy);
+      check_same("zero-centred rstd", b, zrstd);
+      check_same("zero-centred dx", b, zdx);
+      check_same("zero-centred dgamma", b, zdgamma);
+      if (centered) check_same("zero-centred dbeta", b, zdbeta);
+    }
   }
 }
 

@@ -123,32 +123,51 @@ class Table(nn.Module):
         self.weight = nn.Parameter(torch.zeros(rows, cols))
 
 
+def norm_scale(weight, zero_centered):
+    """The scale a norm multiplies by: its weight, or 1 + weight (model.zero_centered_gamma; Transformer Engine's
+    zero_centered_gamma, written out here)."""
+    return 1 + weight if zero_centered else weight
+
+
 class RMSNorm(nn.Module):
     """RMSNorm (Zhang and Sennrich 2019) as mpsim's: x / sqrt(mean(x^2) + eps) * weight, no bias (PyTorch 1.13 has
     no nn.RMSNorm)."""
 
-    def __init__(self, width, eps=1e-5):
+    def __init__(self, width, eps=1e-5, zero_centered=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(width))
-        self.eps = eps
+        self.eps, self.zero_centered = eps, zero_centered
 
     def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * norm_scale(self.weight, self.zero_centered)
+
+
+class LayerNorm(nn.Module):
+    """PyTorch's LayerNorm, its scale 1 + weight when zero-centred."""
+
+    def __init__(self, width, eps=1e-5, zero_centered=False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.eps, self.zero_centered = eps, zero_centered
+
+    def forward(self, x):
+        return F.layer_norm(x, x.shape[-1:], norm_scale(self.weight, self.zero_centered), self.bias, self.eps)
 
 
 class QkNorm(nn.Module):
     """QK-LayerNorm as mpsim's: LayerNorm over each head's q (weight[:dim], bias[:dim]) and k (the rest)."""
 
-    def __init__(self, dim):
+    def __init__(self, dim, zero_centered=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(2 * dim))
         self.bias = nn.Parameter(torch.zeros(2 * dim))
-        self.dim = dim
+        self.dim, self.zero_centered = dim, zero_centered
 
     def forward(self, q, k):
-        dim = self.dim
-        return (F.layer_norm(q, (dim,), self.weight[:dim], self.bias[:dim], 1e-5),
-                F.layer_norm(k, (dim,), self.weight[dim:], self.bias[dim:], 1e-5))
+        dim, scale = self.dim, norm_scale(self.weight, self.zero_centered)
+        return (F.layer_norm(q, (dim,), scale[:dim], self.bias[:dim], 1e-5),
+                F.layer_norm(k, (dim,), scale[dim:], self.bias[dim:], 1e-5))
 
 
 def rotary_tables(tokens, dim, base):
@@ -171,27 +190,34 @@ def soft_cap(x, cap):
     return x if cap <= 0 else cap * torch.tanh(x / cap)
 
 
-def make_norm(kind, width):
+def make_norm(kind, width, zero_centered=False):
+    if zero_centered:
+        return RMSNorm(width, zero_centered=True) if kind == "rmsnorm" else LayerNorm(width, zero_centered=True)
     return RMSNorm(width) if kind == "rmsnorm" else nn.LayerNorm(width, eps=1e-5)
 
 
 class Block(nn.Module):
     """A pre-norm transformer block as core/src/model.cpp builds it: x + proj(attn(qkv(ln1(x)))), then
     x + fc2(act(fc1(ln2(x)))); q, k and v side by side in qkv's output, head h at columns h*dim. Optionally
-    RMSNorm for the norms, QK-LayerNorm on q and k, and a gated MLP (SwiGLU: fc1 makes [gate | value])."""
+    RMSNorm for the norms, zero-centred scales, QK-LayerNorm on q and k, a gated MLP (SwiGLU: fc1 makes
+    [gate | value]) and Gemma 2's norms on the branches' outputs (ln1_post, ln2_post)."""
 
     def __init__(self, width, heads, mlp_width, act, causal, norm="layernorm", qk_norm=False, gated=False,
-                 rotary=None, attention_softcap=0.0):
+                 rotary=None, attention_softcap=0.0, zero_centered=False, post_norm=False):
         super().__init__()
         self.rotary, self.attention_softcap = rotary, attention_softcap
-        self.ln1 = make_norm(norm, width)
+        self.ln1 = make_norm(norm, width, zero_centered)
         self.qkv = nn.Linear(width, 3 * width)
         if qk_norm:
-            self.qk_norm = QkNorm(width // heads)
+            self.qk_norm = QkNorm(width // heads, zero_centered)
         self.proj = nn.Linear(width, width)
-        self.ln2 = make_norm(norm, width)
+        if post_norm:  # created in mpsim's order of the parameters
+            self.ln1_post = make_norm(norm, width, zero_centered)
+        self.ln2 = make_norm(norm, width, zero_centered)
         self.fc1 = nn.Linear(width, 2 * mlp_width if gated else mlp_width)
         self.fc2 = nn.Linear(mlp_width, width)
+        if post_norm:
+            self.ln2_post = make_norm(norm, width, zero_centered)
         self.act, self.heads, self.causal, self.gated = act(), heads, causal, gated
 
     def forward(self, x, drop=None):
@@ -209,14 +235,15 @@ class Block(nn.Module):
             mask = torch.ones(t, t, dtype=torch.bool).triu(1)
             scores = scores.masked_fill(mask, float("-inf"))
         attended = (drop(scores.softmax(-1), "attention_dropout") @ v).transpose(1, 2).reshape(b, t, w)
-        x = x + drop(self.proj(attended), "dropout")
+        post1, post2 = (getattr(self, name, lambda y: y) for name in ("ln1_post", "ln2_post"))
+        x = x + drop(post1(self.proj(attended)), "dropout")
         h = self.fc1(self.ln2(x))
         if self.gated:
             gate, value = h.split(h.shape[-1] // 2, -1)
             h = self.act(gate) * value
         else:
             h = self.act(h)
-        return x + drop(self.fc2(h), "dropout")
+        return x + drop(post2(self.fc2(h)), "dropout")
 
 
 class Transformer(nn.Module):
@@ -248,10 +275,13 @@ class Transformer(nn.Module):
         norm = d.config.get("norm", ["layernorm"])[0]
         qk_norm = d.config.get("qk_norm", ["0"])[0] == "1"
         gated = d.config.get("gated", ["0"])[0] == "1"
+        zero_centered = d.config.get("zero_centered_gamma", ["0"])[0] == "1"
+        post_norm = d.config.get("post_norm", ["0"])[0] == "1"
+        self.embedding_scale = float(d.config.get("embedding_scale", ["0"])[0])
         for name in self.blocks:
             setattr(self, name, Block(width, heads, mlp_width, act, not self.vit, norm, qk_norm, gated, rotary,
-                                      attention_softcap))
-        self.ln = make_norm(norm, width)
+                                      attention_softcap, zero_centered, post_norm))
+        self.ln = make_norm(norm, width, zero_centered)
         self.head = nn.Linear(width, classes)
         if d.config.get("tie_embeddings", ["0"])[0] == "1":
             self.head.weight = self.embed.weight  # one parameter (named embed.weight): its gradient sums both uses
@@ -274,6 +304,8 @@ class Transformer(nn.Module):
             y = self.patch(x).flatten(2).transpose(1, 2)  # [batch, tokens, width]: mpsim's nchw_to_rows
         else:
             y = self.embed.weight[x.reshape(x.shape[0], -1).long()]
+        if self.embedding_scale > 0:  # Gemma's, a binary32 product by the factor as mpsim rounds it
+            y = y * torch.tensor(self.embedding_scale, dtype=torch.float32)
         if hasattr(self, "pos"):
             y = y + self.pos.weight
         y = self.drop(y, "dropout")
@@ -454,6 +486,8 @@ def reduction_chain(d):
         else:
             tokens, first = h * w, []
         block = [width] * 4 + [width, width // heads, tokens, tokens, width] + [width] * 4 + [width, mlp]
+        if d.config.get("post_norm", ["0"])[0] == "1":
+            block += [width] * 8  # the two norms on the branches' outputs
         forward = first + block * depth + [width] * 4 + ([tokens] if d.get("model") == "vit" else []) + [width]
         forward += [classes]
         return forward + forward + [b * tokens]

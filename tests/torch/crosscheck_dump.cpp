@@ -122,6 +122,23 @@ std::map<std::string, Case> cases() {
     all.emplace(c.name, c);
   }
   {
+    // Gemma 2's arrangement: RMSNorm with zero-centred scales (1 + gamma), norms on both branches' outputs, a
+    // GeGLU MLP, the embedded rows scaled by sqrt(width), a tied head, capped output logits; and QK-LayerNorm,
+    // zero-centred too.
+    Case c = all.at("gpt_adamw");
+    c.name = "gemma_adamw";
+    c.model.norm = NormKind::rms_norm;
+    c.model.zero_centered_gamma = true;
+    c.model.post_norm = true;
+    c.model.gated = true;
+    c.model.qk_norm = true;
+    c.model.embedding_scale = 4.0;  // sqrt(16)
+    c.model.tie_embeddings = true;
+    c.model.logit_softcap = 0.5;
+    c.optimizer.decay_vectors = true;  // the scales decay toward 1
+    all.emplace(c.name, c);
+  }
+  {
     // Rotary positions (no position table), Gemma 2's soft caps, set near the logits' size so that tanh bends
     // them, and a head tied to the token table.
     Case c = all.at("gpt_adamw");
@@ -284,6 +301,8 @@ int run(const fs::path& out_dir, const Case& c, std::int64_t steps) {
            << number(c.model.rotary_base) << "\nattention_softcap " << number(c.model.attention_softcap)
            << "\nlogit_softcap " << number(c.model.logit_softcap) << "\ntie_embeddings " << (c.model.tie_embeddings ? 1 : 0)
            << "\ndropout " << number(c.model.dropout) << "\nattention_dropout " << number(c.model.attention_dropout)
+           << "\nzero_centered_gamma " << (c.model.zero_centered_gamma ? 1 : 0) << "\npost_norm "
+           << (c.model.post_norm ? 1 : 0) << "\nembedding_scale " << number(c.model.embedding_scale)
            << "\nschedule " << to_string(c.schedule.kind) << "\nwarmup " << c.schedule.warmup << "\nmin_lr "
            << number(c.schedule.min_lr) << "\n";
 

@@ -192,6 +192,7 @@ struct ModelSpec {
   Activation activation = Activation::relu;
   bool layer_norm = false;            // MLP: LayerNorm after every hidden Linear
   NormKind norm = NormKind::layer_norm;  // every norm layer the model builds (the MLP's, a transformer's)
+  bool zero_centered_gamma = false;   // every norm scales by 1 + gamma, gamma starting at 0 (norm_scale)
   // Transformers (vit, gpt): the ViT's patch side, blocks, model width,
   // attention heads (width / heads each) and the MLP's hidden width.
   std::int64_t patch = 7, depth = 4, width = 64, heads = 4, mlp_width = 128;
@@ -207,6 +208,7 @@ struct ModelSpec {
   std::int64_t attention_tile = 64;   // vit, gpt with fused_attention: keys per tile
   double logit_softcap = 0.0;         // vit, gpt: > 0 caps the output logits at +-this (Gemma 2: 30)
   double embedding_scale = 0.0;       // vit, gpt: > 0 multiplies the embedded rows by this (Gemma: sqrt(width))
+  bool post_norm = false;             // vit, gpt: a norm on each block's two branch outputs (Gemma 2's sandwich)
   InitScheme init = InitScheme::he;
   double init_scale = 1.0;            // multiplies every initial weight: small weights, small gradients
 };
@@ -267,8 +269,13 @@ struct RowLayerSpec {
   bool bias = true;
 };
 std::unique_ptr<Layer> make_row_layer(std::string name, RowLayerSpec spec);
-std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f);
-std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f);
+// With zero_centered the scale is 1 + gamma (numerics_layers.hpp's norm_scale).
+std::unique_ptr<Layer> make_layer_norm(std::string name, std::int64_t features, float eps = 1e-5f,
+                                       bool zero_centered = false);
+std::unique_ptr<Layer> make_rms_norm(std::string name, std::int64_t features, float eps = 1e-5f,
+                                     bool zero_centered = false);
+// The spec's norm (model.norm, model.zero_centered_gamma) over rows of `features` values.
+std::unique_ptr<Layer> make_norm(std::string name, const ModelSpec& spec, std::int64_t features);
 // A tied output head (Press and Wolf 2017; GPT-2): the head's weight is the
 // token table, one parameter that the embedding owns. The head writes its
 // part of the gradient (rounded at its own weight_grad site) into head_grad;
@@ -314,12 +321,14 @@ DropoutMask dropout_mask(const StochasticStream& stream, double p);
 std::unique_ptr<Layer> make_soft_cap(std::string name, float cap);
 // QK-LayerNorm on [q | k | v] rows: each head's q and k normalised over head_dim (numerics_attention.hpp).
 std::unique_ptr<Layer> make_qk_norm(std::string name, std::int64_t tokens, std::int64_t heads, std::int64_t head_dim,
-                                    float eps = 1e-5f);
+                                    float eps = 1e-5f, bool zero_centered = false);
 // The mean over each sample's tokens.
 std::unique_ptr<Layer> make_sequence_mean(std::string name, std::int64_t tokens);
 
 // Fills every parameter's `initial` values: fan-in/fan-out from the shape
-// ([out, in] or [out, in, k, k]); biases and LayerNorm beta zero, gamma one.
-void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed);
+// ([out, in] or [out, in, k, k]); biases and LayerNorm beta zero, gamma
+// norm_gamma (one; zero for a zero-centred gamma).
+void initialize(std::vector<Parameter*> parameters, InitScheme scheme, double scale, std::uint64_t seed,
+                float norm_gamma = 1.0f);
 
 }  // namespace mpsim::core

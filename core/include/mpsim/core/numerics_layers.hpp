@@ -236,6 +236,15 @@ MPSIM_HOST_DEVICE inline LayerNormStatistics layer_norm_statistics(const float* 
   }
   return {static_cast<float>(m), static_cast<float>(1.0 / sqrt(s2 / count + static_cast<double>(eps)))};
 }
+// The scale a norm multiplies by: gamma, or with a zero-centred gamma 1 +
+// gamma in binary32 (Transformer Engine's zero_centered_gamma, Megatron-LM's
+// apply_layernorm_1p; Gemma's RMSNorm): the parameter starts at 0, weight
+// decay pulls the scale toward 1, and a narrow weight format keeps gamma's
+// small offsets from 1, which it would round away at 1 (bfloat16's spacing
+// there is 2^-7).
+MPSIM_HOST_DEVICE inline float norm_scale(float gamma, bool zero_centered) {
+  return zero_centered ? 1.0f + gamma : gamma;
+}
 MPSIM_HOST_DEVICE inline float layer_norm_xhat(float x, float mean, float rstd) { return (x - mean) * rstd; }
 MPSIM_HOST_DEVICE inline float layer_norm_output(float x, float mean, float rstd, float gamma, float beta) {
   return layer_norm_xhat(x, mean, rstd) * gamma + beta;
@@ -252,14 +261,15 @@ struct LayerNormRowMeans {
 MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row, const float* dy_row,
                                                                 const float* gamma, std::int64_t cols, float mean,
                                                                 float rstd, bool centered = true,
-                                                                const InternalRounding& low = {}) {
+                                                                const InternalRounding& low = {},
+                                                                bool zero_centered = false) {
   if (low.enabled) {
     const double count = low(static_cast<double>(cols));
     const double m = low(mean), r = low(rstd);
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (std::int64_t j = 0; j < cols; ++j) {
       const double xhat = low.mul(low.sub(low(row[j]), m), r);
-      const double dxhat = low.mul(low(dy_row[j]), low(gamma[j]));
+      const double dxhat = low.mul(low(dy_row[j]), low(norm_scale(gamma[j], zero_centered)));
       sum_dxhat = low.add(sum_dxhat, dxhat);
       sum_dxhat_xhat = low.add(sum_dxhat_xhat, low.mul(dxhat, xhat));
     }
@@ -269,7 +279,7 @@ MPSIM_HOST_DEVICE inline LayerNormRowMeans layer_norm_row_means(const float* row
   double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
   for (std::int64_t j = 0; j < cols; ++j) {
     const float xhat = layer_norm_xhat(row[j], mean, rstd);
-    const float dxhat = dy_row[j] * gamma[j];
+    const float dxhat = dy_row[j] * norm_scale(gamma[j], zero_centered);
     sum_dxhat += static_cast<double>(dxhat);
     sum_dxhat_xhat += static_cast<double>(dxhat) * static_cast<double>(xhat);
   }

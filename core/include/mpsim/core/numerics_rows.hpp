@@ -75,13 +75,15 @@ struct RowParameters {
 };
 
 // LayerNorm (centred) and RMSNorm (uncentred: no mean kept, no beta) over
-// each segment: numerics_layers.hpp's row and element rules. Parameters:
-// gamma, beta; statistics: mean, rstd.
+// each segment: numerics_layers.hpp's row and element rules, scaling by gamma
+// or, zero-centred, by 1 + gamma (norm_scale). Parameters: gamma, beta;
+// statistics: mean, rstd.
 struct NormRow {
   struct Params {
     float eps = 1e-5f;
     bool centered = true;
     InternalRounding low{};  // the statistics in a narrow format (policy.norm_statistics)
+    bool zero_centered = false;  // the scale is 1 + gamma (norm_scale)
   };
   static constexpr std::string_view name = "norm";
   static constexpr std::string_view fp32_op = "layer_norm";  // autocast's name: fp32_ops may list it
@@ -106,17 +108,18 @@ struct NormRow {
     return {stats[0] ? stats[0][t] : 0.0f, stats[1][t]};
   }
   MPSIM_HOST_DEVICE static float value(float x, std::int64_t j, const Stats& s, const RowParameters& w,
-                                       const Params&) {
-    return w.at[1] ? layer_norm_output(x, s.mean, s.rstd, w.at[0][j], w.at[1][j])
-                   : rms_norm_output(x, s.rstd, w.at[0][j]);
+                                       const Params& p) {
+    const float scale = norm_scale(w.at[0][j], p.zero_centered);
+    return w.at[1] ? layer_norm_output(x, s.mean, s.rstd, scale, w.at[1][j]) : rms_norm_output(x, s.rstd, scale);
   }
   MPSIM_HOST_DEVICE static GradStats grad_statistics(const float* x, const float* dy, std::int64_t cols,
                                                      const Stats& s, const RowParameters& w, const Params& p) {
-    return layer_norm_row_means(x, dy, w.at[0], cols, s.mean, s.rstd, p.centered, p.low);
+    return layer_norm_row_means(x, dy, w.at[0], cols, s.mean, s.rstd, p.centered, p.low, p.zero_centered);
   }
   MPSIM_HOST_DEVICE static float grad(float x, float dy, std::int64_t j, const Stats& s, const GradStats& g,
-                                      const RowParameters& w, const Params&) {
-    return layer_norm_input_grad(dy, w.at[0][j], layer_norm_xhat(x, s.mean, s.rstd), s.rstd, g);
+                                      const RowParameters& w, const Params& p) {
+    return layer_norm_input_grad(dy, norm_scale(w.at[0][j], p.zero_centered), layer_norm_xhat(x, s.mean, s.rstd),
+                                 s.rstd, g);
   }
   // Element j's terms of dgamma and dbeta.
   MPSIM_HOST_DEVICE static void parameter_terms(float x, float dy, const Stats& s, float* terms) {
@@ -144,8 +147,8 @@ struct RowTable {
 using Rows = RowTable<NormRow>;
 using RowCall = Rows::Call;
 
-inline RowCall norm_call(float eps, bool centered, const InternalRounding& low) {
-  return NormRow::Params{eps, centered, low};
+inline RowCall norm_call(float eps, bool centered, const InternalRounding& low, bool zero_centered = false) {
+  return NormRow::Params{eps, centered, low, zero_centered};
 }
 
 }  // namespace mpsim::core
