@@ -20,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 mpsim=${MPSIM:-$root/build/default/experiments/mpsim}
 py=/usr/bin/python3
-all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu block_formats attention_logits attention_overflow transformer_precision transformer_blocks range_vs_precision loss_scaler_dynamics fp16_accumulation shadow_fp32 fused_attention vit)
+all=(underflow loss_scale parity parity_cnn precision_hurts master_weights emulator_vs_gpu block_formats attention_logits attention_overflow transformer_precision transformer_blocks range_vs_precision loss_scaler_dynamics fp16_accumulation shadow_fp32 fused_attention vit zero_centered_gamma)
 
 smoke=()
 runs=runs

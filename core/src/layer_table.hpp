@@ -68,7 +68,8 @@ inline constexpr auto qk_norm_keys = std::to_array<ConfigField<ModelSpec>>({
 });
 inline std::unique_ptr<Layer> qk_norm_at(const Place& at) {
   if (!at.spec.qk_norm || at.slot != Slot::after_qkv) return nullptr;
-  return make_qk_norm(at.block + "qk_norm", at.tokens, at.spec.heads, at.head_dim(), 1e-5f, at.spec.zero_centered_gamma);
+  return make_qk_norm(at.block + "qk_norm", at.tokens, at.spec.heads, at.head_dim(), 1e-5f,
+                      at.spec.zero_centered_gamma);
 }
 
 // --- Gemma's scaling of the embedded tokens ----------------------------------------------------------------------
@@ -113,7 +114,7 @@ inline std::string positions_refusal(const ModelSpec& m) {
                      m.width / m.heads);
 }
 
-// --- Post-branch norms: Gemma 2's "sandwich" (Gemma Team 2024b; Ding et al. 2021, CogView's sandwich LayerNorm) --
+// --- Post-branch norms: Gemma 2's (Gemma Team 2024, "Gemma 2"); CogView's sandwich LayerNorm (Ding et al. 2021) --
 inline constexpr auto post_norm_keys = std::to_array<ConfigField<ModelSpec>>({
     key<&ModelSpec::post_norm>(
         "post_norm", "",
