@@ -143,12 +143,33 @@ def swallowed_figure(f, found: dict):
     return fig
 
 
+def loss_difference_figure(found: dict):
+    """Per seed, the final validation loss with a zero-centred gamma minus the plain one's, per policy: the
+    paired comparison the verdict tests (the master-copy policy is the control)."""
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    policies = sorted(found["tests"])
+    for i, policy in enumerate(policies):
+        d = [p["loss_zero_centered_minus_plain"] for p in found["paired"] if p["policy"] == policy]
+        t = found["tests"][policy]
+        ax.plot(np.full(len(d), i) + np.linspace(-0.08, 0.08, len(d)), d, "o", color=f"C{i}", alpha=0.8)
+        ax.hlines(t["mean"], i - 0.25, i + 0.25, color=f"C{i}", lw=2)
+        ax.annotate(f"mean {t['mean']:+.3f}\n{t['negative']} of {t['n']} < 0, sign test p = {t['p_two_sided']:.2g}",
+                    (i + 0.28, t["mean"]), fontsize=8, va="center")
+    ax.axhline(0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(policies)), policies)
+    ax.set_xlim(-0.5, len(policies) + 0.5)
+    ax.set_ylabel("validation loss difference (nats/char)")
+    ax.set_title("Zero-centred against plain gamma, paired per seed")
+    fig.tight_layout()
+    return fig
+
+
 def write_all(path, out_dir="docs/figures", dpi: int = 110) -> tuple[list[Path], dict]:
     """Writes every figure and zero_centered_gamma_findings.json; returns (paths, findings)."""
     with ml.open_log(path) as f:
         found = findings(f)
         figs = [("zero_centered_gamma_swallowed", swallowed_figure(f, found)),
-                ("zero_centered_gamma_training", fg.loss_accuracy(f))]
+                ("zero_centered_gamma_loss_difference", loss_difference_figure(found))]
     found["log"] = str(path)
     return fg.save_study(out_dir, figs, found, "zero_centered_gamma_findings.json", dpi), found
 

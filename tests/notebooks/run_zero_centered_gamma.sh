@@ -16,7 +16,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/notebook_env.sh"
 smoke_run zero_centered_gamma
 study_module zero_centered_gamma
 cat "$work/figures.txt"
-require_pngs "$work/figures/zero_centered_gamma_" swallowed training
+require_pngs "$work/figures/zero_centered_gamma_" swallowed loss_difference
 "$py" - "$work/figures/zero_centered_gamma_findings.json" <<'PYEOF' || fail "the study's mechanism did not show"
 import json, sys
 arms = json.load(open(sys.argv[1]))["arms"]
