@@ -47,17 +47,10 @@ def zero_centered(f, arm: str) -> bool:
 
 
 def summed(f, arm: str, layers: list[str], per_step: bool = False) -> dict:
-    """The `updates` counters of these layers, summed."""
-    total = None
-    for layer in layers:
-        c = ml.kind_counters(f, arm, "updates", layer=layer, per_step=per_step)
-        if total is None:
-            total = dict(c)
-        else:
-            for name, value in c.items():
-                if name != "step":
-                    total[name] = total[name] + value
-    return total or {}
+    """The `updates` counters of these layers, summed (one read of the arm's counters)."""
+    pick = [ml.layers(f, arm).index(layer) for layer in layers]
+    c = ml.kind_counters(f, arm, "updates", per_step=per_step, per_layer=True)
+    return {name: value if name == "step" else value[..., pick].sum(axis=-1) for name, value in c.items()}
 
 
 def arm_findings(f, arm: str) -> dict:

@@ -234,14 +234,6 @@ int run_testfloat(const std::vector<std::string>& words) {
   return report.failed == 0 ? 0 : 1;
 }
 
-// Whether a number's text is an infinity ("inf", "-Infinity"), not a finite value too large for a format.
-bool names_infinity(std::string_view token) {
-  if (!token.empty() && (token[0] == '+' || token[0] == '-')) token.remove_prefix(1);
-  return token.size() >= 3 && std::tolower(static_cast<unsigned char>(token[0])) == 'i' &&
-         std::tolower(static_cast<unsigned char>(token[1])) == 'n' &&
-         std::tolower(static_cast<unsigned char>(token[2])) == 'f';
-}
-
 struct QuantizeArgs {
   std::string format;
   std::string scale_rounding;
@@ -289,10 +281,12 @@ int run_quantize(const QuantizeArgs& args) {
                      "or on stdin, separated by spaces or newlines");
   std::vector<float> x;
   for (const auto& v : values) {  // all checked before any output
-    const Rounded r = round_to_format(formats::binary32, Rounding{}, parse_number(v).odd);
+    const ParsedNumber number = parse_number(v);
+    const Rounded r = round_to_format(formats::binary32, Rounding{}, number.odd);
     x.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(r.bits.value)));
     // A finite number past binary32's range would become an infinity and make its block NaN: say so instead.
-    if (std::isinf(x.back()) && !names_infinity(v))
+    // (Only "inf" parses exactly to an infinity; 1e400 lies between DBL_MAX and it.)
+    if (std::isinf(x.back()) && !(number.exact && std::isinf(number.odd)))
       throw UsageError(fmt::format("'{}' is beyond binary32's range (largest finite 0x1.fffffep+127, about "
                                    "3.4028235e38), and the tensor quantized is binary32: give a smaller value, or inf "
                                    "for an infinity",

@@ -143,7 +143,7 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """PyTorch's LayerNorm, its scale 1 + weight when zero-centred."""
+    """nn.LayerNorm's function (F.layer_norm), its scale 1 + weight when zero-centred."""
 
     def __init__(self, width, eps=1e-5, zero_centered=False):
         super().__init__()
@@ -191,9 +191,8 @@ def soft_cap(x, cap):
 
 
 def make_norm(kind, width, zero_centered=False):
-    if zero_centered:
-        return RMSNorm(width, zero_centered=True) if kind == "rmsnorm" else LayerNorm(width, zero_centered=True)
-    return RMSNorm(width) if kind == "rmsnorm" else nn.LayerNorm(width, eps=1e-5)
+    norm = RMSNorm if kind == "rmsnorm" else LayerNorm
+    return norm(width, zero_centered=zero_centered)
 
 
 class Block(nn.Module):
