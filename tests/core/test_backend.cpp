@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <limits>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,19 @@ class NoGelu final : public test::ForwardingBackend {
     gelu_calls += op.index() == static_cast<std::size_t>(Activation::gelu);
     ForwardingBackend::pointwise_forward_impl(op, x, y);
   }
+};
+
+// A CPU backend that refuses what the CUDA backend may refuse: an optimiser,
+// a block-scaled GEMM and a row-wise entry.
+class Refusing final : public test::ForwardingBackend {
+ public:
+  Refusing() : ForwardingBackend(make_cpu_backend()) {}
+  bool supports_row(std::size_t) const override { return false; }
+  std::string block_gemm_refusal(const BlockPoint&, const BlockPoint&, const std::optional<TensorCoreModel>&,
+                                 int) const override {
+    return "no block GEMM here";
+  }
+  std::string optimizer_refusal(const OptimizerParams&) const override { return "no optimiser here"; }
 };
 
 // A tensor that claims to live on a CUDA device (its buffer is host memory
@@ -144,6 +159,20 @@ TEST_CASE("an unsupported op is reported, never run or replaced", "[backend]") {
                     Contains("backend \"cpu\" does not support gelu (called as activation_forward)"));
   CHECK(backend.gelu_calls == 0);
   CHECK_NOTHROW(backend.activation_forward(Activation::relu, x, y));
+}
+
+TEST_CASE("the tests' forwarding backend passes on every refusal of the backend it wraps", "[backend]") {
+  // Tests wrap the CUDA backend in ForwardingBackend; a refusal the wrapper
+  // dropped would let a run start that the wrapped backend cannot do.
+  test::ForwardingBackend no_gelu(std::make_unique<NoGelu>());
+  CHECK_FALSE(no_gelu.supports_pointwise(static_cast<std::size_t>(Activation::gelu)));
+  CHECK(no_gelu.supports_pointwise(static_cast<std::size_t>(Activation::relu)));
+  test::ForwardingBackend refusing(std::make_unique<Refusing>());
+  CHECK_FALSE(refusing.supports_row(0));
+  CHECK(refusing.block_gemm_refusal({}, {}, std::nullopt, 0) == "no block GEMM here");
+  CHECK(refusing.optimizer_refusal({}) == "no optimiser here");
+  Tensor x = refusing.zeros({4}), y = refusing.zeros({4});
+  CHECK_THROWS_WITH(no_gelu.activation_forward(Activation::gelu, x, y), Contains("does not support gelu"));
 }
 
 TEST_CASE("the element-wise and row-wise tables' generic calls are checked at the door", "[backend]") {

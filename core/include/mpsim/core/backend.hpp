@@ -143,6 +143,84 @@ class BackendError : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// Every implementation a backend writes, once, as X(result, op, (parameters),
+// (arguments)): the public call `op` checks its tensors and runs `op_impl`.
+// Backend declares each `op_impl` from this list, and the tests'
+// ForwardingBackend forwards each, so a new op is declared here and nowhere
+// else (its public call is still written out in Backend, with its checks).
+#define MPSIM_BACKEND_IMPLEMENTATIONS(X) \
+  X(Tensor, zeros, (const Shape& shape), (shape)) \
+  X(Tensor, empty, (const Shape& shape), (shape)) \
+  X(Tensor, from_host, (std::span<const float> values, const Shape& shape), (values, shape)) \
+  X(void, to_host, (const Tensor& t, std::span<float> out), (t, out)) \
+  X(void, copy, (const Tensor& from, Tensor& to), (from, to)) \
+  X(RoundResult, round, (Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream, \
+      TensorStats* stats), (t, point, scale, stream, stats)) \
+  X(void, gemm, (const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c, \
+      const GemmNumerics& numerics, StochasticStream stream), (a, transpose_a, b, transpose_b, c, numerics, stream)) \
+  X(void, add_row_vector, (Tensor& x, const Tensor& row), (x, row)) \
+  X(void, column_sums, (const Tensor& x, Tensor& sums), (x, sums)) \
+  X(void, scale, (Tensor& x, float factor), (x, factor)) \
+  X(double, sum_squares, (const Tensor& x), (x)) \
+  X(float, max_abs_finite, (const Tensor& x), (x)) \
+  /* `saved` is empty when the entry saves nothing. */ \
+  X(void, pointwise_forward, (const PointwiseCall& op, const Tensor& x, Tensor& y), (op, x, y)) \
+  X(void, pointwise_backward, (const PointwiseCall& op, const Tensor& saved, const Tensor& dy, Tensor& dx), (op, \
+      saved, dy, dx)) \
+  X(void, gated_activation_forward, (Activation kind, const Tensor& x, Tensor& y), (kind, x, y)) \
+  X(void, gated_activation_backward, (Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx), (kind, x, dy, \
+      dx)) \
+  X(void, row_forward, (const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y, \
+      const RowTensors& tensors), (op, layout, x, y, tensors)) \
+  X(void, row_backward, (const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy, Tensor& dx, \
+      const RowTensors& tensors), (op, layout, x, dy, dx, tensors)) \
+  X(void, im2col, (const Tensor& x, const ConvGeometry& g, Tensor& columns), (x, g, columns)) \
+  X(void, col2im, (const Tensor& columns, const ConvGeometry& g, Tensor& dx), (columns, g, dx)) \
+  X(void, rows_to_nchw, (const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w, Tensor& nchw), \
+      (rows, batch, h, w, nchw)) \
+  X(void, nchw_to_rows, (const Tensor& nchw, Tensor& rows), (nchw, rows)) \
+  X(void, max_pool_forward, (const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax), (x, g, y, argmax)) \
+  X(void, max_pool_backward, (const Tensor& dy, const Tensor& argmax, Tensor& dx), (dy, argmax, dx)) \
+  X(void, add, (Tensor& x, const Tensor& y), (x, y)) \
+  X(void, attention_scores, (const Tensor& qkv, const AttentionShape& shape, Tensor& scores), (qkv, shape, scores)) \
+  X(void, attention_values, (const Tensor& probs, const Tensor& qkv, const AttentionShape& shape, Tensor& out), \
+      (probs, qkv, shape, out)) \
+  X(void, attention_values_backward, (const Tensor& probs, const Tensor& qkv, const Tensor& dout, \
+      const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv), (probs, qkv, dout, shape, dprobs, dqkv)) \
+  X(void, attention_scores_backward, (const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape, \
+      Tensor& dqkv), (dscores, qkv, shape, dqkv)) \
+  X(void, fused_attention_forward, (const Tensor& qkv, const AttentionShape& shape, const FusedAttention& fused, \
+      Tensor& out, Tensor& lse, Tensor& logit_max), (qkv, shape, fused, out, lse, logit_max)) \
+  X(void, fused_attention_probs, (const Tensor& scores, const Tensor& lse, Tensor& probs), (scores, lse, probs)) \
+  X(void, fused_attention_row_dot, (const Tensor& dout, const Tensor& out, const AttentionShape& shape, \
+      Tensor& dot), (dout, out, shape, dot)) \
+  X(void, fused_attention_scores_grad, (const Tensor& probs, const Tensor& dprobs, const Tensor& dot, \
+      Tensor& dscores), (probs, dprobs, dot, dscores)) \
+  X(void, softmax_forward, (const Tensor& x, Tensor& probs, const InternalRounding& low), (x, probs, low)) \
+  X(void, softmax_backward, (const Tensor& probs, const Tensor& dprobs, Tensor& dx, const InternalRounding& low), \
+      (probs, dprobs, dx, low)) \
+  X(void, rotary, (const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse, Tensor& y), \
+      (qkv, table, shape, inverse, y)) \
+  X(void, sequence_mean_forward, (const Tensor& x, std::int64_t tokens, Tensor& y), (x, tokens, y)) \
+  X(void, sequence_mean_backward, (const Tensor& dy, std::int64_t tokens, Tensor& dx), (dy, tokens, dx)) \
+  X(void, embedding_forward, (const Tensor& ids, const Tensor& table, Tensor& out), (ids, table, out)) \
+  X(void, embedding_backward, (const Tensor& ids, const Tensor& dout, Tensor& dtable), (ids, dout, dtable)) \
+  X(LossResult, softmax_cross_entropy, (const Tensor& logits, const Tensor& labels, float grad_scale, \
+      Tensor& d_logits), (logits, labels, grad_scale, d_logits)) \
+  X(void, round_delayed, (Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record, \
+      StochasticStream stream, TensorStats* stats), (t, point, history, margin, record, stream, stats)) \
+  X(void, start_steps, (const LossScaling& scaling, const LossDefinition& loss, const InternalRounding& loss_low), \
+      (scaling, loss, loss_low)) \
+  X(void, step_loss, (const Tensor& logits, const Tensor& labels, Tensor& d_logits), (logits, labels, d_logits)) \
+  X(void, step_check_gradient, (const Tensor& grad), (grad)) \
+  X(void, end_step, (), ()) \
+  X(void, optimizer_step, (const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1, \
+      Tensor& state2, Tensor& update, const RoundingPoint& storage, StochasticStream stream, TensorStats* stats), \
+      (params, weight, grad, state1, state2, update, storage, stream, stats)) \
+  X(void, round_state, (Tensor& state, const RoundingPoint& point, Tensor* history, int margin, \
+      StochasticStream stream), (state, point, history, margin, stream)) \
+  X(std::vector<StepScalars>, take_steps, (), ())
+
 // The interface is checked once, at the door: every public call is a
 // non-virtual function that validates its tensors (not empty where they are
 // read or written, on this backend's device, binary32, shapes that fit each
@@ -388,78 +466,11 @@ class Backend {
   std::vector<StepScalars> take_steps();
 
  protected:
-  // The implementations: called only after the checks above.
-  virtual Tensor zeros_impl(const Shape& shape) = 0;
-  virtual Tensor empty_impl(const Shape& shape) = 0;
-  virtual Tensor from_host_impl(std::span<const float> values, const Shape& shape) = 0;
-  virtual void to_host_impl(const Tensor& t, std::span<float> out) = 0;
-  virtual void copy_impl(const Tensor& from, Tensor& to) = 0;
-  virtual RoundResult round_impl(Tensor& t, const RoundingPoint& point, float scale, StochasticStream stream,
-                                 TensorStats* stats) = 0;
-  virtual void gemm_impl(const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, Tensor& c,
-                         const GemmNumerics& numerics, StochasticStream stream) = 0;
-  virtual void add_row_vector_impl(Tensor& x, const Tensor& row) = 0;
-  virtual void column_sums_impl(const Tensor& x, Tensor& sums) = 0;
-  virtual void scale_impl(Tensor& x, float factor) = 0;
-  virtual double sum_squares_impl(const Tensor& x) = 0;
-  virtual float max_abs_finite_impl(const Tensor& x) = 0;
-  // `saved` is empty when the entry saves nothing.
-  virtual void pointwise_forward_impl(const PointwiseCall& op, const Tensor& x, Tensor& y) = 0;
-  virtual void pointwise_backward_impl(const PointwiseCall& op, const Tensor& saved, const Tensor& dy,
-                                       Tensor& dx) = 0;
-  virtual void gated_activation_forward_impl(Activation kind, const Tensor& x, Tensor& y) = 0;
-  virtual void gated_activation_backward_impl(Activation kind, const Tensor& x, const Tensor& dy, Tensor& dx) = 0;
-  virtual void row_forward_impl(const RowCall& op, const RowLayout& layout, const Tensor& x, Tensor& y,
-                                const RowTensors& tensors) = 0;
-  virtual void row_backward_impl(const RowCall& op, const RowLayout& layout, const Tensor& x, const Tensor& dy,
-                                 Tensor& dx, const RowTensors& tensors) = 0;
-  virtual void im2col_impl(const Tensor& x, const ConvGeometry& g, Tensor& columns) = 0;
-  virtual void col2im_impl(const Tensor& columns, const ConvGeometry& g, Tensor& dx) = 0;
-  virtual void rows_to_nchw_impl(const Tensor& rows, std::int64_t batch, std::int64_t h, std::int64_t w,
-                                 Tensor& nchw) = 0;
-  virtual void nchw_to_rows_impl(const Tensor& nchw, Tensor& rows) = 0;
-  virtual void max_pool_forward_impl(const Tensor& x, const ConvGeometry& g, Tensor& y, Tensor& argmax) = 0;
-  virtual void max_pool_backward_impl(const Tensor& dy, const Tensor& argmax, Tensor& dx) = 0;
-  virtual void add_impl(Tensor& x, const Tensor& y) = 0;
-  virtual void attention_scores_impl(const Tensor& qkv, const AttentionShape& shape, Tensor& scores) = 0;
-  virtual void attention_values_impl(const Tensor& probs, const Tensor& qkv, const AttentionShape& shape,
-                                     Tensor& out) = 0;
-  virtual void attention_values_backward_impl(const Tensor& probs, const Tensor& qkv, const Tensor& dout,
-                                              const AttentionShape& shape, Tensor& dprobs, Tensor& dqkv) = 0;
-  virtual void attention_scores_backward_impl(const Tensor& dscores, const Tensor& qkv, const AttentionShape& shape,
-                                              Tensor& dqkv) = 0;
-  virtual void fused_attention_forward_impl(const Tensor& qkv, const AttentionShape& shape,
-                                            const FusedAttention& fused, Tensor& out, Tensor& lse,
-                                            Tensor& logit_max) = 0;
-  virtual void fused_attention_probs_impl(const Tensor& scores, const Tensor& lse, Tensor& probs) = 0;
-  virtual void fused_attention_row_dot_impl(const Tensor& dout, const Tensor& out, const AttentionShape& shape,
-                                            Tensor& dot) = 0;
-  virtual void fused_attention_scores_grad_impl(const Tensor& probs, const Tensor& dprobs, const Tensor& dot,
-                                                Tensor& dscores) = 0;
-  virtual void softmax_forward_impl(const Tensor& x, Tensor& probs, const InternalRounding& low) = 0;
-  virtual void softmax_backward_impl(const Tensor& probs, const Tensor& dprobs, Tensor& dx,
-                                     const InternalRounding& low) = 0;
-  virtual void rotary_impl(const Tensor& qkv, const Tensor& table, const AttentionShape& shape, bool inverse,
-                           Tensor& y) = 0;
-  virtual void sequence_mean_forward_impl(const Tensor& x, std::int64_t tokens, Tensor& y) = 0;
-  virtual void sequence_mean_backward_impl(const Tensor& dy, std::int64_t tokens, Tensor& dx) = 0;
-  virtual void embedding_forward_impl(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
-  virtual void embedding_backward_impl(const Tensor& ids, const Tensor& dout, Tensor& dtable) = 0;
-  virtual LossResult softmax_cross_entropy_impl(const Tensor& logits, const Tensor& labels, float grad_scale,
-                                                Tensor& d_logits) = 0;
-  virtual void round_delayed_impl(Tensor& t, const RoundingPoint& point, Tensor& history, int margin, bool record,
-                                  StochasticStream stream, TensorStats* stats) = 0;
-  virtual void start_steps_impl(const LossScaling& scaling, const LossDefinition& loss,
-                                const InternalRounding& loss_low) = 0;
-  virtual void step_loss_impl(const Tensor& logits, const Tensor& labels, Tensor& d_logits) = 0;
-  virtual void step_check_gradient_impl(const Tensor& grad) = 0;
-  virtual void end_step_impl() = 0;
-  virtual void optimizer_step_impl(const OptimizerParams& params, Tensor& weight, Tensor& grad, Tensor& state1,
-                                   Tensor& state2, Tensor& update, const RoundingPoint& storage,
-                                   StochasticStream stream, TensorStats* stats) = 0;
-  virtual void round_state_impl(Tensor& state, const RoundingPoint& point, Tensor* history, int margin,
-                                StochasticStream stream) = 0;
-  virtual std::vector<StepScalars> take_steps_impl() = 0;
+  // The implementations, one per entry of MPSIM_BACKEND_IMPLEMENTATIONS:
+  // called only after the checks above.
+#define MPSIM_DECLARE_IMPLEMENTATION(result, op, parameters, arguments) virtual result op##_impl parameters = 0;
+  MPSIM_BACKEND_IMPLEMENTATIONS(MPSIM_DECLARE_IMPLEMENTATION)
+#undef MPSIM_DECLARE_IMPLEMENTATION
 
   // The optimiser's internals, which optimizer_step runs; not part of the
   // public surface. BackendInternals (tests/support) reaches them so that the
