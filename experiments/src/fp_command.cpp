@@ -96,10 +96,29 @@ RoundingMode mode_from(const std::string& token) {
   throw UsageError(fmt::format("unknown rounding mode '{}'. Accepted: {}", token, rounding_mode_names()));
 }
 
+// --seed's text (main() spaces out one that starts with '-'): a whole number
+// from 0 to 2^64 - 1, and only with stochastic rounding, the one mode that
+// draws: a seed that changes nothing would hide that the run is deterministic.
+std::uint64_t seed_from(const std::optional<std::string>& given, RoundingMode mode) {
+  if (!given) return 0;
+  std::string text = *given;
+  text.erase(0, text.find_first_not_of(' '));
+  std::uint64_t seed = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), seed);
+  if (error != std::errc{} || end != text.data() + text.size())
+    throw UsageError(fmt::format("--seed '{}' is not a seed: give a whole number from 0 to {}", text,
+                                 std::numeric_limits<std::uint64_t>::max()));
+  if (mode != RoundingMode::stochastic)
+    throw UsageError(fmt::format("--seed {} changes nothing: only stochastic rounding draws random numbers. Add "
+                                 "--rounding stochastic, or leave --seed out",
+                                 text));
+  return seed;
+}
+
 struct RoundArgs {
   std::string formats = "all";
   std::string mode = "nearest-even";
-  std::uint64_t seed = 0;
+  std::optional<std::string> seed;
   int random_bits = 32;
   std::vector<std::string> values;
 };
@@ -109,17 +128,21 @@ int run_round(const RoundArgs& args) {
   const Rounding rounding{mode_from(args.mode), args.random_bits};
   if (args.random_bits < 1 || args.random_bits > 32)
     throw UsageError(fmt::format("--random-bits {} is outside 1..32", args.random_bits));
+  const std::uint64_t seed = seed_from(args.seed, rounding.mode);
   std::vector<std::string> values = args.values;
   if (values.empty())  // values on standard input, separated by white space
     values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
   for (std::string& v : values) v.erase(0, v.find_first_not_of(' '));  // " -inf": see main.cpp
+  if (values.empty())
+    throw UsageError("no values to round: give them as arguments (mpsim fp round -f e4m3 0.3 -1e-5) or on stdin, "
+                     "separated by spaces or newlines");
   std::vector<ParsedNumber> numbers;
   for (const auto& v : values) numbers.push_back(parse_number(v));  // all checked before any output
 
-  const DrawKey key = make_draw_key({args.seed, 0});
+  const DrawKey key = make_draw_key({seed, 0});
   fmt::print("rounding: {}{}\n", to_string(rounding.mode),
              rounding.mode == RoundingMode::stochastic
-                 ? fmt::format(" (seed {}, {} random bits; value i draws index i)", args.seed, rounding.random_bits)
+                 ? fmt::format(" (seed {}, {} random bits; value i draws index i)", seed, rounding.random_bits)
                  : "");
   // Rows first, then print_table.
   std::vector<std::array<std::string, 7>> rows{{"input", "format", "value (exact)", "hex", "bits", "class", "flags"}};
@@ -239,7 +262,7 @@ struct QuantizeArgs {
   std::string scale_rounding;
   std::optional<std::string> block;
   std::string mode = "nearest-even";
-  std::uint64_t seed = 0;
+  std::optional<std::string> seed;
   bool values_only = false;
   bool scales = false;
   std::vector<std::string> values;
@@ -273,6 +296,7 @@ int run_quantize(const QuantizeArgs& args) {
   const RoundingMode mode = mode_from(args.mode);
   if (mode != RoundingMode::nearest_even && mode != RoundingMode::stochastic)
     throw UsageError(fmt::format("block formats round elements to nearest-even or stochastic, not {}", args.mode));
+  const std::uint64_t seed = seed_from(args.seed, mode);
   std::vector<std::string> values = args.values;
   if (values.empty()) values.assign(std::istream_iterator<std::string>(std::cin), std::istream_iterator<std::string>());
   for (std::string& v : values) v.erase(0, v.find_first_not_of(' '));
@@ -294,7 +318,7 @@ int run_quantize(const QuantizeArgs& args) {
   }
   BlockQuantizeOptions options;
   options.rounding = Rounding{mode};
-  options.key = {args.seed, 0};
+  options.key = {seed, 0};
   const BlockQuantized q = quantize_blocks(*format, x, 1, static_cast<std::int64_t>(x.size()), options);
   const std::string name = format->name();
   *format = format->for_shape(1, static_cast<std::int64_t>(x.size()));  // a whole-tensor block: its shape here
@@ -311,7 +335,7 @@ int run_quantize(const QuantizeArgs& args) {
   }
   fmt::print("format: {} ({}, {}x{} blocks, {} scales, rule {}); elements rounded {}{}\n", name,
              format->element.name(), format->block_rows, format->block_cols, to_string(format->scale),
-             to_string(format->rule), to_string(mode), mode == RoundingMode::stochastic ? fmt::format(", seed {}", args.seed) : "");
+             to_string(format->rule), to_string(mode), mode == RoundingMode::stochastic ? fmt::format(", seed {}", seed) : "");
   if (two_level) fmt::print("tensor scale: {}\n", text(q.tensor_scale));
   std::vector<std::array<std::string, 6>> rows{{"input", "value (exact)", "hex", "element", "block", "scale"}};
   const int element_digits = ((format->element.floating ? format->element.floating->total_bits() : format->element.integer_bits) + 3) / 4;
@@ -343,8 +367,8 @@ void add_fp_command(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   round->add_option("--rounding,-r", round_args->mode, "Rounding mode: " + std::string(rounding_mode_names()))
       ->capture_default_str();
-  round->add_option("--seed", round_args->seed, "Seed of stochastic rounding's draws (value i draws index i)")
-      ->capture_default_str();
+  round->add_option("--seed", round_args->seed,
+                    "Seed of stochastic rounding's draws, 0 to 2^64-1 (value i draws index i); default 0");
   round->add_option("--random-bits", round_args->random_bits, "Random bits of stochastic rounding, 1..32")
       ->capture_default_str();
   round->add_option("values", round_args->values, "Values (decimal, 0x1.8p-3, inf, nan); read from stdin if none");
@@ -365,8 +389,8 @@ void add_fp_command(CLI::App& app, std::function<int()>& run) {
   quantize->add_option("--block", quantize_args->block, "Block size N (1xN blocks) instead of the format's");
   quantize->add_option("--rounding,-r", quantize_args->mode, "Element rounding: nearest-even or stochastic")
       ->capture_default_str();
-  quantize->add_option("--seed", quantize_args->seed, "Seed of stochastic rounding (value i draws index i)")
-      ->capture_default_str();
+  quantize->add_option("--seed", quantize_args->seed,
+                       "Seed of stochastic rounding, 0 to 2^64-1 (value i draws index i); default 0");
   quantize->add_flag("--values-only", quantize_args->values_only,
                      "One line per input: the dequantized value as a C99 hex float (or inf, -inf, nan)");
   quantize->add_flag("--scales", quantize_args->scales,
