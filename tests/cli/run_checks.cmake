@@ -1,0 +1,1 @@
+# run config checks (mpsim_cli_test from CMakeLists.txt)

@@ -1,0 +1,1 @@
+# tc input checks (mpsim_cli_test from CMakeLists.txt)
