@@ -837,57 +837,131 @@ std::string to_string(const AccumulationModel& m) {
   return s;
 }
 
-std::optional<AccumulationModel> parse_accumulation_model(std::string_view text, const Format& tensor_core_input) {
+namespace {
+
+[[noreturn]] void refuse_model(std::string_view text, const std::string& why) {
+  throw std::invalid_argument("'" + std::string(text) + "': " + why);
+}
+
+// "binary16 -> binary32, binary16 -> binary16" for the GPU's presets.
+std::string preset_list(std::string_view gpu) {
+  std::string list;
+  for (const auto& [input, output] : tensor_core_preset_formats(gpu))
+    list += (list.empty() ? "" : ", ") + input.name() + " -> " + output.name();
+  return list;
+}
+
+// Every input format of the preset table, once, in its order.
+std::string tensor_core_input_names() {
+  std::vector<Format> seen;
+  std::string list;
+  for (const PresetRow& row : kPresets) {
+    if (std::any_of(seen.begin(), seen.end(), [&](const Format& f) { return same_shape(f, row.input); })) continue;
+    seen.push_back(row.input);
+    list += (list.empty() ? "" : ", ") + row.input.name();
+  }
+  return list;
+}
+
+// Whether text, or its last ':' piece, is a rounding mode: a ":MODE" suffix.
+bool ends_in_mode(std::string_view piece) {
+  const auto colon = piece.rfind(':');
+  return parse_rounding_mode(colon == std::string_view::npos ? piece : piece.substr(colon + 1)).has_value();
+}
+
+// GPU[:INPUT[:OUTPUT]], `rest` being what follows the GPU's name.
+AccumulationModel parse_gpu_model(std::string_view text, std::string_view gpu, std::string_view rest,
+                                  const Format& default_input, const Format& default_output) {
+  auto format_of = [&](std::string_view piece) {
+    if (const auto f = parse_format(piece)) return *f;
+    if (ends_in_mode(piece))
+      refuse_model(text, "a tensor core takes no :MODE: the GPU fixes its rounding (a custom "
+                         "tc:...,rounding=MODE sets one)");
+    refuse_model(text, "'" + std::string(piece) + "' is not a format (GPU:INPUT[:OUTPUT], e.g. h100:e4m3:fp16; "
+                       "tensor-core inputs: " + tensor_core_input_names() + ")");
+  };
+  Format input = default_input, output = default_output;
+  if (!rest.empty()) {
+    output = formats::binary32;
+    rest.remove_prefix(1);  // the ':'
+    const auto colon = rest.find(':');
+    input = format_of(rest.substr(0, colon));
+    if (colon != std::string_view::npos) output = format_of(rest.substr(colon + 1));
+  }
+  if (!same_shape(output, formats::binary32) && !same_shape(output, formats::binary16))
+    refuse_model(text, "a tensor core's output is binary32 or binary16, not " + output.name());
+  if (std::none_of(std::begin(kPresets), std::end(kPresets),
+                   [&](const PresetRow& row) { return same_shape(row.input, input); }))
+    refuse_model(text, input.name() + " is not a tensor-core input format (the GPUs take " + tensor_core_input_names() +
+                           ")");
+  const auto preset = tensor_core_preset(gpu, input, output);
+  if (!preset)
+    refuse_model(text, "no model for " + std::string(gpu) + " " + input.name() + " -> " + output.name() +
+                           ": the GPU has no such instruction, or no model of it is published "
+                           "(docs/tensor_cores.md); " + std::string(gpu) + "'s models: " + preset_list(gpu));
+  AccumulationModel m;
+  m.kind = AccumulationKind::tensor_core;
+  m.format = preset->output;
+  m.mode = preset->rounding;
+  m.tensor_core = *preset;
+  return m;
+}
+
+}  // namespace
+
+std::vector<std::pair<Format, Format>> tensor_core_preset_formats(std::string_view gpu) {
+  std::vector<std::pair<Format, Format>> pairs;
+  const std::string name = lower(gpu);
+  for (const GpuName& g : kGpuArch)
+    if (g.gpu == name)
+      for (const PresetRow& row : kPresets)
+        if (row.arch == g.arch) pairs.emplace_back(row.input, row.out16 ? formats::binary16 : formats::binary32);
+  return pairs;
+}
+
+AccumulationModel parse_accumulation_model_or_throw(std::string_view text, const Format& tensor_core_input,
+                                                    const Format& tensor_core_output) {
   const std::string name = lower(text);
+  if (name.empty())
+    throw std::invalid_argument("an empty accumulation model name. Accepted: " +
+                                std::string(accumulation_model_names()));
   AccumulationModel m;
   if (name.rfind("tc:", 0) == 0) {
     try {
       m.tensor_core = parse_tensor_core_model(name);
-    } catch (const std::invalid_argument&) {
-      return std::nullopt;  // parse_tensor_core_model says why
+    } catch (const std::invalid_argument& e) {
+      refuse_model(text, e.what());
     }
     m.kind = AccumulationKind::tensor_core;
     m.format = m.tensor_core.output;
     m.mode = m.tensor_core.rounding;
     return m;
   }
-  // Tensor cores: GPU[:INPUT[:OUTPUT]].
-  for (std::string_view gpu : kGpus) {
-    if (name.rfind(gpu, 0) != 0 || (name.size() > gpu.size() && name[gpu.size()] != ':')) continue;
-    Format input = tensor_core_input, output = formats::binary32;
-    std::string_view rest = std::string_view(name).substr(gpu.size());
-    if (!rest.empty()) {
-      rest.remove_prefix(1);
-      const auto colon = rest.find(':');
-      const auto in = parse_format(rest.substr(0, colon));
-      if (!in) return std::nullopt;
-      input = *in;
-      if (colon != std::string_view::npos) {
-        const auto out = parse_format(rest.substr(colon + 1));
-        if (!out) return std::nullopt;
-        output = *out;
-      }
-    }
-    const auto preset = tensor_core_preset(gpu, input, output);
-    if (!preset) return std::nullopt;
-    m.kind = AccumulationKind::tensor_core;
-    m.format = preset->output;
-    m.mode = preset->rounding;
-    m.tensor_core = *preset;
-    return m;
-  }
+  for (std::string_view gpu : kGpus)
+    if (name.rfind(gpu, 0) == 0 && (name.size() == gpu.size() || name[gpu.size()] == ':'))
+      return parse_gpu_model(text, gpu, std::string_view(name).substr(gpu.size()), tensor_core_input,
+                             tensor_core_output);
   // Others: BODY[:MODE], where a format name may itself hold ':' options.
   std::string_view body = name;
   if (const auto colon = body.rfind(':'); colon != std::string_view::npos) {
     if (const auto mode = parse_rounding_mode(body.substr(colon + 1))) {
-      if (*mode == RoundingMode::stochastic) return std::nullopt;
+      if (*mode == RoundingMode::stochastic) {
+        std::string modes;
+        for (RoundingMode d : {RoundingMode::nearest_even, RoundingMode::nearest_away, RoundingMode::toward_zero,
+                               RoundingMode::toward_positive, RoundingMode::toward_negative, RoundingMode::odd})
+          modes += (modes.empty() ? "" : ", ") + std::string(to_string(d));
+        refuse_model(text, "stochastic rounding is not an accumulation mode: the models are deterministic; give "
+                           "one of " + modes);
+      }
       m.mode = *mode;
       body = body.substr(0, colon);
     }
   }
-  auto take_prefix = [&](std::string_view prefix) {
-    if (body.rfind(prefix, 0) != 0) return false;
-    body.remove_prefix(prefix.size());
+  std::string_view prefix;  // "pairwise-", ...: a format must follow
+  auto take_prefix = [&](std::string_view p) {
+    if (body.rfind(p, 0) != 0) return false;
+    body.remove_prefix(p.size());
+    prefix = p;
     return true;
   };
   if (body == "exact") {
@@ -899,18 +973,40 @@ std::optional<AccumulationModel> parse_accumulation_model(std::string_view text,
   } else if (take_prefix("blocked-")) {
     m.kind = AccumulationKind::blocked;
     const auto dash = body.rfind('-');
-    if (dash == std::string_view::npos) return std::nullopt;
-    const auto block = parse_int(body.substr(dash + 1));
-    if (!block || *block < 1) return std::nullopt;
+    if (dash == std::string_view::npos)
+      refuse_model(text, "give the block size: blocked-FORMAT-B, e.g. blocked-fp32-32");
+    const std::string size(body.substr(dash + 1));
+    const auto block = parse_int(size);
+    if (!block)
+      refuse_model(text, "block size '" + size + "' is not a whole number (blocked-FORMAT-B, e.g. blocked-fp32-32)");
+    if (*block < 1)
+      refuse_model(text, "block size " + size + ": a block holds at least 1 product (e.g. blocked-fp32-32)");
     m.block = *block;
     body = body.substr(0, dash);
   }
   if (!(m.kind == AccumulationKind::exact && body == "exact")) {
     const auto format = parse_format(body);
-    if (!format || !fits_in_float(*format)) return std::nullopt;
+    if (!format && prefix.empty())
+      throw std::invalid_argument("unknown accumulation model '" + std::string(text) +
+                                  "'. Accepted: " + std::string(accumulation_model_names()));
+    if (!format)
+      refuse_model(text, "'" + std::string(body) + "' is not a format (" + std::string(prefix) +
+                             "FORMAT, e.g. " + std::string(prefix) + "fp32). Accepted formats: " +
+                             std::string(format_names()));
+    if (!fits_in_float(*format))
+      refuse_model(text, format->name() + " does not fit in binary32: an accumulation format needs a precision of "
+                                         "at most 24 bits and binary32's range or less");
     m.format = *format;
   }
   return m;
+}
+
+std::optional<AccumulationModel> parse_accumulation_model(std::string_view text, const Format& tensor_core_input) {
+  try {
+    return parse_accumulation_model_or_throw(text, tensor_core_input);
+  } catch (const std::invalid_argument&) {
+    return std::nullopt;
+  }
 }
 
 std::string_view accumulation_model_names() {

@@ -5,12 +5,16 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "mpsim/emulation/accumulation.hpp"
@@ -63,6 +67,19 @@ void read_key(const toml::table& t, const char* key, T& value) {
   }
 }
 
+// Refuses two entries of a list that mean the same (their canonical names
+// are equal): the same rows twice.
+template <typename Canonical>
+void refuse_duplicates(const char* key, const std::vector<std::string>& names, Canonical canonical) {
+  for (std::size_t i = 0; i < names.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (canonical(names[j]) == canonical(names[i]))
+        throw UsageError(names[i] == names[j]
+                             ? fmt::format("{}: '{}' is given twice; give each once", key, names[i])
+                             : fmt::format("{}: '{}' and '{}' are the same ({}); give each once", key, names[j],
+                                           names[i], canonical(names[i])));
+}
+
 SweepConfig load(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table t;
   try {
@@ -107,9 +124,16 @@ SweepConfig load(const std::string& path, const std::vector<std::string>& overri
   c.seed = static_cast<std::uint64_t>(seed);
   c.k_min_log2 = static_cast<int>(k_min), c.k_max_log2 = static_cast<int>(k_max);
   c.trials = static_cast<int>(trials), c.gemm_size = static_cast<int>(gemm);
+  for (const auto& [key, list, example] : {std::tuple{"models", &c.models, "fp32"},
+                                           std::tuple{"inputs", &c.inputs, "binary16"},
+                                           std::tuple{"distributions", &c.distributions, "uniform"}})
+    if (list->empty())
+      throw UsageError(fmt::format("{} is empty: nothing to sweep; give at least one, e.g. {}='[\"{}\"]'", key, key,
+                                   example));
   for (const std::string& d : c.distributions)
     if (d != "uniform" && d != "normal" && d != "heavy-tailed")
       throw UsageError(fmt::format("unknown distribution '{}'; accepted: uniform, normal, heavy-tailed", d));
+  refuse_duplicates("distributions", c.distributions, [](const std::string& d) { return d; });
   return c;
 }
 
@@ -154,16 +178,57 @@ void fill(std::vector<float>& v, const std::string& distribution, const Format& 
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sample[i]);  // exact: the format fits in binary32
 }
 
+std::string lower(std::string text) {
+  for (char& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return text;
+}
+
+// A sweep input in any case. It must fit in binary32: reference_dot takes the
+// binary64 products of the inputs as exact, which holds for at most 24
+// significant bits within binary32's range (and fill stores them as floats).
+Format sweep_input(const std::string& name) {
+  const auto input = parse_format(lower(name));
+  if (!input) throw UsageError(fmt::format("inputs: '{}' is not a format; accepted: {}", name, format_names()));
+  if (!fits_in_float(*input))
+    throw UsageError(fmt::format(
+        "inputs: {} would break the exact reference, which takes the binary64 products of the inputs as exact: "
+        "that needs inputs of at most 24 significant bits within binary32's range; accepted: the tensor-core input "
+        "formats (binary16, bfloat16, tf32, e4m3, e5m2, e3m2, e2m3, e2m1), binary32, or any eXmY that fits in "
+        "binary32",
+        input->name()));
+  return *input;
+}
+
+// Whether every value of `data` is a value of `format` (precision and range;
+// subnormal handling aside, which is the GPU's own): a tensor core that rounds
+// its inputs to `format` then sums the sweep's data as drawn, so the rows
+// measure accumulation and nothing else.
+bool holds_every_value(const Format& format, const Format& data) {
+  return format.mantissa_bits >= data.mantissa_bits && format.largest_finite() >= data.largest_finite() &&
+         format.emin() - format.mantissa_bits <= data.emin() - data.mantissa_bits;
+}
+
 struct Args {
   std::string config;
   std::vector<std::string> overrides;
   std::string output;
+  bool output_given = false;  // -o '' is refused, not read as "the config's"
   bool force = false;
 };
 
 int run_sweep(const Args& args) {
   SweepConfig c = load(args.config, args.overrides);
-  if (!args.output.empty()) c.output = args.output;
+  if (args.output_given) {
+    if (args.output.empty())
+      throw UsageError(fmt::format("-o is empty; give the CSV file to write, or leave -o out for the config's ({})",
+                                   c.output));
+    c.output = args.output;
+  }
+  if (c.output.empty()) throw UsageError("the config's output is empty; give the CSV file to write with -o PATH");
+  std::vector<Format> inputs;
+  for (const std::string& name : c.inputs) inputs.push_back(sweep_input(name));
+  refuse_duplicates("inputs", c.inputs, [](const std::string& name) { return parse_format(lower(name))->name(); });
+  refuse_duplicates("models", c.models, [](const std::string& name) { return lower(name); });
   struct Arm {
     std::string model_name;
     std::string input_name;
@@ -172,20 +237,36 @@ int run_sweep(const Args& args) {
   };
   std::vector<Arm> arms;
   std::vector<std::string> skipped;
-  for (const std::string& input_name : c.inputs) {
-    const auto input = parse_format(input_name);
-    if (!input) throw UsageError(fmt::format("inputs: '{}' is not a format; accepted: {}", input_name, format_names()));
+  const auto& gpus = tensor_core_gpus();
+  for (const Format& input : inputs) {
     for (const std::string& name : c.models) {
-      auto model = parse_accumulation_model(name, *input);
-      if (!model && name.find(':') == std::string::npos && parse_accumulation_model(name, formats::binary16)) {
-        skipped.push_back(fmt::format("{} on {} (no such instruction)", name, input->name()));
+      const bool bare_gpu = std::find(gpus.begin(), gpus.end(), lower(name)) != gpus.end();
+      if (bare_gpu && !tensor_core_preset(name, input, formats::binary32)) {
+        skipped.push_back(fmt::format("{} on {} (no such instruction)", name, input.name()));
         continue;
       }
-      if (!model)
-        throw UsageError(fmt::format("models: unknown accumulation model '{}'; accepted: {}", name,
-                                     accumulation_model_names()));
-      arms.push_back({name, input->name(), *input, *model});
+      AccumulationModel model;
+      try {
+        model = parse_accumulation_model_or_throw(name, input);
+      } catch (const std::invalid_argument& e) {
+        throw UsageError(fmt::format("models: {}", e.what()));
+      }
+      if (model.kind == AccumulationKind::tensor_core && !holds_every_value(model.tensor_core.input, input)) {
+        skipped.push_back(fmt::format("{} on {} (its inputs are {}; the sweep's data is {})", name, input.name(),
+                                      model.tensor_core.input.name(), input.name()));
+        continue;
+      }
+      for (const Arm& other : arms)
+        if (other.input == input && to_string(other.model) == to_string(model))
+          throw UsageError(fmt::format("models: '{}' and '{}' are the same model on {} data ({}); give each once",
+                                       other.model_name, name, input.name(), to_string(model)));
+      arms.push_back({name, input.name(), input, model});
     }
+  }
+  if (arms.empty()) {
+    std::string why;
+    for (const std::string& s : skipped) why += (why.empty() ? "" : "; ") + s;
+    throw UsageError(fmt::format("nothing to sweep: every model was skipped ({})", why));
   }
   const fs::path output(c.output);
   if (fs::exists(output) && !args.force)
@@ -275,7 +356,10 @@ void add_sweep_subcommand(CLI::App& tc, std::function<int()>& run) {
   sweep->add_option("overrides", args->overrides, "KEY=VALUE overrides: k_max_log2=10 trials=4");
   sweep->add_option("-o,--output", args->output, "CSV file to write (overrides the config's output)");
   sweep->add_flag("-f,--force", args->force, "Overwrite an existing output file");
-  sweep->callback([&run, args] { run = [args] { return run_sweep(*args); }; });
+  sweep->callback([&run, args, sweep] {
+    args->output_given = sweep->count("--output") > 0;
+    run = [args] { return run_sweep(*args); };
+  });
 }
 
 }  // namespace mpsim::cli

@@ -176,6 +176,74 @@ TEST_CASE("tensor-core vector reader", "[accumulation]") {
   fs::remove_all(dir);
 }
 
+// The message of what `f` throws as std::runtime_error ("" when nothing).
+template <typename F>
+std::string runtime_error_of(F f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Reading apart from checking: names in any case, and damaged files refused
+// with the file at fault, never rounded or blamed on another.
+TEST_CASE("tensor-core vector reader refuses damaged files", "[accumulation]") {
+  const fs::path dir = fs::temp_directory_path() / ("mpsim-tc-damaged-" + std::to_string(::getpid()));
+  const fs::path folder = dir / "v100" / "FP16";  // a GPU and format folder in other cases than the names inside
+  fs::create_directories(folder);
+  auto write = [&](const std::string& name, const std::string& text) { std::ofstream(folder / name) << text; };
+  const std::string one = "3f800000 3f800000 3f800000 3f800000\n";
+  write("a_V100_fp16.txt", one);
+  write("B_v100_FP16.txt.gz", one);
+  write("c_V100_fp32.txt", "00000000000000000000000000000000\n");
+  write("d_V100_fp32.txt", "01000000100000000000000000000000\n");  // 4
+  const MeasuredFiles files = find_measured_files(dir, "V100", binary16, binary32);
+  CHECK(files.folder == folder);
+  CHECK(files.b.found);
+  CHECK(files.b.path.filename() == "B_v100_FP16.txt.gz");
+  CHECK_FALSE(find_measured_files(dir, "V100", binary16, binary16).d.found);
+  const auto cases = read_measured_cases(files);
+  REQUIRE(cases.size() == 1);
+  CHECK(check_measured_cases(cases, preset("V100", binary16, binary32)).passed == 1);
+
+  // A value more in a than in b: a is at fault, and both counts are said.
+  write("a_V100_fp16.txt", "3f800000 3f800000 3f800000 3f800000 3f800000\n");
+  std::string why = runtime_error_of([&] { read_measured_cases(files); });
+  CHECK(why.find("a_V100_fp16.txt:1 holds 5 values but B_v100_FP16.txt.gz:1 holds 4") != std::string::npos);
+  CHECK(why.find("restore the folder") != std::string::npos);
+  // Not 8 hex digits, in a: a is named.
+  write("a_V100_fp16.txt", "3f800000 3f80000g 3f800000 3f800000\n");
+  why = runtime_error_of([&] { read_measured_cases(files); });
+  CHECK(why.find("a_V100_fp16.txt:1: '3f80000g' is not 8 hex digits") != std::string::npos);
+  // 1 + 2^-23 is no binary16 value: damaged, not rounded to 1.
+  write("a_V100_fp16.txt", "3f800001 3f800000 3f800000 3f800000\n");
+  why = runtime_error_of([&] { read_measured_cases(files); });
+  CHECK(why.find("a_V100_fp16.txt:1: 3f800001 is not a binary16 value") != std::string::npos);
+  write("a_V100_fp16.txt", one);
+  // A gzip stream cut short: its path once, zlib's reason.
+  {
+    std::ofstream out(folder / "B_v100_FP16.txt.gz", std::ios::binary);
+    const unsigned char header[] = {0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 3, 0x33};  // a gzip header, then one byte
+    out.write(reinterpret_cast<const char*>(header), sizeof header);
+  }
+  why = runtime_error_of([&] { read_measured_cases(files); });
+  const std::string path = files.b.path.string();
+  CHECK(why.find(path) != std::string::npos);
+  CHECK(why.find(path + ": " + path) == std::string::npos);
+  write("B_v100_FP16.txt.gz", one);
+  // A missing file is named as looked for (the GPU spelled as its folder).
+  fs::remove(folder / "c_V100_fp32.txt");
+  why = runtime_error_of([&] { read_measured_cases(find_measured_files(dir, "V100", binary16, binary32)); });
+  CHECK(why.find("v100/FP16/c_v100_fp32.txt.gz is missing") != std::string::npos);
+  // Two GPU folders that differ only in case: not ours to choose.
+  fs::create_directories(dir / "V100");
+  why = runtime_error_of([&] { find_measured_files(dir, "V100", binary16, binary32); });
+  CHECK(why.find("differ only in case") != std::string::npos);
+  fs::remove_all(dir);
+}
+
 // --- The block model by hand ------------------------------------------------------
 
 // 1 + a product of 1.5*2^-24 below it, negative: V100 keeps 23 bits below
@@ -554,6 +622,44 @@ TEST_CASE("accumulation model names", "[accumulation]") {
     INFO(bad);
     CHECK_FALSE(parse_accumulation_model(bad).has_value());
   }
+}
+
+// parse_accumulation_model_or_throw says why a name is no model.
+TEST_CASE("accumulation model names: the reason a name is refused", "[accumulation]") {
+  const std::pair<std::string, std::string> refusals[] = {
+      {"b300", "unknown accumulation model 'b300'. Accepted: "},
+      {"v100:bf16", "'v100:bf16': no model for v100 bfloat16 -> binary32: the GPU has no such instruction"},
+      {"mi100:fp16:fp16", "mi100's models: binary16 -> binary32, bfloat16 -> binary32"},
+      {"h100:e2m1", "no model for h100 e2m1 -> binary32"},
+      {"h100:fp64", "binary64 is not a tensor-core input format"},
+      {"h100:e4m3:bf16", "a tensor core's output is binary32 or binary16, not bfloat16"},
+      {"h100:rtz", "a tensor core takes no :MODE"},
+      {"fp32:stochastic", "stochastic rounding is not an accumulation mode"},
+      {"fp64", "'fp64': binary64 does not fit in binary32"},
+      {"exact-fp64", "binary64 does not fit in binary32"},
+      {"blocked-fp32-0", "block size 0: a block holds at least 1 product"},
+      {"blocked-fp32-x", "block size 'x' is not a whole number"},
+      {"pairwise-fp99", "'fp99' is not a format"},
+      {"tc:block=0", "'tc:block=0': tensor-core model: block 0 is not in 1..64"},
+  };
+  for (const auto& [name, reason] : refusals) {
+    INFO(name);
+    std::string why;
+    try {
+      parse_accumulation_model_or_throw(name);
+    } catch (const std::invalid_argument& e) {
+      why = e.what();
+    }
+    CHECK(why.find(reason) != std::string::npos);
+    CHECK_FALSE(parse_accumulation_model(name).has_value());
+  }
+  // A bare GPU takes the output given; a spelled-out one keeps its own.
+  CHECK(parse_accumulation_model_or_throw("h100", e4m3, binary16).tensor_core == preset("H100", e4m3, binary16));
+  CHECK(parse_accumulation_model_or_throw("h100:e4m3", binary16, binary16).tensor_core ==
+        preset("H100", e4m3, binary32));
+  CHECK(tensor_core_preset_formats("V100") ==
+        std::vector<std::pair<Format, Format>>{{binary16, binary32}, {binary16, binary16}});
+  CHECK(tensor_core_preset_formats("b300").empty());
 }
 
 // --- GEMM --------------------------------------------------------------------------------

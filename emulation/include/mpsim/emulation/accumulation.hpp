@@ -24,6 +24,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "mpsim/emulation/quantize.hpp"  // Path
 #include "mpsim/emulation/rounding.hpp"
@@ -92,6 +94,8 @@ std::optional<TensorCoreModel> tensor_core_preset(std::string_view gpu, const Fo
 // Whether the preset was checked here against measured vectors (V100, A100,
 // H100 and the GPUs the published models say are identical to one of them).
 bool tensor_core_preset_validated(std::string_view gpu, const Format& input, const Format& output);
+// The (input, output) formats `gpu` (any case) has presets for; empty for an unknown GPU.
+std::vector<std::pair<Format, Format>> tensor_core_preset_formats(std::string_view gpu);
 // The custom spelling "tc:input=..,output=..,block=..,bits=..,rounding=..[,..]"
 // that parse_tensor_core_model reads back (docs/tensor_cores.md).
 std::string to_string(const TensorCoreModel& model);
@@ -128,10 +132,18 @@ struct AccumulationModel {
 // ":MODE" suffix ("fp16:rtz"); a GPU of tensor_core_gpus() with the input
 // format given here, or "h100:INPUT[:OUTPUT]" ("h100:e4m3:binary16"); binary32
 // output by default; a custom tensor core "tc:KEY=VALUE,..." (nothing when it
-// is invalid: parse_tensor_core_model says why). to_string() prints a name
+// is invalid: parse_accumulation_model_or_throw says why). to_string() prints a name
 // this parses back.
 std::optional<AccumulationModel> parse_accumulation_model(std::string_view text,
                                                           const Format& tensor_core_input = formats::binary16);
+// The same, throwing std::invalid_argument that names the text and says why
+// it is no model: an unknown name (with the accepted ones), a GPU without that
+// instruction (with the GPU's models), a format that is no tensor-core input,
+// stochastic rounding, a block size below 1, parse_tensor_core_model's reason.
+// A bare GPU name takes tensor_core_output too (parse_accumulation_model: binary32).
+AccumulationModel parse_accumulation_model_or_throw(std::string_view text,
+                                                    const Format& tensor_core_input = formats::binary16,
+                                                    const Format& tensor_core_output = formats::binary32);
 std::string to_string(const AccumulationModel& model);
 std::string_view accumulation_model_names();
 
