@@ -42,7 +42,8 @@ constexpr auto top_fields = std::to_array<ConfigField<C>>({
     choice<&C::backends>("backends", backend_names,
                          "`cuda` when the GPU backend is built and a device is present. With two, every arm on the "
                          "second is compared with the same policy and seed on the first: the summary prints the "
-                         "agreement, the log keeps it under `/agreement` ([hdf5-schema.md](hdf5-schema.md))"),
+                         "agreement, the log keeps it under `/agreement` ([hdf5-schema.md](hdf5-schema.md))",
+                         true),
     key<&C::flush_interval>("flush_interval", "steps",
                             "steps between HDF5 flushes (also flushed at the end, on SIGINT and on SIGTERM)",
                             at_least(1)),
@@ -59,8 +60,9 @@ constexpr auto data_fields = std::to_array<ConfigField<DataSpec>>({
                             at_least(1)),
     key<&DataSpec::train_limit>("train_limit", "samples", "`> 0`: use only the first N training samples"),
     key<&DataSpec::test_limit>("test_limit", "samples", "`> 0`: use only the first N test samples"),
-    key<&DataSpec::synthetic_train>("synthetic_train", "samples", "size of the synthetic training set"),
-    key<&DataSpec::synthetic_test>("synthetic_test", "samples", "size of the synthetic test set"),
+    key<&DataSpec::synthetic_train>("synthetic_train", "samples", "size of the synthetic training set",
+                                    at_least(1)),
+    key<&DataSpec::synthetic_test>("synthetic_test", "samples", "size of the synthetic test set", at_least(1)),
 });
 
 constexpr auto base_model_fields = std::to_array<ConfigField<ModelSpec>>({
@@ -115,7 +117,8 @@ constexpr auto base_model_fields = std::to_array<ConfigField<ModelSpec>>({
         between(1, 256)),
     enum_key<&ModelSpec::init, init_scheme_names>(
         "init", "`he` (normal, std sqrt(2/fan_in)), `xavier` (uniform), `normal` (std 1)"),
-    key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients"),
+    key<&ModelSpec::init_scale>("init_scale", "", "multiplies every initial weight: small weights, small gradients",
+                                finite_above(0)),
 });
 
 // The model's keys, then its optional layers' (layer_table.hpp).
@@ -149,7 +152,8 @@ constexpr auto train_fields = std::to_array<ConfigField<TrainSpec>>({
         at_least(0)),
     key<&TrainSpec::threads>("threads", "threads",
                              "GEMM, quantization and statistics threads; `0`: all cores. No bit depends on it with "
-                             "`gemm = \"ordered\"`"),
+                             "`gemm = \"ordered\"`",
+                             between(0, 1024)),
     enum_key<&TrainSpec::gemm, cpu_gemm_names>(
         "gemm",
         "the CPU backend's binary32 GEMM: `ordered`, one fixed summation order, the same bits on every x86-64 CPU "
@@ -201,7 +205,8 @@ constexpr auto optimizer_fields = std::to_array<ConfigField<OptimizerSpec>>({
 constexpr auto schedule_fields = std::to_array<ConfigField<ScheduleSpec>>({
     enum_key<&ScheduleSpec::kind, schedule_kind_names>(
         "kind", "`constant`, `step` (times `gamma` every `step_size` steps), `cosine` (to `min_lr`)"),
-    key<&ScheduleSpec::step_size>("step_size", "steps", "`step`: steps between multiplications by `gamma`"),
+    key<&ScheduleSpec::step_size>("step_size", "steps", "`step`: steps between multiplications by `gamma`",
+                                  at_least(1)),
     key<&ScheduleSpec::gamma>("gamma", "", "`step`: the factor", finite_above(0)),
     key<&ScheduleSpec::min_lr>("min_lr", "", "`cosine`: the rate at the last step", finite_at_least(0)),
     key<&ScheduleSpec::warmup>("warmup", "steps",
@@ -246,7 +251,7 @@ constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
     enum_key<&LossScaling::mode, loss_scale_mode_names>("mode", "`none`, `static` or `dynamic`"),
     key<&LossScaling::initial_scale>("initial", "", "initial (static: the) loss scale", finite_above(0)),
     key<&LossScaling::growth_factor>("growth_factor", "", "dynamic: factor after `growth_interval` clean steps",
-                                     at_least(1)),
+                                     finite_at_least(1)),
     key<&LossScaling::backoff_factor>("backoff_factor", "", "dynamic: factor on a step with inf/NaN gradients",
                                       above_at_most(0, 1)),
     key<&LossScaling::growth_interval>("growth_interval", "steps", "dynamic: clean steps before growing",
@@ -259,7 +264,8 @@ constexpr auto loss_scale_fields = std::to_array<ConfigField<LossScaling>>({
 
 constexpr auto delayed_scaling_fields = std::to_array<ConfigField<DelayedScaling>>({
     key<&DelayedScaling::history>("history", "steps", "amax history length of scaled points", at_least(1)),
-    key<&DelayedScaling::margin>("margin", "binades", "scaled points: the scale is divided by 2^margin"),
+    key<&DelayedScaling::margin>("margin", "binades", "scaled points: the scale is divided by 2^margin",
+                                 between(0, 64)),
 });
 
 // Every member is a key, or a section of its own (named beside the assert).
@@ -481,7 +487,7 @@ void describe_fields(std::vector<ConfigKey>& out, const std::string& prefix,
     if (!f.choices.empty()) allowed = (f.type.starts_with("array") ? "each one of: " : "one of: ") + join(f.choices);
     if (f.limits.any()) allowed = (f.type.starts_with("array") ? std::string("each ") : std::string()) +
                                   f.limits.text();
-    if (f.non_empty) allowed += allowed.empty() ? "not empty" : "; not empty";
+    if (f.distinct) allowed += allowed.empty() ? "not empty, no value twice" : "; not empty, no value twice";
     out.push_back({prefix + std::string(f.name), std::string(f.type), value.str(), std::string(f.unit), allowed,
                    std::string(f.doc)});
   }
@@ -572,6 +578,54 @@ std::vector<PolicyAttribute> policy_attributes(const Policy& p) {
   add_policy_attributes(out, "loss_scale.", loss_scale_fields, p.loss_scaling);
   add_policy_attributes(out, "delayed_scaling.", delayed_scaling_fields, p.delayed_scaling);
   return out;
+}
+
+std::string config_field::closest_config_key(const std::string& unknown) {
+  // Policies' keys are documented as policies.NAME.KEY.
+  const auto generic = [](std::string key) {
+    if (key.starts_with("policies.")) {
+      const auto dot = key.find('.', 9);
+      if (dot != std::string::npos) key = "policies.NAME" + key.substr(dot);
+    }
+    return key;
+  };
+  const auto last = [](const std::string& key) { return key.substr(key.rfind('.') + 1); };
+  const auto distance = [](const std::string& a, const std::string& b) {  // Levenshtein
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+      std::size_t diagonal = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= b.size(); ++j) {
+        const std::size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    return row[b.size()];
+  };
+  const std::string key = generic(unknown);
+  // As the user wrote it: policies.NAME.weights -> policies.p.weights.
+  const auto specific = [&](std::string known) {
+    if (known.starts_with("policies.NAME") && key.starts_with("policies.NAME"))
+      known = unknown.substr(0, unknown.find('.', 9)) + known.substr(13);
+    return known;
+  };
+  std::vector<std::string> candidates;
+  for (const ConfigKey& k : config_keys()) {
+    candidates.push_back(k.key);
+    for (auto dot = k.key.find('.'); dot != std::string::npos; dot = k.key.find('.', dot + 1))
+      candidates.push_back(k.key.substr(0, dot));  // its tables: optimiser -> optimizer
+  }
+  std::string best;
+  std::size_t best_distance = 3;  // at most two edits
+  for (const std::string& k : candidates) {
+    if (k.find('.') != std::string::npos && last(k) == last(key) &&
+        k.starts_with("policies.") == key.starts_with("policies."))
+      return specific(k);
+    if (const std::size_t d = distance(key, k); d < best_distance) best = k, best_distance = d;
+  }
+  return best.empty() ? best : specific(best);
 }
 
 std::string config_keys_markdown() {

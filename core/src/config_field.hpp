@@ -7,9 +7,11 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <span>
@@ -42,6 +44,24 @@ inline std::string number_text(double v) {
   return out.str();
 }
 
+// "the string \"2\"", "the number 1.5", "an array", "a table": a value as a type error names it.
+inline std::string describe_value(const toml::node& node) {
+  std::ostringstream out;
+  if (node.is_string()) out << "the string \"" << **node.as_string() << "\"";
+  else if (node.is_integer()) out << "the integer " << **node.as_integer();
+  else if (node.is_floating_point()) out << "the number " << number_text(**node.as_floating_point());
+  else if (node.is_boolean()) out << (**node.as_boolean() ? "true" : "false");
+  else if (node.is_array()) out << "an array";
+  else if (node.is_table()) out << "a table";
+  else out << "a date or time";
+  return out.str();
+}
+
+// The documented key nearest an unknown one, or "" when none is near: the
+// same last part under another table (train.lr -> optimizer.lr), else a key
+// at most two edits away (config.cpp, from config_keys()).
+std::string closest_config_key(const std::string& unknown);
+
 // Reads the keys of one table, remembering which were used, so that any key
 // left over is reported as unknown.
 class Section {
@@ -59,12 +79,16 @@ class Section {
   const toml::table* subtable(std::string_view key) {
     const toml::node* node = take(key);
     if (!node) return nullptr;
-    if (!node->is_table()) fail_type(key, "a table");
+    if (!node->is_table()) fail_type(key, "a table", *node);
     return node->as_table();
   }
 
   [[noreturn]] void fail_type(std::string_view key, const char* expected) const {
     throw ConfigError(key_path(key) + " must be " + expected);
+  }
+  // The same, saying what was given: `train.epochs must be an integer (got the string "2")`.
+  [[noreturn]] void fail_type(std::string_view key, const char* expected, const toml::node& given) const {
+    throw ConfigError(key_path(key) + " must be " + expected + " (got " + describe_value(given) + ")");
   }
 
   void check_unknown(const std::vector<std::string>& also_known = {}) const {
@@ -76,8 +100,12 @@ class Section {
       for (const auto& a : also_known) known = known || a == k;
       if (!known) {
         std::vector<std::string> names(used_.begin(), used_.end());
+        const std::string suggestion = closest_config_key(key_path(k));
         throw ConfigError("unknown config key '" + key_path(k) + "'" +
-                          (names.empty() ? std::string() : "; known keys here: " + join(names)));
+                          (suggestion.empty() ? std::string() : "; did you mean '" + suggestion + "'?") +
+                          (names.empty() ? std::string()
+                                         : (suggestion.empty() ? "; known keys here: " : " Known keys here: ") +
+                                               join(names)));
       }
     }
   }
@@ -150,7 +178,9 @@ struct ConfigField {
   std::string_view doc;
   Limits limits;                               // numbers: the value; arrays of numbers: each element
   std::span<const std::string_view> choices;  // strings and enums: the accepted names (empty: any string)
-  bool non_empty = false;                      // arrays: at least one element
+  // Arrays naming what a run is made of (arms, seeds, backends): at least one
+  // element and none twice, since a repeat would plan two arms of one name.
+  bool distinct = false;
   ReadField<S> read = nullptr;
   WriteField<S> write = nullptr;
 };
@@ -217,25 +247,25 @@ template <typename S, typename T>
 T read_value(const Section& s, const ConfigField<S>& f, const toml::node& node, bool element) {
   if constexpr (std::is_same_v<T, bool>) {
     if (auto v = node.value_exact<bool>()) return *v;
-    s.fail_type(f.name, "true or false");
+    s.fail_type(f.name, "true or false", node);
   } else if constexpr (std::is_integral_v<T>) {
     if (auto v = node.value_exact<std::int64_t>()) {
       check_number(s, f, static_cast<double>(*v), element);
       return static_cast<T>(*v);
     }
-    s.fail_type(f.name, element ? "an array of integers" : "an integer");
+    s.fail_type(f.name, element ? "an array of integers" : "an integer", node);
   } else if constexpr (std::is_floating_point_v<T>) {
     if (auto v = node.value<double>()) {
       check_number(s, f, *v, element);
       return *v;
     }
-    s.fail_type(f.name, "a number");
+    s.fail_type(f.name, "a number", node);
   } else {
     if (auto v = node.value_exact<std::string>()) {
       check_choice(s, f, *v, element);
       return *v;
     }
-    s.fail_type(f.name, element ? "an array of strings" : "a string");
+    s.fail_type(f.name, element ? "an array of strings" : "a string", node);
   }
 }
 
@@ -266,11 +296,18 @@ void read_member(Section& s, const ConfigField<typename MemberTraits<M>::Struct>
     }
     if (!node->is_string()) {
       const toml::array* array = node->as_array();
-      if (!array) s.fail_type(f.name, "an array");
+      if (!array) s.fail_type(f.name, "an array", *node);
       for (const toml::node& item : *array) values.push_back(read_value<S, E>(s, f, item, true));
     }
-    if (f.non_empty && values.empty())
-      throw ConfigError(s.key_path(f.name) + " must not be empty");
+    if (f.distinct && values.empty()) throw ConfigError(s.key_path(f.name) + " must not be empty");
+    if (f.distinct)
+      for (auto v = values.begin(); v != values.end(); ++v)
+        if (std::find(std::next(v), values.end(), *v) != values.end()) {
+          std::string text;
+          if constexpr (std::is_same_v<E, std::string>) text = "'" + *v + "'";
+          else text = std::to_string(*v);
+          throw ConfigError(s.key_path(f.name) + " lists " + text + " twice; give each value once");
+        }
     out.*M = std::move(values);
   } else {
     out.*M = read_value<S, T>(s, f, *node, false);
@@ -306,20 +343,20 @@ void write_member(toml::table& t, const ConfigField<typename MemberTraits<M>::St
 template <auto M>
 constexpr ConfigField<typename MemberTraits<M>::Struct> key(std::string_view name, std::string_view unit,
                                                             std::string_view doc, Limits limits = no_limits,
-                                                            bool non_empty = false) {
+                                                            bool distinct = false) {
   using T = typename MemberTraits<M>::Type;
   using E = std::conditional_t<IsVector<T>::value, T, std::vector<T>>;
   if constexpr (std::is_integral_v<typename E::value_type> && !std::is_same_v<T, bool>)
     limits = integer_limits<typename E::value_type>(limits);
-  return {name, type_name<T>(), unit, doc, limits, {}, non_empty, &read_member<M>, &write_member<M>};
+  return {name, type_name<T>(), unit, doc, limits, {}, distinct, &read_member<M>, &write_member<M>};
 }
 
 // A string key (or array of strings) whose values are one of `choices`.
 template <auto M>
 constexpr ConfigField<typename MemberTraits<M>::Struct> choice(std::string_view name,
                                                                std::span<const std::string_view> choices,
-                                                               std::string_view doc, bool non_empty = false) {
-  auto f = key<M>(name, "", doc, no_limits, non_empty);
+                                                               std::string_view doc, bool distinct = false) {
+  auto f = key<M>(name, "", doc, no_limits, distinct);
   f.choices = choices;
   return f;
 }

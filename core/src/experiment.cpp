@@ -94,6 +94,8 @@ bool written_by_mpsim(const fs::path& toml) {
 }
 
 void check_output(const fs::path& output, bool force) {
+  if (output.empty())
+    throw SetupError("the output path is empty: set output = \"runs/NAME.h5\" in the config, or give -o PATH");
   if (fs::is_directory(output))
     throw SetupError(fmt::format("output '{}' is a folder; give a file in it, e.g. -o {}", output.string(),
                                  (output / "run.h5").string()));
@@ -107,6 +109,13 @@ void check_output(const fs::path& output, bool force) {
       throw SetupError(fmt::format("output '{}' exists; pass --force to overwrite it, or set output=PATH", p.string()));
   }
   const fs::path dir = output.has_parent_path() ? output.parent_path() : fs::path(".");
+  for (fs::path above = dir; !above.empty(); above = above.parent_path()) {
+    if (fs::exists(above) && !fs::is_directory(above))
+      throw SetupError(fmt::format("output '{}' lies under '{}', which is a file, not a folder; choose another path "
+                                   "with -o",
+                                   output.string(), above.string()));
+    if (above == above.parent_path()) break;
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec || access(dir.c_str(), W_OK) != 0)
@@ -139,7 +148,7 @@ void check_fused_attention(const ExperimentConfig& c) {
 }
 
 // Sizes and arms a run cannot train with, found before anything is written or removed:
-// a batch larger than the training set, repeated arms, block-scaled GEMMs a
+// a batch larger than the training set, block-scaled GEMMs a
 // backend cannot run, and a model whose
 // parameters and activations would not fit in this machine's memory (about:
 // binary32 master weights, working copy, gradient and two optimiser states per
@@ -149,10 +158,6 @@ void check_sizes(const ExperimentConfig& c, const TrainTest& data,
   if (c.train.batch_size > data.train.count)
     throw SetupError(fmt::format("train.batch_size = {} is larger than the {} training samples; use at most {}",
                                  c.train.batch_size, data.train.count, data.train.count));
-  for (std::size_t i = 0; i < c.arms.size(); ++i)
-    if (std::find(c.arms.begin() + static_cast<std::ptrdiff_t>(i) + 1, c.arms.end(), c.arms[i]) != c.arms.end())
-      throw SetupError(fmt::format("arms names '{}' twice; name each policy once (seeds = [...] repeats an arm)",
-                                   c.arms[i]));
   // Block-scaled GEMMs that a backend cannot run (the cuda backend's kernels cover fewer formats than the CPU's).
   for (const std::string& arm : c.arms) {
     const auto policy = c.policies.find(arm);
@@ -215,6 +220,26 @@ std::string arm_name(const ExperimentConfig& c, const PlannedArm& arm, const std
   if (c.seeds.size() > 1) name += ".seed" + std::to_string(arm.seed);
   if (!sweep_point.empty()) name += "@" + sweep_point;
   return name;
+}
+
+// Every arm's name is a group of the log: usable there, and one arm's only
+// (the config's arrays repeat no value, but two sweep points may coincide).
+// Checked before anything is written, so a refused run loses nothing.
+void check_arm_names(const Sweep& sweep) {
+  std::map<std::string, std::size_t> seen;  // name -> its sweep point
+  for (const PlannedArm& arm : plan_arms(sweep)) {
+    const SweepPoint& point = sweep.points[arm.point];
+    const std::string name = arm_name(point.config, arm, point.label);
+    if (!usable_arm_name(name))  // sweep labels hold no '/' (sweep.cpp): the policy's name is at fault
+      throw SetupError(fmt::format("arm '{}' cannot be named so in the HDF5 log (its names are groups: no '/', not "
+                                   "'.' or '..'): rename policy '{}'",
+                                   name, arm.policy));
+    const auto [it, added] = seen.emplace(name, arm.point);
+    if (!added)
+      throw SetupError(fmt::format("two arms would be named '{}': sweep points {} and {} are the same run; give each "
+                                   "sweep value once",
+                                   name, it->second + 1, arm.point + 1));
+  }
 }
 
 ArmSetup make_setup(const ExperimentConfig& pc, const PlannedArm& arm, int threads) {
@@ -346,8 +371,19 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
                                                          std::strerror(error)));
     running.emplace(pid, k);
   };
+  // What a stop leaves outside the log: the arms under way, in their own files.
+  const auto note_running = [&] {
+    std::string names;
+    for (const auto& [pid, k] : running)
+      names += fmt::format("{}{} ({})", names.empty() ? "" : ", ", infos[k].name, part(k, ".h5").filename().string());
+    log.set_arms_elsewhere(names.empty() ? std::string()
+                                         : fmt::format("Arms under way are not in it: each trains into its own log "
+                                                       "in {}, which stays: {}",
+                                                       parts.string(), names));
+  };
   while (finished < plan.size() && (failures.empty() || !running.empty())) {
     while (failures.empty() && running.size() < static_cast<std::size_t>(jobs) && next < plan.size()) spawn(next++);
+    note_running();
     if (running.empty()) break;
     int status = 0;
     const pid_t pid = waitpid(-1, &status, 0);
@@ -359,6 +395,7 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
     if (it == running.end()) continue;
     const std::size_t k = it->second;
     running.erase(it);
+    note_running();
     ++finished;
     ArmRow& row = rows[k];
     row = make_row(infos[k], plan[k], {});
@@ -419,6 +456,7 @@ ExperimentResult run_experiment(Sweep sweep, const ExperimentOptions& options, E
   if (!options.output.empty()) c.output = options.output;
   const fs::path output(c.output);
   // Everything that can be wrong is checked before the first step.
+  check_arm_names(sweep);
   std::vector<std::string> backend_list;
   for (const SweepPoint& p : sweep.points)
     for (const auto& name : p.config.backends)

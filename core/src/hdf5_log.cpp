@@ -278,6 +278,7 @@ class Hdf5Log final : public ExperimentLog {
   ArmLog& add_arm(const ArmInfo& info) override;
   void add_agreement(const Agreement& agreement) override;
   void copy_arm(const std::filesystem::path& file, const std::string& name) override;
+  void set_arms_elsewhere(std::string note) override;
   void flush() override;
 
   // Both locks, in order; throws if an earlier write failed.
@@ -313,6 +314,8 @@ class Hdf5Log final : public ExperimentLog {
   h5::Handle arms_group_;
   h5::Handle agreement_group_;  // made by the first add_agreement
   std::vector<std::unique_ptr<Hdf5Arm>> arms_;
+  std::vector<std::string> copied_;  // finished arms copied in whole (copy_arm)
+  std::string elsewhere_;            // set_arms_elsewhere's note
 };
 
 // --- Registry of open logs ---------------------------------------------------------
@@ -667,7 +670,7 @@ Hdf5Log::Guard Hdf5Log::lock() {
 ArmLog& Hdf5Log::add_arm(const ArmInfo& info) {
   auto guard = lock();
   const std::string& name = info.name;
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+  if (!usable_arm_name(name)) {
     throw std::invalid_argument("HDF5 log " + path_.string() + ": arm name '" + name +
                                 "' is not usable as a group name (empty, '.', '..' or containing '/')");
   }
@@ -684,6 +687,8 @@ ArmLog& Hdf5Log::add_arm(const ArmInfo& info) {
 
 void Hdf5Log::copy_arm(const std::filesystem::path& file, const std::string& name) {
   auto guard = lock();
+  if (std::find(copied_.begin(), copied_.end(), name) != copied_.end())
+    throw std::invalid_argument("HDF5 log " + path_.string() + ": arm '" + name + "' already exists");
   for (const auto& arm : arms_) {
     if (arm->name() == name) {
       throw std::invalid_argument("HDF5 log " + path_.string() + ": arm '" + name + "' already exists");
@@ -710,8 +715,14 @@ void Hdf5Log::copy_arm(const std::filesystem::path& file, const std::string& nam
     write_failed_ = true;
     throw LogWriteError(describe_write_failure(e.what(), false));
   }
+  copied_.push_back(name);
   dirty_ = true;
   flush_locked();
+}
+
+void Hdf5Log::set_arms_elsewhere(std::string note) {
+  std::lock_guard lock(mutex_);
+  elsewhere_ = std::move(note);
 }
 
 void Hdf5Log::add_agreement(const Agreement& a) {
@@ -779,9 +790,10 @@ void Hdf5Log::flush_locked() {
 // A write that failed (a full disk, a file size limit, a lost mount): what
 // failed, which arms it stopped, and what the file held at its last flush.
 // "complete arms: a, b; LABEL: c (NOTE), d (NOTE)", "none" for an empty list.
-std::string arm_lists(const std::vector<std::unique_ptr<Hdf5Arm>>& arms, const std::string& label,
-                      const std::function<std::string(const Hdf5Arm&)>& note) {
+std::string arm_lists(const std::vector<std::unique_ptr<Hdf5Arm>>& arms, const std::vector<std::string>& copied,
+                      const std::string& label, const std::function<std::string(const Hdf5Arm&)>& note) {
   std::string complete, unfinished;
+  for (const std::string& name : copied) complete += (complete.empty() ? "" : ", ") + name;
   for (const auto& arm : arms) {
     std::string& list = arm->finished() ? complete : unfinished;
     list += (list.empty() ? "" : ", ") + arm->name() + (arm->finished() ? "" : " (" + note(*arm) + ")");
@@ -791,7 +803,7 @@ std::string arm_lists(const std::vector<std::unique_ptr<Hdf5Arm>>& arms, const s
 }
 
 std::string Hdf5Log::describe_write_failure(const std::string& what, bool before_writing) const {
-  const std::string arms = arm_lists(arms_, "unfinished", [](const Hdf5Arm& arm) {
+  const std::string arms = arm_lists(arms_, copied_, "unfinished", [](const Hdf5Arm& arm) {
     const std::int64_t step = arm.flushed_step();
     return step < 0 ? std::string("none of its steps") : "steps up to " + std::to_string(step);
   });
@@ -828,10 +840,11 @@ void Hdf5Log::report_stopped_locked(const std::string& why) {
     }
   }
   std::fprintf(stderr,
-               "\nmpsim: %s. %s %s: %s. Every step up to the last flush is there. To run it again, repeat the command "
-               "with --force (arms start from step 0).\n",
+               "\nmpsim: %s. %s %s: %s. Every step up to the last flush is there.%s To run it again, repeat the "
+               "command with --force (arms start from step 0).\n",
                why.c_str(), path_.string().c_str(), broken_.empty() ? "is flushed and readable" : "may be incomplete",
-               arm_lists(arms_, "stopped", where).c_str());
+               arm_lists(arms_, copied_, "stopped", where).c_str(),
+               elsewhere_.empty() ? "" : (" " + elsewhere_ + ".").c_str());
 }
 
 void Hdf5Log::flush_noexcept() {
@@ -880,6 +893,10 @@ void watch_signals(int read_end) {
 }
 
 }  // namespace
+
+bool usable_arm_name(std::string_view name) {
+  return !name.empty() && name != "." && name != ".." && name.find('/') == std::string_view::npos;
+}
 
 std::unique_ptr<ExperimentLog> create_hdf5_log(const std::filesystem::path& path, const ExperimentInfo& info,
                                                int flush_interval) {

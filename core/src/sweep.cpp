@@ -125,14 +125,35 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
       axes.push_back(std::move(axis));
     }
   }
-  std::vector<std::string> fixed;
-  if (smoke) {
-    const toml::node* table = root.get("smoke");
-    if (!table) throw ConfigError("--smoke: this config has no [smoke] table of overrides");
-    if (!table->is_table()) throw ConfigError("smoke must be a table of key = value overrides");
+  // The tables themselves are read from the file only: an override into them would change nothing.
+  for (const std::string& o : overrides)
+    for (const std::string_view table : {"sweep.", "smoke."})
+      if (o.starts_with(table))
+        throw ConfigError("override '" + o + "': the [" + std::string(table.substr(0, 5)) +
+                          "] table is read from the config file only; " +
+                          (table == "sweep." ? "give the key itself with several values instead, e.g. "
+                                               "optimizer.lr=[0.01,0.1]"
+                                             : "give the key itself (train.epochs=1), or edit [smoke] in the file"));
+  std::vector<std::string> fixed, smoke_overrides;
+  const toml::node* smoke_table = root.get("smoke");
+  if (smoke_table) {
+    if (!smoke_table->is_table()) throw ConfigError("smoke must be a table of key = value overrides");
     std::vector<std::pair<std::string, const toml::node*>> leaves;
-    flatten(*table->as_table(), "", leaves);
-    for (const auto& [key, node] : leaves) fixed.push_back(key + "=" + value_text(*node));
+    flatten(*smoke_table->as_table(), "", leaves);
+    for (const auto& [key, node] : leaves) smoke_overrides.push_back(key + "=" + value_text(*node));
+  }
+  if (!smoke && smoke_table) {
+    // Checked though unused, as every key is: a typo in [smoke] should not wait for the first --smoke run.
+    try {
+      parse_config(text, source, smoke_overrides);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("[smoke] (checked without --smoke too): ") + e.what());
+    }
+  }
+  if (smoke) {
+    const toml::node* table = smoke_table;
+    if (!table) throw ConfigError("--smoke: this config has no [smoke] table of overrides");
+    fixed = smoke_overrides;
     // A smoke run never lands on the full run's log: unless [smoke] names an
     // output, it writes beside it as STEM-smoke.EXT (an override or -o still wins).
     if (!table->as_table()->contains("output")) {

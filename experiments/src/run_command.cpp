@@ -171,7 +171,8 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
       ->required();
   cmd->add_option("overrides", options->overrides,
                   "Dotted overrides: train.epochs=2 arms='[\"fp32\"]'; several values sweep: optimizer.lr=0.01,0.1");
-  cmd->add_option("-o,--output", options->output, "HDF5 file to write (overrides the config's output)");
+  CLI::Option* output =
+      cmd->add_option("-o,--output", options->output, "HDF5 file to write (overrides the config's output)");
   cmd->add_flag("-f,--force", options->force, "Overwrite an existing output file");
   cmd->add_flag("-q,--quiet", options->quiet, "No progress lines");
   cmd->add_flag("--smoke", options->smoke, "Apply the config's [smoke] overrides (a small, fast run)");
@@ -183,7 +184,12 @@ void add_run_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--result", options->result_file)->group("");
   cmd->add_option("--data-cache", options->data_cache)->group("");
   cmd->footer(config_keys_help());
-  cmd->callback([&action, options] { action = [options] { return run(*options); }; });
+  cmd->callback([&action, options, output] {
+    // An empty -o (an unset shell variable) would fall back to the config's output: a file not asked for.
+    if (output->count() > 0 && options->output.empty())
+      throw UsageError("-o is empty: give the HDF5 file to write, or leave -o out for the config's output");
+    action = [options] { return run(*options); };
+  });
 }
 
 }  // namespace mpsim::cli

@@ -29,7 +29,20 @@ expect_refusal() {  # REGEX ARGS...: exit 2, the message, and the old results un
 expect_refusal "train.batch_size = 100000 is larger than the 512 training samples" \
   "$@" train.batch_size=100000 -o "$dir/old.h5" --force
 expect_refusal "model.hidden = \[100000000\] needs about [0-9.]+ GiB" "$@" 'model.hidden=[100000000]' -o "$dir/old.h5" --force
-expect_refusal "arms names 'fp32' twice" "$@" 'arms=["fp32","fp32"]' -o "$dir/old.h5" --force
+expect_refusal "arms lists 'fp32' twice" "$@" 'arms=["fp32","fp32"]' -o "$dir/old.h5" --force
+# Repeats that would make two arms of one name, and names the log cannot hold: refused before any training
+# (they used to train every arm and then fail to write the second, after --force had removed the old log).
+expect_refusal "seeds lists 1 twice" "$@" 'seeds=[1,1]' -o "$dir/old.h5" --force
+expect_refusal "backends lists 'cpu' twice" "$@" 'backends=["cpu","cpu"]' -o "$dir/old.h5" --force
+expect_refusal "two arms would be named 'fp32@lr=0.1': sweep points 1 and 2" \
+  "$@" 'arms=["fp32"]' 'optimizer.lr=0.1,0.1' -o "$dir/old.h5" --force
+expect_refusal "arm 'a/b' cannot be named so in the HDF5 log" "$@" 'arms=["a/b"]' 'policies.a/b.weights=binary32' \
+  -o "$dir/old.h5" --force
+expect_refusal "train.threads must be in \[0, 1024\]" "$@" train.threads=100000 -o "$dir/old.h5" --force
+expect_refusal "backends must not be empty" "$@" 'backends=[]' -o "$dir/old.h5" --force
+expect_refusal "override 'sweep.optimizer.lr=\[0.1,0.2\]': the \[sweep\] table is read from the config file only" \
+  "$@" 'sweep.optimizer.lr=[0.1,0.2]' -o "$dir/old.h5" --force
+expect_refusal "output '.*old.h5/x.h5' lies under '.*old.h5', which is a file" "$@" -o "$dir/old.h5/x.h5" --force
 
 mkdir -p "$dir/folder"
 expect_refusal "output '.*folder' is a folder" "$@" -o "$dir/folder" --force

@@ -34,6 +34,7 @@ std::vector<std::string> choices(const ConfigKey& k) {
   const std::string prefix = "one of: ";
   if (!allowed.starts_with(prefix)) return out;
   std::string rest = allowed.substr(prefix.size());
+  rest = rest.substr(0, rest.find(';'));  // "cpu, cuda; not empty, no value twice"
   for (std::size_t start = 0;;) {
     const auto comma = rest.find(", ", start);
     out.push_back(rest.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
@@ -107,6 +108,20 @@ TEST_CASE("config fields: every key round-trips through the resolved TOML", "[co
     CHECK(written != defaults);
     CHECK(parse_config(written, "resolved").to_toml() == written);
   }
+}
+
+TEST_CASE("config fields: a list of what a run is made of repeats no value", "[core][config][fields]") {
+  // arms, seeds, backends: a repeat would plan two arms of one name, which the log cannot hold.
+  int lists = 0;
+  for (const ConfigKey& k : config_keys()) {
+    if (k.allowed.find("no value twice") == std::string::npos) continue;
+    ++lists;
+    const std::string one = k.key == "arms" ? "\"p\"" : k.type == "array of integers" ? "1" : "\"" + choices(k).front() + "\"";
+    INFO(k.key);
+    CHECK_THROWS_WITH(parse_with({k.key + "=[" + one + ", " + one + "]"}),
+                      Catch::Matchers::Contains(k.key + " lists ") && Catch::Matchers::Contains(" twice"));
+  }
+  CHECK(lists == 3);
 }
 
 TEST_CASE("config fields: a value outside the allowed ones is refused, naming the key", "[core][config][fields]") {

@@ -20,7 +20,9 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <set>
@@ -884,6 +886,39 @@ TEST_CASE("hdf5 log: SIGINT with install_flush_on_signals() flushes and exits 13
   expected.status = "stopped: interrupted (SIGINT) after step 7";
   Id file = open_file(path);
   check_arm(file, 1, expected);
+}
+
+TEST_CASE("hdf5 log: a stopped parallel run names its copied arms and the arms in files of their own",
+          "[hdf5][fork]") {
+  // mpsim run --jobs N: finished arms are copied in whole; an arm under way trains into a child's file, which the
+  // message must point to (it once said "complete arms: none" beside two complete arms).
+  TempDir dir;
+  {
+    auto child = create_hdf5_log(dir.path() / "child0.h5", experiment_info(), 10);
+    ArmLog& a = child->add_arm(arm_info(0));
+    Expected ignored;
+    write_steps(a, 0, 0, 5, ignored);
+    a.finish("completed");
+  }
+  const fs::path path = dir.path() / "run.h5", messages = dir.path() / "stderr.txt";
+  const int status = run_child([&] {
+    REQUIRE(std::freopen(messages.c_str(), "w", stderr) != nullptr);
+    std::setvbuf(stderr, nullptr, _IONBF, 0);  // as at start-up: the exit path _exits, flushing nothing
+    install_flush_on_signals();
+    auto log = create_hdf5_log(path, experiment_info(), 1000);
+    log->copy_arm(dir.path() / "child0.h5", arm_info(0).name);
+    log->set_arms_elsewhere("Arms under way are not in it: see parts/arm-1.h5");
+    ::kill(::getpid(), SIGINT);
+    for (;;) ::pause();
+  });
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 128 + SIGINT);
+  std::ifstream in(messages);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(text, Catch::Matchers::Contains("complete arms: " + arm_info(0).name + "; stopped: none"));
+  CHECK_THAT(text, Catch::Matchers::Contains("Arms under way are not in it: see parts/arm-1.h5."));
+  Id file = open_file(path);
+  check_root(file);
 }
 
 }  // namespace

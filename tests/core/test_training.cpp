@@ -390,8 +390,17 @@ TEST_CASE("config errors name the key and what is accepted", "[training][config]
     }
     return std::string("no error");
   };
-  CHECK_THAT(error(base + "[train]\nepoch = 3\n"), Catch::Matchers::Contains("unknown config key 'train.epoch'"));
-  CHECK_THAT(error(base + "[train]\nepochs = \"3\"\n"), Catch::Matchers::Contains("train.epochs must be an integer"));
+  CHECK_THAT(error(base + "[train]\nepoch = 3\n"),
+             Catch::Matchers::Contains("unknown config key 'train.epoch'; did you mean 'train.epochs'?"));
+  // A key under the wrong table, a misspelt table and a policy's key: the nearest documented key, as written.
+  CHECK_THAT(error(base + "[train]\nlr = 0.1\n"), Catch::Matchers::Contains("did you mean 'optimizer.lr'?"));
+  CHECK_THAT(error(base + "[optimiser]\nlr = 0.1\n"), Catch::Matchers::Contains("did you mean 'optimizer'?"));
+  CHECK_THAT(error(base + "[policies.x]\nweigths = \"binary16\"\n"),
+             Catch::Matchers::Contains("did you mean 'policies.x.weights'?"));
+  CHECK_THAT(error(base + "[train]\nzzz = 1\n"), !Catch::Matchers::Contains("did you mean"));
+  CHECK_THAT(error(base + "[train]\nepochs = \"3\"\n"),
+             Catch::Matchers::Contains("train.epochs must be an integer (got the string \"3\")"));
+  CHECK_THAT(error(base + "[model]\nhidden = 3\n"), Catch::Matchers::Contains("must be an array (got the integer 3)"));
   CHECK_THAT(error("arms = [\"fp17\"]\n"), Catch::Matchers::Contains("unknown policy 'fp17'"));
   CHECK_THAT(error(base + "[policies.x]\nweights = \"binary17\"\n"),
              Catch::Matchers::Contains("unknown format 'binary17'"));

@@ -245,8 +245,15 @@ class ExperimentLog {
   // Copies the finished arm `name` from another log file of this schema
   // (a child process's, when arms run in parallel) into this one, whole.
   virtual void copy_arm(const std::filesystem::path& file, const std::string& name) = 0;
+  // What a stopped run says beside this file's arms about arms being trained
+  // into files of their own (parallel children): which, and where.
+  virtual void set_arms_elsewhere(std::string note) = 0;
   virtual void flush() = 0;
 };
+
+// Whether `name` can name an arm's group in the log: not empty, not "." or
+// "..", no '/' (HDF5's path separator).
+bool usable_arm_name(std::string_view name);
 
 // One HDF5 file per experiment. Creates (never overwrites: throws if the file
 // exists) and writes buffered, flushing every `flush_interval` steps of an arm,
