@@ -110,7 +110,8 @@ void check_output(const fs::path& output, bool force) {
   }
   const fs::path dir = output.has_parent_path() ? output.parent_path() : fs::path(".");
   for (fs::path above = dir; !above.empty(); above = above.parent_path()) {
-    if (fs::exists(above) && !fs::is_directory(above))
+    std::error_code unreadable;  // a folder we may not look into is check_output's "not writable" below
+    if (fs::exists(above, unreadable) && !fs::is_directory(above, unreadable))
       throw SetupError(fmt::format("output '{}' lies under '{}', which is a file, not a folder; choose another path "
                                    "with -o",
                                    output.string(), above.string()));
@@ -395,7 +396,6 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
     if (it == running.end()) continue;
     const std::size_t k = it->second;
     running.erase(it);
-    note_running();
     ++finished;
     ArmRow& row = rows[k];
     row = make_row(infos[k], plan[k], {});
@@ -409,6 +409,7 @@ std::vector<ArmRow> run_parallel(const ExperimentOptions& options, const Sweep& 
     }
     row.result = read_arm_result(part(k, ".result"));
     log.copy_arm(part(k, ".h5"), infos[k].name);
+    note_running();  // only now: until copied, the arm is in its own file
     if (observer) observer->arm_finished(row, finished, plan.size());
   }
   if (!failures.empty()) {

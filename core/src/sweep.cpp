@@ -142,14 +142,6 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     flatten(*smoke_table->as_table(), "", leaves);
     for (const auto& [key, node] : leaves) smoke_overrides.push_back(key + "=" + value_text(*node));
   }
-  if (!smoke && smoke_table) {
-    // Checked though unused, as every key is: a typo in [smoke] should not wait for the first --smoke run.
-    try {
-      parse_config(text, source, smoke_overrides);
-    } catch (const ConfigError& e) {
-      throw ConfigError(std::string("[smoke] (checked without --smoke too): ") + e.what());
-    }
-  }
   if (smoke) {
     const toml::node* table = smoke_table;
     if (!table) throw ConfigError("--smoke: this config has no [smoke] table of overrides");
@@ -210,6 +202,18 @@ Sweep parse_sweep(const std::string& text, const std::string& source, const std:
     }
     if (p.config.output != points.front().config.output)
       throw ConfigError("sweep: output differs between points; one experiment writes one file");
+  }
+  if (!smoke && smoke_table) {
+    // Checked though unused, as every key is (a typo in [smoke] should not wait for the first --smoke run): what
+    // --smoke would read, the command line winning, once the file itself has passed.
+    std::vector<std::string> as_smoke = smoke_overrides;
+    for (const std::string& o : overrides)
+      if (top_level_values(o.substr(o.find('=') + 1)).size() <= 1) as_smoke.push_back(o);
+    try {
+      parse_config(text, source, as_smoke);
+    } catch (const ConfigError& e) {
+      throw ConfigError(std::string("[smoke] (checked without --smoke too): ") + e.what());
+    }
   }
   return {std::move(axes), std::move(points)};
 }

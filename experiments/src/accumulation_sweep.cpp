@@ -256,8 +256,11 @@ int run_sweep(const Args& args) {
                                       model.tensor_core.input.name(), input.name()));
         continue;
       }
+      // A model twice is refused (fp16 and binary16 are one); two GPUs that share a model (h100, h200) keep a
+      // row each, since a sweep comparing GPUs names every one.
       for (const Arm& other : arms)
-        if (other.input == input && to_string(other.model) == to_string(model))
+        if (other.input == input && to_string(other.model) == to_string(model) &&
+            (lower(other.model_name) == lower(name) || model.kind != AccumulationKind::tensor_core))
           throw UsageError(fmt::format("models: '{}' and '{}' are the same model on {} data ({}); give each once",
                                        other.model_name, name, input.name(), to_string(model)));
       arms.push_back({name, input.name(), input, model});

@@ -96,8 +96,8 @@ RoundingMode mode_from(const std::string& token) {
   throw UsageError(fmt::format("unknown rounding mode '{}'. Accepted: {}", token, rounding_mode_names()));
 }
 
-// --seed's text (main() spaces out one that starts with '-'): a whole number
-// from 0 to 2^64 - 1, and only with stochastic rounding, the one mode that
+// --seed's text (a leading space trimmed: main() spaces out "-.5"): a whole
+// decimal number from 0 to 2^64 - 1, and only with stochastic rounding, the one mode that
 // draws: a seed that changes nothing would hide that the run is deterministic.
 std::uint64_t seed_from(const std::optional<std::string>& given, RoundingMode mode) {
   if (!given) return 0;
@@ -167,13 +167,12 @@ int run_round(const RoundArgs& args) {
         continue;
       }
       const Format& f = target.format;
-      std::string note;
-      const Rounded r = round_text(f, rounding, numbers[i], random_draw(key, i), note);
+      const Rounded r = round_text(f, rounding, numbers[i], random_draw(key, i));
       const double value = to_double(f, r.bits);
       rows.push_back({values[i], f.name(), exact_scientific(value), hex_float(value),
                       fmt::format("0x{:0{}x} {}", r.bits.value, (f.total_bits() + 3) / 4, bit_string(f, r.bits)),
                       std::string(class_name(classify(f, r.bits))),
-                      flags_to_string(r.flags) + (note.empty() ? "" : "  (" + note + ")")});
+                      flags_to_string(r.flags)});
     }
   }
   print_table(rows);

@@ -229,8 +229,7 @@ std::vector<float> values_in(const Format& format, const std::vector<std::string
   std::vector<float> v;
   for (const std::string& token : tokens) {
     const ParsedNumber number = parse_number(token);
-    std::string note;
-    const Rounded r = round_text(format, Rounding{}, number, 0, note);
+    const Rounded r = round_text(format, Rounding{}, number, 0);
     const double value = to_double(format, r.bits);
     if (!(value == number.nearest) && !std::isnan(value))
       notes.push_back(fmt::format("-{} value {} is not a {} value; rounded to nearest-even: {}", name, token,

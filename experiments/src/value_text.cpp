@@ -1,5 +1,7 @@
 #include "value_text.hpp"
 
+#include <fmt/core.h>
+
 #include <bit>
 #include <cerrno>
 #include <cfenv>
@@ -37,15 +39,22 @@ ParsedNumber parse_number(std::string_view token) {
     return {down, down, true};
   // Inexact: down and up are neighbours around the exact value; the one with
   // an odd last bit is the round-to-odd result.
-  return {(std::bit_cast<std::uint64_t>(down) & 1) != 0 ? down : up, nearest, false};
+  // Past binary64's range, one neighbour is an infinity and the other the largest finite (odd: all ones).
+  return {(std::bit_cast<std::uint64_t>(down) & 1) != 0 ? down : up, nearest, false, std::isinf(down) != std::isinf(up)};
 }
 
-Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& number, std::uint32_t draw,
-                   std::string& note) {
-  note.clear();
-  if (number.exact || format.precision() <= 51) return round_to_format(format, rounding, number.odd, draw);
-  note = "inexact decimal rounded to nearest binary64 first";
-  return round_to_format(format, rounding, number.nearest, draw);
+Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& number, std::uint32_t draw) {
+  if (!number.exact && format.precision() > 51)
+    throw UsageError(fmt::format(
+        "{} has {} bits of precision, and text is read exactly only for formats of at most 51 (through binary64's "
+        "round-to-odd neighbour, which would round it twice here): give a value that binary64 holds exactly (a hex "
+        "float of at most 53 significant bits, e.g. 0x1.999999999999ap-4), or a narrower format",
+        format.name(), format.precision()));
+  Rounded r = round_to_format(format, rounding, number.odd, draw);
+  // The exact value exceeds every format's largest finite (none is above binary64's): rounded with an unbounded
+  // exponent it is still above, which is IEEE 754's overflow (7.4) whatever the rounding direction returned.
+  if (number.beyond_binary64) r.flags |= Flags{Flags::overflow | Flags::inexact};
+  return r;
 }
 
 std::string exact_decimal(double value) {

@@ -18,17 +18,19 @@ struct ParsedNumber {
   double odd;      // exact value, or its round-to-odd binary64 neighbour
   double nearest;  // the text rounded to nearest binary64
   bool exact;
+  bool beyond_binary64 = false;  // a finite number past binary64's largest (odd is then that largest)
 };
 
 // Accepts decimal and C99 hexadecimal floating-point text, inf and nan.
 // Throws UsageError naming the token when it is not a number.
 ParsedNumber parse_number(std::string_view token);
 
-// Rounds text into a format once, as described above. For formats with more
-// than 51 bits of precision an inexact decimal is first rounded to nearest
-// binary64; `note` then says so.
-Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& number, std::uint32_t draw,
-                   std::string& note);
+// Rounds text into a format once, as described above, with IEEE 754's flags
+// (overflow too for a number past binary64's range, which `odd` alone cannot
+// say). Text that binary64 does not hold exactly is refused (UsageError) for
+// formats of more than 51 bits of precision: through `odd` it would be
+// rounded twice.
+Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& number, std::uint32_t draw);
 
 std::string exact_decimal(double value);     // every digit of a binary64 value
 std::string exact_scientific(double value);  // the same digits, as d.ddde-N when very small or large

@@ -13,3 +13,10 @@ mpsim_cli_test("run: an override into [smoke] is refused" 2 "the \\[smoke\\] tab
 file(WRITE ${run_dir}/bad_smoke.toml "arms = [\"fp32\"]\n[smoke]\ntrain.epoch = 1\n")
 mpsim_cli_test("run: [smoke] is checked without --smoke" 2 "\\[smoke\\] \\(checked without --smoke too\\): .*train\\.epoch"
   ${mpsim} run ${run_dir}/bad_smoke.toml -o ${run_dir}/checks.h5)
+# ... but after the file itself, and as --smoke would read it: the command line wins.
+file(WRITE ${run_dir}/typo_outside_smoke.toml "arms = [\"fp32\"]\n[train]\nepoch = 8\n[smoke]\ntrain.epochs = 1\n")
+mpsim_cli_test("run: a typo outside [smoke] is not blamed on it" 2 "^mpsim: config: unknown config key 'train\\.epoch'"
+  ${mpsim} run ${run_dir}/typo_outside_smoke.toml -o ${run_dir}/checks.h5)
+file(WRITE ${run_dir}/smoke_with_overrides.toml "arms = [\"fp32\"]\n[train]\nepochs = 0\n[smoke]\ntrain.batch_size = 8\n")
+mpsim_cli_test("run: [smoke] is checked with the command line's overrides" 2 "output '.*' is a folder"
+  ${mpsim} run ${run_dir}/smoke_with_overrides.toml train.epochs=2 -o ${run_dir})

@@ -206,3 +206,9 @@ tc_check("tc validate: measured without a model, and modelled without measuremen
     printf '00111111100000000000000000000000\\n' > c_Mi250_fp32.txt && \
     printf '01000000000000000000000000000000\\n' > d_Mi250_fp32.txt && cp d_Mi250_fp32.txt d_Mi250_fp16.txt && \
     set -o pipefail && \"$0\" tc validate \"$1/mi250\" | sed 's/$/ |/' | tr '\\n' ' '" ${mpsim} ${tc_dir})
+# Two GPUs that share a model keep a row each (a sweep comparing GPUs names every one); one model twice does not.
+mpsim_cli_test("tc sweep: two GPUs of one model keep a row each" 0 "^h200,binary16,uniform,16,dot,0,"
+  bash -c "\"$0\" tc sweep \"$1\" 'models=[\"h100\",\"h200\"]' 'inputs=[\"binary16\"]' 'distributions=[\"uniform\"]' k_min_log2=4 k_max_log2=4 trials=1 gemm_size=0 -o \"$2/two-gpus.csv\" --force >/dev/null && cat \"$2/two-gpus.csv\""
+  ${mpsim} ${PROJECT_SOURCE_DIR}/experiments/configs/accumulation.toml ${CMAKE_CURRENT_BINARY_DIR})
+mpsim_cli_test("tc sweep: one GPU twice is refused" 2 "'h100' and 'H100' are the same"
+  ${mpsim} tc sweep ${PROJECT_SOURCE_DIR}/experiments/configs/accumulation.toml "models=[\"h100\",\"H100\"]" -o ${CMAKE_CURRENT_BINARY_DIR}/never.csv)

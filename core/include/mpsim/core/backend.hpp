@@ -146,8 +146,8 @@ class BackendError : public std::invalid_argument {
 // Every implementation a backend writes, once, as X(result, op, (parameters),
 // (arguments)): the public call `op` checks its tensors and runs `op_impl`.
 // Backend declares each `op_impl` from this list, and the tests'
-// ForwardingBackend forwards each, so a new op is declared here and nowhere
-// else (its public call is still written out in Backend, with its checks).
+// ForwardingBackend forwards each, so neither is written by hand for a new op
+// (its public call, with its checks, and each backend's override still are).
 #define MPSIM_BACKEND_IMPLEMENTATIONS(X) \
   X(Tensor, zeros, (const Shape& shape), (shape)) \
   X(Tensor, empty, (const Shape& shape), (shape)) \
