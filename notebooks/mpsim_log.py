@@ -91,7 +91,12 @@ def _arm(f: h5py.File, arm: str) -> h5py.Group:
 
 
 def _index(names: list[str], name_or_index, what: str) -> int:
+    if isinstance(name_or_index, (bool, np.bool_)):
+        raise TypeError(f"{what} {name_or_index!r}: give a name or an index, not a bool")
     if isinstance(name_or_index, (int, np.integer)):
+        # No negative indices: a slice from -1 would be empty and sum to zeros without a word.
+        if not 0 <= name_or_index < len(names):
+            raise KeyError(f"no {what} {int(name_or_index)}: indices run 0..{len(names) - 1} ({names})")
         return int(name_or_index)
     try:
         return names.index(name_or_index)
@@ -480,6 +485,10 @@ def ratio(numerator, denominator, empty: float = math.nan):
 def fraction(counters: dict, counter: str, denominator: str = "nonzero", empty: float = math.nan):
     """A counter of `kind_counters` as a share: of the nonzero values (denominator="nonzero") or of every
     value (denominator="all"); `empty` where there is no value to divide by."""
+    if denominator not in COUNTER_DENOMINATORS:
+        raise ValueError(f"denominator {denominator!r}; expected one of {tuple(COUNTER_DENOMINATORS)}")
+    if counter not in counters:
+        raise KeyError(f"no counter {counter!r}; there are {sorted(k for k in counters if k != 'step')}")
     return ratio(counters[counter], counters[COUNTER_DENOMINATORS[denominator]], empty)
 
 
@@ -518,10 +527,14 @@ def binade_shares(counts: np.ndarray, bins: Bins, denominator: str = "all", empt
 def binade_quantile(counts: np.ndarray, bins: Bins, quantile: float) -> np.ndarray:
     """Exponent of the binade holding the given quantile of the finite nonzero magnitudes along the last
     axis (float; NaN where there is none)."""
+    if not 0 <= quantile <= 1:
+        raise ValueError(f"quantile {quantile!r} is outside [0, 1]")
     finite = np.asarray(counts, dtype=np.float64)[..., bins.finite]
     cum = np.cumsum(finite, axis=-1)
     total = cum[..., -1:]
-    idx = np.argmax(cum >= quantile * np.maximum(total, 1), axis=-1)
+    # The first binade whose cumulative count reaches the quantile's rank, at least the first value (quantile 0:
+    # the lowest occupied binade, not the first bin).
+    idx = np.argmax(cum >= np.maximum(quantile * total, 1), axis=-1)
     return np.where(total[..., 0] > 0, bins.exponents[idx], np.nan).astype(np.float64)
 
 

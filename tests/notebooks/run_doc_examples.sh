@@ -35,5 +35,40 @@ for i, code in enumerate(blocks, 1):
         sys.exit(f"example {i} exited {run.returncode}")
 print(f"{len(blocks)} examples ran")
 PYEOF
+
+# The reader refuses what it cannot answer, rather than returning zeros (a black-box review's findings).
+"$py" - <<'PYEOF' || fail "the reader's checks"
+import sys
+sys.path.insert(0, "notebooks")
+import numpy as np
+import mpsim_log as ml
+
+log, arm = "runs/default.h5", "fp16-mixed"
+n = len(ml.layers(log, arm))
+for bad in (-1, n, True):
+    try:
+        ml.kind_counters(log, arm, "activation_grads", layer=bad)
+    except (KeyError, TypeError) as e:
+        print(f"layer={bad!r} refused: {e}")
+    else:
+        sys.exit(f"layer={bad!r} was accepted")
+counts, bins = ml.kind_histogram(log, arm, "weights"), ml.bins(log, arm)
+lowest = bins.exponents[np.flatnonzero(counts[bins.finite])[0]]
+assert ml.binade_quantile(counts, bins, 0.0) == lowest, "quantile 0 is the lowest occupied binade"
+for q in (-0.5, 1.5):
+    try:
+        ml.binade_quantile(counts, bins, q)
+    except ValueError as e:
+        print(f"quantile {q} refused: {e}")
+    else:
+        sys.exit(f"quantile {q} was accepted")
+try:
+    ml.fraction(ml.kind_counters(log, arm, "weights"), "inexact", "elements")
+except ValueError as e:
+    print(f"denominator refused: {e}")
+else:
+    sys.exit("an unknown denominator was accepted")
+print("reader checks ok")
+PYEOF
 status=0
 echo "ok"
