@@ -20,6 +20,7 @@
 #include "mpsim/emulation/accumulation.hpp"
 #include "mpsim/emulation/quantize.hpp"
 #include "usage_error.hpp"
+#include "value_text.hpp"
 
 namespace mpsim::cli {
 namespace {
@@ -178,16 +179,12 @@ void fill(std::vector<float>& v, const std::string& distribution, const Format& 
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(sample[i]);  // exact: the format fits in binary32
 }
 
-std::string lower(std::string text) {
-  for (char& ch : text) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  return text;
-}
 
 // A sweep input in any case. It must fit in binary32: reference_dot takes the
 // binary64 products of the inputs as exact, which holds for at most 24
 // significant bits within binary32's range (and fill stores them as floats).
 Format sweep_input(const std::string& name) {
-  const auto input = parse_format(lower(name));
+  const auto input = parse_format(lower_case(name));
   if (!input) throw UsageError(fmt::format("inputs: '{}' is not a format; accepted: {}", name, format_names()));
   if (!fits_in_float(*input))
     throw UsageError(fmt::format(
@@ -227,8 +224,8 @@ int run_sweep(const Args& args) {
   if (c.output.empty()) throw UsageError("the config's output is empty; give the CSV file to write with -o PATH");
   std::vector<Format> inputs;
   for (const std::string& name : c.inputs) inputs.push_back(sweep_input(name));
-  refuse_duplicates("inputs", c.inputs, [](const std::string& name) { return parse_format(lower(name))->name(); });
-  refuse_duplicates("models", c.models, [](const std::string& name) { return lower(name); });
+  refuse_duplicates("inputs", c.inputs, [](const std::string& name) { return parse_format(lower_case(name))->name(); });
+  refuse_duplicates("models", c.models, [](const std::string& name) { return lower_case(name); });
   struct Arm {
     std::string model_name;
     std::string input_name;
@@ -240,7 +237,7 @@ int run_sweep(const Args& args) {
   const auto& gpus = tensor_core_gpus();
   for (const Format& input : inputs) {
     for (const std::string& name : c.models) {
-      const bool bare_gpu = std::find(gpus.begin(), gpus.end(), lower(name)) != gpus.end();
+      const bool bare_gpu = std::find(gpus.begin(), gpus.end(), lower_case(name)) != gpus.end();
       if (bare_gpu && !tensor_core_preset(name, input, formats::binary32)) {
         skipped.push_back(fmt::format("{} on {} (no such instruction)", name, input.name()));
         continue;
@@ -260,7 +257,7 @@ int run_sweep(const Args& args) {
       // row each, since a sweep comparing GPUs names every one.
       for (const Arm& other : arms)
         if (other.input == input && to_string(other.model) == to_string(model) &&
-            (lower(other.model_name) == lower(name) || model.kind != AccumulationKind::tensor_core))
+            (lower_case(other.model_name) == lower_case(name) || model.kind != AccumulationKind::tensor_core))
           throw UsageError(fmt::format("models: '{}' and '{}' are the same model on {} data ({}); give each once",
                                        other.model_name, name, input.name(), to_string(model)));
       arms.push_back({name, input.name(), input, model});

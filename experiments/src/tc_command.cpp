@@ -27,14 +27,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string lower(std::string text) {
-  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return text;
-}
 
 // Format names in any case, as -m takes them (H100:E4M3).
 Format format_named(const std::string& name, const char* option) {
-  if (auto f = parse_format(lower(name))) return *f;
+  if (auto f = parse_format(lower_case(name))) return *f;
   throw UsageError(fmt::format("{} '{}' is not a format. Accepted: {}", option, name, format_names()));
 }
 
@@ -52,7 +48,7 @@ constexpr std::array kVectorOutputs{formats::binary32, formats::binary16};
 
 std::string vector_names(std::span<const Format> formats, bool output) {
   std::string names;
-  for (const Format& f : formats) names += (names.empty() ? "" : ", ") + lower(tensor_core_vector_name(f, output));
+  for (const Format& f : formats) names += (names.empty() ? "" : ", ") + lower_case(tensor_core_vector_name(f, output));
   return names;
 }
 
@@ -102,7 +98,7 @@ std::string vector_models(std::string_view gpu) {
   std::string list;
   for (const auto& [input, output] : tensor_core_preset_formats(gpu)) {
     const std::string in = tensor_core_vector_name(input, false), out = tensor_core_vector_name(output, true);
-    if (!in.empty() && !out.empty()) list += (list.empty() ? "" : ", ") + lower(in) + " -> " + out;
+    if (!in.empty() && !out.empty()) list += (list.empty() ? "" : ", ") + lower_case(in) + " -> " + out;
   }
   return list;
 }
@@ -125,7 +121,7 @@ int run_validate(const ValidateArgs& args) {
   const std::vector<Format> inputs = formats_asked(args.input, args.input_given, "--input", kVectorInputs, false);
   const std::vector<Format> outputs = formats_asked(args.output, args.output_given, "--output", kVectorOutputs, true);
   const std::string asked = fmt::format(
-      "{} -> {}", args.input_given ? lower(tensor_core_vector_name(inputs[0], false)) : "any input",
+      "{} -> {}", args.input_given ? lower_case(tensor_core_vector_name(inputs[0], false)) : "any input",
       args.output_given ? tensor_core_vector_name(outputs[0], true) : "any output");
   std::vector<GpuFolder> gpus;
   if (args.gpu_given) {
@@ -135,7 +131,7 @@ int run_validate(const ValidateArgs& args) {
       throw UsageError(fmt::format("--gpu is empty; give a GPU (any case: {}), or leave --gpu out for every one in DIR",
                                    known));
     const auto& names = tensor_core_gpus();
-    if (std::find(names.begin(), names.end(), lower(args.gpu)) == names.end())
+    if (std::find(names.begin(), names.end(), lower_case(args.gpu)) == names.end())
       throw UsageError(fmt::format("no model for GPU '{}' (models, any case: {})", args.gpu, known));
     // The model before the files: a GPU without the instruction is said so, whatever DIR holds.
     const bool modelled = std::any_of(inputs.begin(), inputs.end(), [&](const Format& in) {
@@ -150,7 +146,7 @@ int run_validate(const ValidateArgs& args) {
     if (folder.empty())
       throw UsageError(fmt::format("no measured vectors for {} in {}: it has no {}/ folder (nothing validated; {})",
                                    args.gpu, dir.string(), args.gpu, folders_held(dir)));
-    gpus.push_back({lower(args.gpu), folder});
+    gpus.push_back({lower_case(args.gpu), folder});
   } else {
     gpus = gpu_folders(dir);
   }

@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <bit>
+#include <cctype>
 #include <cerrno>
 #include <cfenv>
 #include <cmath>
@@ -55,6 +56,11 @@ Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& 
   // exponent it is still above, which is IEEE 754's overflow (7.4) whatever the rounding direction returned.
   if (number.beyond_binary64) r.flags |= Flags{Flags::overflow | Flags::inexact};
   return r;
+}
+
+std::string lower_case(std::string text) {
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return text;
 }
 
 std::string exact_decimal(double value) {

@@ -32,6 +32,7 @@ ParsedNumber parse_number(std::string_view token);
 // rounded twice.
 Rounded round_text(const Format& format, Rounding rounding, const ParsedNumber& number, std::uint32_t draw);
 
+std::string lower_case(std::string text);      // ASCII letters only: names given in any case
 std::string exact_decimal(double value);     // every digit of a binary64 value
 std::string exact_scientific(double value);  // the same digits, as d.ddde-N when very small or large
 std::string hex_float(double value);      // C99 %a form
